@@ -1,0 +1,364 @@
+"""Relax model -> WGSL kernels + launch metadata + the plan (entry points as data).
+
+TVM compiles the model as usual (Relax GPU pipeline + dlight schedules + TIR lowering), but we
+stop before the host side is turned into native code: the browser has no TVM runtime, so the
+host logic is extracted as data instead:
+
+* each TIR function's host part becomes a list of *launches*: which device kernel, which of the
+  function's buffers go to which binding, the POD scalars and the grid as small expressions over
+  the function's shape variables (the order TVM's ``call_ffi_kernel`` passes them);
+* each Relax function becomes a *plan*: an instruction list (alloc_storage, alloc_tensor, view,
+  call) read off the function after memory planning, i.e. what the Relax VM bytecode would do.
+
+Expressions are JSON: an int/float, ``{"v": name}`` for a variable, or ``[op, args...]``.
+The engine evaluates them (engine/plan.py); docs/artifact.md documents both formats.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import tvm
+from tvm import relax, tirx
+from tvm.relax.backend.gpu_generic import pipeline as gpu_pipeline
+
+_BINOPS = {
+    tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.FloorMod: "%",
+    tirx.Div: "/", tirx.Mod: "%", tirx.Min: "min", tirx.Max: "max",
+    tirx.LT: "<", tirx.LE: "<=", tirx.GT: ">", tirx.GE: ">=", tirx.EQ: "==", tirx.NE: "!=",
+    tirx.And: "and", tirx.Or: "or",
+}
+
+
+def webgpu_target() -> tvm.target.Target:
+    return tvm.target.Target({"kind": "webgpu"}, host={"kind": "llvm"})
+
+
+def expr_to_json(e, resolve: Callable[[tirx.Var], Any]) -> Any:
+    """PrimExpr -> JSON expression. ``resolve`` maps free variables to JSON."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, tirx.IntImm):
+        return int(e.value)
+    if isinstance(e, tirx.FloatImm):
+        return float(e.value)
+    if isinstance(e, tirx.Var):
+        return resolve(e)
+    if isinstance(e, tirx.Cast):
+        return expr_to_json(e.value, resolve)
+    for cls, name in _BINOPS.items():
+        if isinstance(e, cls):
+            return [name, expr_to_json(e.a, resolve), expr_to_json(e.b, resolve)]
+    if isinstance(e, tirx.Not):
+        return ["not", expr_to_json(e.a, resolve)]
+    if isinstance(e, tirx.Select):
+        return ["?", *(expr_to_json(x, resolve) for x in (e.condition, e.true_value, e.false_value))]
+    if isinstance(e, tvm.ir.Call) and e.op.name == "tirx.if_then_else":
+        return ["?", *(expr_to_json(x, resolve) for x in e.args)]
+    raise NotImplementedError(f"cannot export expression {e!r} ({type(e).__name__})")
+
+
+def free_var_names(x: Any) -> set[str]:
+    if isinstance(x, dict):
+        return {x["v"]}
+    if isinstance(x, list):
+        return set().union(*(free_var_names(a) for a in x[1:])) if len(x) > 1 else set()
+    return set()
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _scalar_dtype(x) -> str | None:
+    """The dtype of a scalar TIR value; None for buffer handles."""
+    ty = getattr(x, "ty", None)
+    if isinstance(ty, tvm.ir.PrimType):
+        return str(ty.dtype)
+    if isinstance(ty, tvm.ir.PointerType) or ty is not None:
+        return None
+    return str(x.dtype)
+
+
+@dataclass
+class Kernel:
+    name: str
+    wgsl: str
+    scalar_dtypes: list[str]  # POD args in uniform order: "int32" | "uint32" | "float32"
+    storage_access: list[str] = field(default_factory=list)  # per binding: read | read_write
+
+
+@dataclass
+class TirFunction:
+    """One TIR function as the plan calls it: params and the device launches it makes."""
+
+    name: str
+    params: list[dict]  # {"shape": [expr...], "dtype": str}
+    launches: list[dict]  # {"kernel", "buffers": [param idx], "scalars": [expr], "grid": [x, y, z]}
+
+
+_STORAGE_DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read_write|read)>")
+
+
+def _storage_access(wgsl: str) -> list[str]:
+    decls = sorted((int(b), mode) for b, mode in _STORAGE_DECL.findall(wgsl))
+    return [mode for _, mode in decls]
+
+
+def _lower_tir(tir_mod: tvm.IRModule, target) -> tvm.IRModule:
+    """Run TVM's TIR pipeline but keep host functions in their buffer-level form."""
+    tt = tirx.transform
+    skipped = ("MakePackedAPI", "FP8StorageLegalize", "BF16StorageLegalize")
+    saved = {name: getattr(tt, name) for name in skipped}
+    pipe, _host_passes, _device_passes = tvm.tirx.get_tir_pipeline("s_tir")
+    try:
+        for name in skipped:  # these passes turn host code into the packed C ABI
+            setattr(tt, name, lambda: tvm.transform.Sequential([]))
+        return pipe(tt.BindTarget(target)(tir_mod))
+    finally:
+        for name, fn in saved.items():
+            setattr(tt, name, fn)
+
+
+def _walk_host(stmt, binds: dict, decls: dict, calls: list, where: str) -> None:
+    """Collect let-bindings, buffer aliases and kernel launches of a straight-line host body."""
+    if isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            _walk_host(s, binds, decls, calls, where)
+        return
+    if isinstance(stmt, tirx.Bind):
+        binds[stmt.var] = stmt.value
+    elif isinstance(stmt, tirx.DeclBuffer):
+        decls[stmt.buffer] = stmt.data
+    elif isinstance(stmt, tirx.Evaluate):
+        call = stmt.value
+        if isinstance(call, tvm.ir.Call) and call.op.name == "tirx.call_ffi_kernel":
+            calls.append(call)
+    elif isinstance(stmt, (tirx.IfThenElse, tirx.For, tirx.While)):
+        raise NotImplementedError(f"{where}: control flow in host code")
+    body = getattr(stmt, "body", None)
+    if isinstance(body, tirx.Stmt):
+        _walk_host(body, binds, decls, calls, where)
+
+
+def _host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc]) -> TirFunction:
+    """Read the launches of one host function (buffer-level form, before MakePackedAPI)."""
+    name = str(func.attrs["global_symbol"])
+    param_index, offset_vars, shape_vars = {}, set(), {}
+    for i, p in enumerate(func.params):
+        ty = p.ty
+        if not hasattr(ty, "shape"):
+            raise NotImplementedError(f"{name}: scalar parameter {p} (specialize it away)")
+        param_index[p] = i
+        if isinstance(ty.elem_offset, tirx.Var):
+            offset_vars.add(ty.elem_offset)
+        for dim in ty.shape:
+            if isinstance(dim, tirx.Var):
+                shape_vars.setdefault(dim, i)
+    binds: dict = {}
+    decls: dict = {}
+    calls: list[tirx.Call] = []
+    _walk_host(func.body, binds, decls, calls, name)
+
+    def buffer_param(e) -> int:
+        """buffer_data(x) where x is a parameter or a DeclBuffer alias of one -> param index."""
+        while True:
+            if not (isinstance(e, tvm.ir.Call) and e.op.name == "tirx.buffer_data"):
+                raise NotImplementedError(f"{name}: buffer argument {e}")
+            v = e.args[0]
+            if v in param_index:
+                return param_index[v]
+            e = decls[v]
+
+    def resolve(v: tirx.Var):
+        if v in binds:
+            return expr_to_json(binds[v], resolve)
+        if v in shape_vars:
+            return {"v": v.name}
+        if v in offset_vars:  # elem_offset of a parameter: the engine binds tensors at 0
+            return 0
+        raise NotImplementedError(f"{name}: unbound host variable {v.name}")
+
+    params = [{"shape": [expr_to_json(d, resolve) for d in p.ty.shape], "dtype": str(p.ty.dtype)}
+              for p in func.params]
+    launches = []
+    for call in calls:
+        kname = str(call.args[0].value)
+        nparams = len(devices[kname].params)
+        args = list(call.args[1:])
+        tags = [str(t) for t in call.attrs.launch_params]
+        buffers, scalars = [], []
+        for a in args[:nparams]:
+            if _scalar_dtype(a) is None:
+                buffers.append(buffer_param(a))
+            else:
+                scalars.append(expr_to_json(a, resolve))
+        grid: list = [1, 1, 1]
+        for tag, value in zip(tags, args[nparams:]):
+            if tag.startswith("blockIdx."):
+                grid["xyz".index(tag[-1])] = expr_to_json(value, resolve)
+            elif not tag.startswith("threadIdx."):
+                raise NotImplementedError(f"{kname}: launch parameter {tag}")
+        launches.append({"kernel": kname, "buffers": buffers, "scalars": scalars, "grid": grid})
+    return TirFunction(name, params, launches)
+
+
+def build_kernels(tir_mod: tvm.IRModule, target) -> tuple[list[Kernel], dict[str, TirFunction]]:
+    lowered = _lower_tir(tir_mod, target)
+    device_funcs: dict[str, tirx.PrimFunc] = {}
+    host_funcs = []
+    for gv, f in lowered.functions.items():
+        if f.attrs.get("calling_conv") is not None and int(f.attrs["calling_conv"]) == 2:
+            device_funcs[gv.name_hint] = f
+        else:
+            host_funcs.append(f)
+    _, _, device_passes = tvm.tirx.get_tir_pipeline("s_tir")
+    codegen = tvm.get_global_func("target.build.webgpu")
+    kernels = []
+    dmod = device_passes()(tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()}))
+    for gv, f in dmod.functions.items():
+            rt = codegen(tvm.IRModule({gv: f}), f.attrs["target"])
+            wgsl = rt.inspect_source()
+            scalar_dtypes = [d for d in map(_scalar_dtype, f.params) if d is not None]
+            kernels.append(Kernel(gv.name_hint, wgsl, scalar_dtypes, _storage_access(wgsl)))
+    funcs = {}
+    for f in host_funcs:
+        tf = _host_launches(f, device_funcs)
+        funcs[tf.name] = tf
+    return kernels, funcs
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def relax_passes(target) -> tvm.transform.Pass:
+    return tvm.transform.Sequential(
+        [relax.transform.FuseTransposeMatmul()]
+        + gpu_pipeline.library_dispatch_passes(target)
+        + gpu_pipeline.legalize_passes(target)
+        + gpu_pipeline.dataflow_lower_passes(target)
+        + [
+            relax.transform.StaticPlanBlockMemory(),
+            relax.transform.LowerAllocTensor(),
+            relax.transform.KillAfterLastUse(),
+            relax.transform.AttachGlobalSymbol(),
+        ]
+    )
+
+
+def _dtype_name(x) -> str:
+    return str(x.value) if hasattr(x, "value") else str(x)
+
+
+def build_plan(func: relax.Function, name: str, upper_bounds: dict[str, int]) -> dict:
+    """Read the memory-planned Relax function as a plan (see docs/artifact.md)."""
+    num_input = int(func.attrs["num_input"]) if "num_input" in func.attrs else len(func.params)
+    names: dict[relax.Var, str] = {}
+
+    def ref(v) -> str:
+        if isinstance(v, relax.Var):
+            return names[v]
+        raise NotImplementedError(f"{name}: unsupported argument {v!r}")
+
+    def shape(sinfo) -> list:
+        return [expr_to_json(d, lambda v: {"v": v.name}) for d in sinfo.shape.values]
+
+    inputs, params = [], []
+    for i, p in enumerate(func.params):
+        group = inputs if i < num_input else params
+        if isinstance(p.ty, relax.TupleType):  # e.g. kv_pages: one tensor per layer
+            names[p] = [f"{p.name}.{j}" for j in range(len(p.ty.fields))]  # type: ignore[assignment]
+            for j, field_ty in enumerate(p.ty.fields):
+                group.append({"name": f"{p.name}.{j}", "shape": shape(field_ty), "dtype": str(field_ty.dtype)})
+            continue
+        names[p] = p.name
+        group.append({"name": p.name, "shape": shape(p.ty), "dtype": str(p.ty.dtype)})
+    instrs: list[dict] = []
+    counter = 0
+
+    def fresh(v: relax.Var) -> str:
+        nonlocal counter
+        counter += 1
+        names[v] = f"%{counter}"
+        return names[v]
+
+    def values_of(e) -> list:
+        return [expr_to_json(d, lambda v: {"v": v.name}) for d in e.values]
+
+    for block in func.body.blocks:
+        for b in block.bindings:
+            v, e = b.var, b.value
+            if isinstance(e, relax.Var):
+                names[v] = names[e]
+                continue
+            if isinstance(e, relax.Tuple):
+                names[v] = [names[f] for f in e.fields]  # type: ignore[assignment]
+                continue
+            if isinstance(e, relax.TupleGetItem):
+                names[v] = names[e.tuple_value][e.index]
+                continue
+            if not isinstance(e, relax.Call):
+                raise NotImplementedError(f"{name}: binding {type(e).__name__}")
+            op = e.op
+            if isinstance(op, tvm.ir.Op):
+                opname = op.name
+                if opname == "relax.memory.alloc_storage":
+                    instrs.append({"op": "alloc_storage", "dst": fresh(v), "nbytes": values_of(e.args[0])[0]})
+                elif opname == "relax.memory.alloc_tensor":
+                    instrs.append({"op": "alloc_tensor", "dst": fresh(v), "storage": ref(e.args[0]),
+                                   "offset": expr_to_json(e.args[1].value, lambda x: {"v": x.name}),
+                                   "shape": values_of(e.args[2]), "dtype": _dtype_name(e.args[3])})
+                elif opname == "relax.builtin.alloc_tensor":
+                    instrs.append({"op": "alloc", "dst": fresh(v), "shape": values_of(e.args[0]),
+                                   "dtype": _dtype_name(e.args[1])})
+                elif opname in ("relax.reshape", "relax.memory.view"):
+                    instrs.append({"op": "view", "dst": fresh(v), "src": ref(e.args[0]),
+                                   "shape": shape(v.ty), "dtype": str(v.ty.dtype)})
+                elif opname in ("relax.memory.kill_tensor", "relax.memory.kill_storage"):
+                    continue
+                else:
+                    raise NotImplementedError(f"{name}: operator {opname}")
+            elif isinstance(op, tvm.ir.GlobalVar):
+                args = []
+                for a in e.args:
+                    if isinstance(a, relax.ShapeExpr):
+                        raise NotImplementedError(f"{name}: symbolic scalar arguments to {op.name}")
+                    args.append(ref(a))
+                instrs.append({"op": "call", "func": op.name_hint, "args": args})
+            else:
+                raise NotImplementedError(f"{name}: call of {op!r}")
+    out = func.body.body
+    outputs = [names[f] for f in out.fields] if isinstance(out, relax.Tuple) else [names[out]]
+    return {"name": name, "inputs": inputs, "params": [p["name"] for p in params],
+            "upper_bounds": upper_bounds, "instrs": instrs, "outputs": outputs}
+
+
+@dataclass
+class Lowered:
+    kernels: list[Kernel]
+    tir_functions: dict[str, TirFunction]
+    plans: dict[str, dict]
+    param_specs: dict[str, dict]  # param name -> {"shape", "dtype"}
+
+
+def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=None) -> Lowered:
+    """Compile a Relax module exported by ``nn.Module.export_tvm`` for WebGPU."""
+    target = target or webgpu_target()
+    for fname, bounds in upper_bounds.items():
+        mod[fname] = mod[fname].with_attr("tir_var_upper_bound", bounds)
+    with target:
+        mod = relax_passes(target)(mod)
+    tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)})
+    kernels, funcs = build_kernels(tir_mod, target)
+    plans, param_specs = {}, {}
+    for gv, f in mod.functions.items():
+        if isinstance(f, relax.Function):
+            plans[gv.name_hint] = build_plan(f, gv.name_hint, upper_bounds.get(gv.name_hint, {}))
+            num_input = int(f.attrs["num_input"]) if "num_input" in f.attrs else len(f.params)
+            for p in f.params[num_input:]:
+                param_specs[p.name] = {"shape": [int(d) for d in p.ty.shape.values],
+                                            "dtype": str(p.ty.dtype)}
+    used = {l["kernel"] for tf in funcs.values() for l in tf.launches}
+    kernels = [k for k in kernels if k.name in used]
+    return Lowered(kernels, funcs, plans, param_specs)

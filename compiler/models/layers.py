@@ -1,0 +1,67 @@
+"""Linear and embedding layers that hold either plain or q4-packed weights.
+
+With q4 the weight is a ``weight_q`` (out, in/8) uint32 + ``weight_scale`` (out, in/32) pair;
+the dequantization is a TE op that TVM fuses into the consuming GEMV/GEMM kernel, so full
+precision weights never exist in device memory. Packing: compiler/quantization.py.
+"""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from ..quantization import GROUP_SIZE, VALUES_PER_WORD, ZERO_POINT, Quantization
+
+
+def _dequantize(packed: Tensor, scale: Tensor, out_features: int, in_features: int, dtype: str):
+    def compute(w: te.Tensor, s: te.Tensor):
+        def value(o, i):
+            word = w[o, i // VALUES_PER_WORD]
+            nibble = (word >> ((i % VALUES_PER_WORD) * 4).astype("uint32")) & tirx.const(15, "uint32")
+            centered = nibble.astype(dtype) - tirx.const(ZERO_POINT, dtype)
+            return centered * s[o, i // GROUP_SIZE].astype(dtype)
+
+        return te.compute((out_features, in_features), value, name="dequantize")
+
+    return op.tensor_expr_op(compute, "dequantize", [packed, scale])
+
+
+class QLinear(nn.Module):
+    """y = x @ W^T with W (out, in), stored plain or q4-packed."""
+
+    def __init__(self, in_features: int, out_features: int, quant: Quantization) -> None:
+        self.in_features, self.out_features, self.quant = in_features, out_features, quant
+        if quant.quantized:
+            self.weight_q = nn.Parameter((out_features, in_features // VALUES_PER_WORD), "uint32")
+            self.weight_scale = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
+        else:
+            self.weight = nn.Parameter((out_features, in_features), quant.dtype)
+
+    def full_weight(self) -> Tensor:
+        if self.quant.quantized:
+            return _dequantize(
+                self.weight_q, self.weight_scale, self.out_features, self.in_features, self.quant.dtype
+            )
+        return self.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return op.matmul(x, op.permute_dims(self.full_weight()))
+
+
+class QEmbedding(nn.Module):
+    """Token embedding table (vocab, hidden); also the tied LM head."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, quant: Quantization) -> None:
+        self.table = QLinear(hidden_size, vocab_size, quant)  # rows = tokens
+
+    def forward(self, ids: Tensor) -> Tensor:
+        t = self.table
+        if not t.quant.quantized:
+            return op.take(t.weight, ids, axis=0)
+        rows_q = op.take(t.weight_q, ids, axis=0)
+        rows_s = op.take(t.weight_scale, ids, axis=0)
+        return _dequantize(rows_q, rows_s, ids.shape[0], t.in_features, t.quant.dtype)
+
+    def lm_head(self, x: Tensor) -> Tensor:
+        return self.table(x)

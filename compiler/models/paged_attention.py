@@ -1,0 +1,125 @@
+"""Paged attention for every family, built from TVM's own TIR kernels.
+
+MLC-LLM hides these kernels behind a C++ ``PagedAttentionKVCache`` object that the browser cannot
+run. wick calls them directly as TIR functions instead, and the engine's ``KVCache`` produces the
+index arrays they read (engine/batch.py ``KVIndex``). One layer's attention is three kernels:
+
+1. ``fused_rope``: split fused qkv (n, hq + 2*hkv, d) into q, k, v with RoPE on q and k;
+2. ``tir_kv_cache_transpose_append``: write k, v into the layer's pages at ``append_slots``;
+3. ``batch_prefill_paged_kv``: causal attention of the new tokens over each sequence's pages
+   (it serves prefill chunks and one-token decodes alike, in one ragged batch).
+
+Scalar kernel arguments (causal, rope mode, theta, softmax scale) are baked in with
+``PrimFunc.specialize`` so that the kernels take tensors only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tvm import tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+from tvm.relax.frontend.nn.llm._page_kernels import _kv_cache_transpose_append
+from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill
+from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
+
+PAGE_SIZE = 16  # tokens per KV page; TVM's kernels are generated for this size
+
+# The step inputs every family's forward takes, in order: (name, shape, dtype).
+# n = new tokens in the step, b = sequences in the step, p = pages they reference.
+STEP_INPUTS = (
+    ("input_ids", ("n",), "int32"),
+    ("q_positions", ("n",), "int32"),
+    ("append_slots", ("n",), "int32"),
+    ("qo_indptr", ("b1",), "int32"),  # b + 1
+    ("page_indptr", ("b1",), "int32"),  # b + 1
+    ("page_values", ("p",), "int32"),
+    ("last_page_len", ("b",), "int32"),
+    ("k_rope_pos_offset", ("b",), "int32"),
+    ("logit_positions", ("b",), "int32"),  # row of each sequence's last new token
+)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+
+
+class PagedAttention:
+    """The TIR kernels of one attention shape, specialized once and shared by all layers."""
+
+    def __init__(self, shape: AttentionShape, target) -> None:
+        self.shape = shape
+        s = shape
+        scaling = dict(s.rope_scaling or {})
+        rope = llama_rope_with_position_map(
+            s.rope_theta, 1.0, s.head_dim, s.num_q_heads, s.num_kv_heads, s.dtype, scaling, None
+        )
+        self.rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)})  # apply_rope
+        self.append = _kv_cache_transpose_append(s.num_kv_heads, s.head_dim, s.dtype, PAGE_SIZE)
+        prefill = _attention_prefill(
+            s.num_kv_heads, s.num_q_heads, s.head_dim, s.dtype, False, scaling, target, PAGE_SIZE
+        )
+        causal, rotary_mode, rope_scale, rope_theta, sm_scale = prefill.params[-5:]
+        self.prefill = prefill.specialize(
+            {
+                causal: tirx.IntImm("int32", 1),
+                rotary_mode: tirx.IntImm("int32", 0),  # RoPE already applied by fused_rope
+                rope_scale: tirx.FloatImm("float32", 1.0),
+                rope_theta: tirx.FloatImm("float32", float(s.rope_theta)),
+                sm_scale: tirx.FloatImm("float32", s.head_dim**-0.5),
+            }
+        )
+
+    def page_spec(self) -> nn.spec.Tensor:
+        s = self.shape
+        # (num_pages, 2 = k|v, kv_heads, page_size, head_dim)
+        return nn.spec.Tensor(["num_pages", 2, s.num_kv_heads, PAGE_SIZE, s.head_dim], s.dtype)
+
+    def __call__(self, qkv: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
+        """qkv (n, hq + 2*hkv, d) -> attention output (n, hq * d); appends k, v to ``pages``."""
+        s = self.shape
+        n = qkv.shape[0]
+        q, k, v = op.tensor_ir_op(
+            self.rope,
+            "fused_rope",
+            [qkv, step["q_positions"]],
+            [
+                Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype),
+                Tensor.placeholder((n, s.num_kv_heads, s.head_dim), s.dtype),
+                Tensor.placeholder((n, s.num_kv_heads, s.head_dim), s.dtype),
+            ],
+        )
+        pages = op.tensor_ir_inplace_op(
+            self.append,
+            "tir_kv_cache_transpose_append",
+            [pages, k, v, step["append_slots"]],
+            0,
+            Tensor.placeholder(pages.shape, s.dtype),
+        )
+        out, _lse = op.tensor_ir_op(
+            self.prefill,
+            "batch_prefill_paged_kv",
+            [
+                q,
+                step["qo_indptr"],
+                pages,
+                step["page_indptr"],
+                step["page_values"],
+                step["last_page_len"],
+                step["k_rope_pos_offset"],
+                step["q_positions"],
+            ],
+            [
+                Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype),
+                Tensor.placeholder((n, s.num_q_heads), "float32"),
+            ],
+        )
+        return op.reshape(out, (n, s.num_q_heads * s.head_dim))

@@ -1,0 +1,86 @@
+"""The backend contract: the only way the engine touches a device.
+
+A backend knows nothing about models. It compiles kernels once, owns buffers, and runs one
+step = (small uploads, a list of dispatches, small readbacks) as ONE encoder and ONE submit.
+Implementations: ``wick.native.wgpu_backend.WgpuBackend`` (wgpu-native), ``web/src/executor.ts``
+(WebGPU in a worker), and the pure-Python fakes in the tests.
+
+Kernel ABI (what TVM's WebGPU codegen emits, see docs/artifact.md): storage buffers at bindings
+``0..B-1`` of group 0 in the kernel's own order, each ``read`` or ``read_write``; then, when the
+kernel has scalars, one uniform buffer at binding ``B`` holding the POD scalars (4 bytes each)
+followed by ``packGridDimX: u32``. The engine packs that uniform; the backend only binds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+BufferHandle = int
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    name: str
+    wgsl: str  # full WGSL module source with one entry point
+    entry_point: str
+    storage_access: tuple[str, ...]  # per storage binding: "read" | "read_write"
+    uniform: bool  # True when binding len(storage_access) is the scalar uniform
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSlice:
+    buffer: BufferHandle
+    offset: int  # bytes; a multiple of the device's minStorageBufferOffsetAlignment
+    size: int  # bytes; a multiple of 4
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    kernel: int  # index into the list given to load_kernels
+    storage: tuple[BufferSlice, ...]  # one per storage binding, in the kernel's binding order
+    uniform: bytes  # packed scalars + packGridDimX; b"" when the kernel has no uniform
+    grid: tuple[int, int, int]  # workgroup counts
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    buffer: BufferHandle
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    buffer: BufferHandle
+    offset: int
+    size: int
+
+
+class Backend(Protocol):
+    """What a device must do for the engine."""
+
+    name: str  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
+    features: frozenset[str]  # WebGPU feature names, e.g. {"shader-f16", "subgroups"}
+    max_storage_binding: int  # bytes
+    max_buffer_size: int  # bytes
+    storage_offset_alignment: int  # bytes
+
+    def load_kernels(self, kernels: Sequence[KernelSpec]) -> None:
+        """Compile every kernel into a pipeline, once, at model load."""
+
+    def alloc(self, nbytes: int) -> BufferHandle:
+        """A zero-filled device buffer usable as storage, copy source and copy destination."""
+
+    def free(self, buffer: BufferHandle) -> None: ...
+
+    def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
+        """Upload now (weights at load time)."""
+
+    def run(
+        self, writes: Sequence[Write], dispatches: Sequence[Dispatch], reads: Sequence[Read]
+    ) -> list[bytes]:
+        """One step: apply writes, record all dispatches in one pass, submit once, then read.
+
+        Returns the bytes of each read, in order. Blocks until they are available.
+        """

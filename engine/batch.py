@@ -1,0 +1,50 @@
+"""What one engine step asks the model to do: the Scheduler's output, the Runner's input.
+
+A step runs a ragged batch: every scheduled sequence contributes a chunk of new tokens (a whole
+or partial prompt when prefilling, one token when decoding). All chunks are concatenated into one
+token array; attention reads each sequence's pages through the index arrays below, which are
+exactly the arrays TVM's paged-attention TIR kernels read (``tvm.relax.frontend.nn.llm``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    """How to pick the next token of one sequence in this step."""
+
+    temperature: float  # 0 -> greedy (argmax)
+    top_p: float  # 1.0 -> off
+    top_k: int  # 0 -> off
+    uniform: float  # a draw in [0, 1) from the sequence's seeded RNG
+
+
+@dataclass(slots=True)
+class KVIndex:
+    """Index arrays for one step, built by ``KVCache.index_for``. Shapes in comments.
+
+    b = number of sequences in the step, n = total new tokens, page_size = tokens per page.
+    """
+
+    qo_indptr: list[int]  # (b+1,) new-token ranges per sequence in the flat token array
+    page_indptr: list[int]  # (b+1,) ranges into page_values per sequence
+    page_values: list[int]  # (nnz_pages,) page ids of each sequence, in order
+    last_page_len: list[int]  # (b,) tokens used in each sequence's last page (after append)
+    k_rope_pos_offset: list[int]  # (b,) position of each sequence's first cached token (0)
+    q_positions: list[int]  # (n,) absolute position of each new token (RoPE)
+    append_slots: list[int]  # (n,) page_id * page_size + slot where each new token's K/V goes
+
+
+@dataclass(slots=True)
+class Batch:
+    seq_ids: list[int]  # (b,) which sequences, in step order
+    token_ids: list[int]  # (n,) new tokens of all sequences, concatenated
+    kv: KVIndex
+    sample_rows: list[int] = field(default_factory=list)  # indexes into seq_ids that need a token
+    sampling: list[SamplingRow] = field(default_factory=list)  # one per sample_rows entry
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
