@@ -1,0 +1,112 @@
+"""Writes an artifact directory (schema: wick.engine.artifact, docs/artifact.md).
+
+The directory is built under a temporary name and renamed into place at the end, so a crash or
+an interrupted compile never leaves something that looks like a finished artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..engine.artifact import FORMAT_VERSION, MANIFEST_NAME, PARAM_ALIGN, SHARD_MAX_BYTES
+from .lower import Lowered
+
+Progress = Callable[[str, int, int], None]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class _ShardWriter:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "params").mkdir(parents=True, exist_ok=True)
+        self.shards: list[dict] = []
+        self.current = bytearray()
+
+    def add(self, data: bytes) -> tuple[int, int]:
+        pad = (-len(self.current)) % PARAM_ALIGN
+        if self.current and len(self.current) + pad + len(data) > SHARD_MAX_BYTES:
+            self.flush()
+            pad = 0
+        self.current += b"\0" * pad
+        offset = len(self.current)
+        self.current += data
+        return len(self.shards), offset
+
+    def flush(self) -> None:
+        if not self.current:
+            return
+        name = f"params/shard-{len(self.shards):05d}.bin"
+        data = bytes(self.current)
+        (self.root / name).write_bytes(data)
+        self.shards.append({"file": name, "nbytes": len(data), "sha256": _sha256(data)})
+        self.current = bytearray()
+
+
+def write_artifact(
+    out_dir: Path,
+    *,
+    header: dict,
+    lowered: Lowered,
+    params: Iterable[tuple[str, np.ndarray]],
+    num_params: int,
+    tokenizer_json: str,
+    progress: Progress | None = None,
+) -> Path:
+    """Write everything under ``out_dir`` (replaced atomically). ``header`` holds model_id,
+    quantization, model, requires, source and compiler fields of the manifest."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "kernels" / "webgpu").mkdir(parents=True)
+    kernels = []
+    for k in lowered.kernels:
+        rel = f"kernels/webgpu/{k.name}.wgsl"
+        src = k.wgsl.encode("utf-8")
+        (tmp / rel).write_bytes(src)
+        kernels.append({"name": k.name, "file": rel, "sha256": _sha256(src),
+                        "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
+    shards = _ShardWriter(tmp)
+    index = []
+    for i, (name, array) in enumerate(params):
+        spec = lowered.param_specs.get(name)
+        if spec is None:
+            raise ValueError(f"weight {name} is not a parameter of the compiled model")
+        if list(array.shape) != spec["shape"] or str(array.dtype) != spec["dtype"]:
+            raise ValueError(f"weight {name}: got {array.shape} {array.dtype}, model wants {spec}")
+        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        shard, offset = shards.add(data)
+        index.append({"name": name, "shape": spec["shape"], "dtype": spec["dtype"],
+                      "shard": shard, "offset": offset, "nbytes": len(data)})
+        if progress:
+            progress("write weights", i + 1, num_params)
+    shards.flush()
+    missing = set(lowered.param_specs) - {p["name"] for p in index}
+    if missing:
+        raise ValueError(f"no weights for parameters: {', '.join(sorted(missing)[:5])}")
+    tok = tokenizer_json.encode("utf-8")
+    (tmp / "tokenizer.json").write_bytes(tok)
+    manifest = {
+        "format": FORMAT_VERSION,
+        **header,
+        "tokenizer": {"file": "tokenizer.json", "sha256": _sha256(tok)},
+        "kernels": kernels,
+        "tir_functions": {n: {"params": f.params, "launches": f.launches}
+                          for n, f in lowered.tir_functions.items()},
+        "plans": lowered.plans,
+        "params": index,
+        "shards": shards.shards,
+    }
+    (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir

@@ -1,0 +1,183 @@
+"""``wick compile``: model source -> artifact directory, cached.
+
+Stages (each reported through ``progress(stage, done, total)``): resolve the source, load and
+convert its weights, build the Relax model, lower it with TVM to WGSL + plans, quantize and write
+the weight shards. The compile cache is keyed by (source weights hash, quantization, target,
+compiler version): asking for the same thing twice returns the existing artifact at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .. import __version__ as WICK_VERSION
+from ..engine.artifact import MANIFEST_NAME
+from . import paths
+from .artifact_writer import write_artifact
+from .lower import lower, webgpu_target
+from .models import family_for
+from .models.paged_attention import PAGE_SIZE
+from .quantization import Quantization, get_quantization, quantize_q4
+
+# Bump when generated artifacts change for the same inputs (kernels, plan, packing).
+COMPILER_REVISION = 1
+TARGET = "webgpu"
+DEFAULT_PREFILL_CHUNK = 256
+DEFAULT_MAX_BATCH = 32
+
+Progress = Callable[[str, int, int], None]
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__
+
+
+def cache_key(source_hash: str, quant: str, options: dict) -> str:
+    blob = json.dumps([source_hash, quant, TARGET, WICK_VERSION, COMPILER_REVISION,
+                       _tvm_version(), options], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _sampler_module(vocab_size: int):
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn import Tensor, op
+
+    from .sampling import sampling_prim_func
+
+    kernel = sampling_prim_func(vocab_size, "float32")
+
+    class Sampler(nn.Module):
+        def sample(self, logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor,
+                   uniform: Tensor) -> Tensor:
+            b = logits.shape[0]
+            return op.tensor_ir_op(kernel, "sample_token",
+                                   [logits, temperature, top_p, top_k, uniform],
+                                   Tensor.placeholder((b,), "int32"))
+
+    spec = {"sample": {
+        "logits": nn.spec.Tensor(["b", vocab_size], "float32"),
+        "temperature": nn.spec.Tensor(["b"], "float32"),
+        "top_p": nn.spec.Tensor(["b"], "float32"),
+        "top_k": nn.spec.Tensor(["b"], "int32"),
+        "uniform": nn.spec.Tensor(["b"], "float32"),
+        "$": {"param_mode": "none", "effect_mode": "none"},
+    }}
+    mod, _ = Sampler().export_tvm(spec=spec)
+    return mod
+
+
+def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantization
+             ) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield the compiled model's parameters in order, quantizing q4 weights on the way."""
+    for name in names:
+        if name.endswith(".weight_scale"):
+            continue  # produced together with its .weight_q
+        if name.endswith(".weight_q"):
+            base = name[: -len("_q")]
+            packed, scale = quantize_q4(converted[base], quant.dtype)
+            yield name, packed
+            yield base + "_scale", scale
+        else:
+            yield name, converted[name].astype(quant.dtype)
+
+
+def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window: int,
+                   prefill_chunk: int, max_batch: int, quant: Quantization) -> dict:
+    eos = hf.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    for extra in tok_cfg.get("eos_token_ids", []):
+        if extra not in eos_ids:
+            eos_ids.append(extra)
+    return {
+        "family": family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_hidden_layers,
+        "num_kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "dtype": quant.dtype,
+        "context_window": context_window,
+        "page_size": PAGE_SIZE,
+        "prefill_chunk_size": prefill_chunk,
+        "max_batch_size": max_batch,
+        "bos_token_id": hf.get("bos_token_id", tok_cfg.get("bos_token_id")),
+        "eos_token_ids": eos_ids,
+        "add_bos_token": bool(tok_cfg.get("add_bos_token", False)),
+        "chat_template": tok_cfg.get("chat_template"),
+    }
+
+
+def compile_model(
+    model: str,
+    quantization: str,
+    *,
+    output: Path | None = None,
+    context_window: int | None = None,
+    prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK,
+    max_batch_size: int = DEFAULT_MAX_BATCH,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Compile ``model`` (built-in name, HF dir or .gguf) and return the artifact directory."""
+    from .sources import resolve_source
+
+    report = progress or (lambda stage, done, total: None)
+    quant = get_quantization(quantization)
+    report("resolve source", 0, 1)
+    source = resolve_source(model, progress=progress)
+    report("resolve source", 1, 1)
+    options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
+               "max_batch_size": max_batch_size}
+    key = cache_key(source.content_hash(), quant.name, options)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.name).name.removesuffix(".gguf"))
+    out = Path(output) if output else paths.artifacts_dir() / f"{slug}-{quant.name}-{key}"
+    if not force and (out / MANIFEST_NAME).exists():
+        try:
+            if json.loads((out / MANIFEST_NAME).read_text()).get("cache_key") == key:
+                report("cached", 1, 1)
+                return out
+        except ValueError:
+            pass  # unreadable manifest: rebuild it
+
+    loaded = source.load(progress=progress)
+    hf = loaded.config
+    family = family_for(hf.get("model_type", "llama"))
+    cfg = family.Config.from_hf(hf)
+    window = min(context_window or cfg.context_window, cfg.context_window)
+
+    report("build model", 0, 1)
+    target = webgpu_target()
+    module = family.Model(cfg, quant, target)
+    mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
+    mod.update(_sampler_module(cfg.vocab_size))
+    report("build model", 1, 1)
+
+    report("lower (TVM)", 0, 1)
+    bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
+    lowered = lower(mod, {"forward": bounds, "sample": {"b": max_batch_size}}, target)
+    report("lower (TVM)", 1, 1)
+
+    converted = family.convert_weights(cfg, loaded.weights)
+    names = [name for name, _ in named]
+    header = {
+        "model_id": source.name,
+        "quantization": quant.name,
+        "cache_key": key,
+        "model": _model_section(hf.get("model_type", "llama"), cfg, hf, loaded.tokenizer_config,
+                                context_window=window, prefill_chunk=prefill_chunk_size,
+                                max_batch=max_batch_size, quant=quant),
+        "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},
+        "source": {"model": model, "sha256": source.content_hash()},
+        "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION, "tvm": _tvm_version(),
+                     "target": TARGET},
+    }
+    return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant),
+                          num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress)

@@ -1,0 +1,206 @@
+"""GGUF file -> HF-style config and HF-named float32 weights.
+
+The tensors are dequantized with ``gguf.quants.dequantize`` (llama.cpp's block formats in numpy,
+bit-exact). Then two things llama.cpp's converter did are undone:
+
+- names: ``blk.N.attn_q.weight`` -> ``model.layers.N.self_attn.q_proj.weight`` and so on;
+- for Llama, the q/k projection rows: ``convert_hf_to_gguf.py`` reorders each head's rows from
+  HF's rotate-half RoPE layout (first half, second half) to llama.cpp's interleaved pairs. Per head
+  it viewed the rows as ``(2, head_dim/2)`` and transposed them to ``(head_dim/2, 2)``; we view
+  them as ``(head_dim/2, 2)`` and transpose back.
+
+Shapes: GGUF lists dimensions innermost first (``[in, out]`` for a linear); ``GGUFReader`` already
+gives numpy arrays in row-major order, i.e. ``(out, in)``, which is HF's ``nn.Linear`` layout.
+
+References: llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel.permute``) and
+``gguf-py/gguf/constants.py`` (tensor and key names); transformers'
+``modeling_gguf_pytorch_utils.py`` does the same reverse permutation.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from gguf import GGUFReader, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from ..engine.errors import WickError
+from .tokenizer_build import BuiltTokenizer, build_from_gguf
+
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+class GGUFFormatError(WickError):
+    """The GGUF file is not one this loader understands; the message says which part."""
+
+    default_status = 400
+    default_type = "invalid_request_error"
+    default_code = "unsupported_gguf"
+
+
+class GGUFModel:
+    """One open GGUF file: its metadata, config, tokenizer and (on demand) weights."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.reader = GGUFReader(self.path)
+        self.meta: dict[str, Any] = {k: f.contents() for k, f in self.reader.fields.items()}
+        self.arch = self.meta.get("general.architecture")
+        if self.arch not in SUPPORTED_ARCHITECTURES:
+            raise GGUFFormatError(
+                f"{self.path}: architecture {self.arch!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        self.tensor_types: dict[str, str] = {
+            t.name: GGMLQuantizationType(t.tensor_type).name for t in self.reader.tensors
+        }
+
+    def tokenizer(self) -> BuiltTokenizer:
+        return build_from_gguf(self.meta)
+
+    def config(self) -> dict[str, Any]:
+        """HF ``LlamaConfig``-style keys read from the ``<arch>.*`` metadata."""
+        def key(name: str, default: Any = KeyError) -> Any:
+            full = f"{self.arch}.{name}"
+            if full in self.meta:
+                return self.meta[full]
+            if default is KeyError:
+                raise GGUFFormatError(f"{self.path}: metadata key {full!r} is missing")
+            return default
+
+        if "rope_freqs.weight" in self.tensor_types:
+            raise GGUFFormatError(
+                f"{self.path}: per-frequency RoPE factors (rope_freqs.weight, Llama-3.1 style) "
+                "are not supported yet"
+            )
+        hidden = int(key("embedding_length"))
+        heads = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", hidden // heads))
+        rotary = int(key("rope.dimension_count", head_dim))
+        if rotary != head_dim:
+            raise GGUFFormatError(
+                f"{self.path}: partial rotary embedding (rope.dimension_count={rotary}, "
+                f"head_dim={head_dim}) is not supported"
+            )
+        vocab = key("vocab_size", None)
+        if vocab is None:
+            vocab = len(self.meta["tokenizer.ggml.tokens"])
+        eos: int | list[int] | None = self.meta.get("tokenizer.ggml.eos_token_id")
+        eot = self.meta.get("tokenizer.ggml.eot_token_id")
+        if eot is not None and eos is not None and eot != eos:
+            eos = [int(eos), int(eot)]
+        bos = self.meta.get("tokenizer.ggml.bos_token_id")
+        return {
+            "model_type": self.arch,
+            "vocab_size": int(vocab),
+            "hidden_size": hidden,
+            "intermediate_size": int(key("feed_forward_length")),
+            "num_hidden_layers": int(key("block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+            "head_dim": head_dim,
+            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+            "rope_theta": float(key("rope.freq_base", 10000.0)),
+            "rope_scaling": self._rope_scaling(key),
+            "max_position_embeddings": int(key("context_length")),
+            "tie_word_embeddings": "output.weight" not in self.tensor_types,
+            "bos_token_id": None if bos is None else int(bos),
+            "eos_token_id": eos if eos is None or isinstance(eos, list) else int(eos),
+        }
+
+    def _rope_scaling(self, key: Callable[..., Any]) -> dict[str, Any] | None:
+        kind = key("rope.scaling.type", None)
+        if kind in (None, "none"):
+            return None
+        factor = float(key("rope.scaling.factor"))
+        if kind == "linear":
+            return {"rope_type": "linear", "factor": factor}
+        if kind == "yarn":
+            return {
+                "rope_type": "yarn",
+                "factor": factor,
+                "original_max_position_embeddings": int(
+                    key("rope.scaling.original_context_length")
+                ),
+            }
+        raise GGUFFormatError(f"{self.path}: rope.scaling.type={kind!r} is not supported")
+
+    def weights(
+        self, config: dict[str, Any], progress: Progress | None = None
+    ) -> dict[str, np.ndarray]:
+        """Every tensor dequantized to float32, under its HF name, in HF layout."""
+        out: dict[str, np.ndarray] = {}
+        tensors = self.reader.tensors
+        for done, tensor in enumerate(tensors):
+            name = hf_name(tensor.name)
+            shape = tuple(int(d) for d in reversed(tensor.shape))  # numpy order
+            data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
+            array = np.array(data, dtype=np.float32, copy=True).reshape(shape)  # own the memory
+            if self.arch == "llama" and ".self_attn.q_proj." in name:
+                array = unpermute_rope_rows(array, config["num_attention_heads"])
+            elif self.arch == "llama" and ".self_attn.k_proj." in name:
+                array = unpermute_rope_rows(array, config["num_key_value_heads"])
+            out[name] = array
+            if progress is not None:
+                progress("dequantize", done + 1, len(tensors))
+        _check_complete(out, config, self.path)
+        return out
+
+
+def hf_name(gguf_name: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER.fullmatch(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    raise GGUFFormatError(f"GGUF tensor {gguf_name!r} has no known HF name")
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head interleaving of q/k rows.  w: (n_heads*head_dim, ...)."""
+    head_dim = w.shape[0] // n_heads
+    rest = w.shape[1:]
+    return (
+        w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape).copy()
+    )
+
+
+def _check_complete(weights: dict[str, np.ndarray], config: dict[str, Any], path: Path) -> None:
+    expected = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config["tie_word_embeddings"]:
+        expected.add("lm_head.weight")
+    for i in range(config["num_hidden_layers"]):
+        expected |= {
+            f"model.layers.{i}.{n}" for n in _LAYER_NAMES.values() if not n.endswith(".bias")
+        }
+    missing = sorted(expected - weights.keys())
+    if missing:
+        raise GGUFFormatError(f"{path}: tensors missing: {', '.join(missing[:8])}")

@@ -1,0 +1,175 @@
+"""A local Hugging Face model directory -> config, weights, tokenizer.
+
+Expected files: ``config.json``, one or more ``*.safetensors``, ``tokenizer.json``; optional
+``tokenizer_config.json``, ``chat_template.jinja`` (transformers 5 writes the template there) and
+``generation_config.json`` (its ``eos_token_id`` list wins over config.json's single id, as in
+HF generation).
+
+Weights keep their dtype (float32, float16) except bfloat16, which numpy lacks: those become
+float32, exactly (bf16 is the top half of an f32).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from safetensors import safe_open
+
+from ..engine.errors import WickError
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+REQUIRED_FILES = ("config.json", "tokenizer.json")
+
+
+class HFDirError(WickError):
+    """The directory is not a usable HF model; the message names the file at fault."""
+
+    default_status = 400
+    default_type = "invalid_request_error"
+    default_code = "invalid_model_dir"
+
+
+def is_hf_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def weight_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise HFDirError(f"{path}: no *.safetensors weight file (model.safetensors) found")
+    return files
+
+
+def tracked_files(path: Path) -> list[Path]:
+    """Everything ``load`` reads: what the content hash covers."""
+    check_files(path)
+    optional = ("tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+    return sorted(
+        [path / n for n in REQUIRED_FILES]
+        + [path / n for n in optional if (path / n).is_file()]
+        + weight_files(path)
+    )
+
+
+def check_files(path: Path) -> None:
+    for name in REQUIRED_FILES:
+        if not (path / name).is_file():
+            raise HFDirError(f"{path}: required file {name} is missing")
+    weight_files(path)
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """config.json with the keys wick relies on filled in and normalized (others kept)."""
+    raw = _read_json(path / "config.json")
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        config = dict(raw)
+        config.update(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            model_type=raw["model_type"],
+        )
+    except KeyError as missing:
+        raise HFDirError(f"{path / 'config.json'}: key {missing} is missing") from None
+    # transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; older files rope_theta
+    # and rope_scaling side by side.
+    rope = dict(raw.get("rope_parameters") or {})
+    config["rope_theta"] = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+    scaling = raw.get("rope_scaling")
+    if scaling is None and rope.get("rope_type", "default") != "default":
+        scaling = rope
+    if scaling is not None:
+        scaling = dict(scaling)
+        legacy = scaling.pop("type", None)  # older spelling of rope_type
+        scaling.setdefault("rope_type", legacy)
+    config["rope_scaling"] = scaling
+    generation = path / "generation_config.json"
+    eos = raw.get("eos_token_id")
+    if generation.is_file():
+        eos = _read_json(generation).get("eos_token_id", eos)
+    config["eos_token_id"] = eos
+    config["bos_token_id"] = raw.get("bos_token_id")
+    return config
+
+
+def load_weights(
+    path: Path, config: dict[str, Any], progress: Progress | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(HF name -> array, HF name -> stored dtype) over every safetensors file."""
+    weights: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    files = weight_files(path)
+    plan: list[tuple[Path, str]] = []
+    for file in files:
+        with safe_open(file, framework="numpy") as f:
+            plan += [(file, name) for name in f.keys()]
+    done = 0
+    for file in files:
+        offsets = None
+        with safe_open(file, framework="numpy") as f:
+            for name in f.keys():
+                dtype = f.get_slice(name).get_dtype()
+                if dtype == "BF16":
+                    offsets = offsets or _header(file)
+                    array = _read_bf16(file, offsets, name)
+                else:
+                    array = np.array(f.get_tensor(name), copy=True)
+                if name in weights:
+                    raise HFDirError(f"{file}: tensor {name} also appears in another file")
+                weights[name], dtypes[name] = array, dtype
+                done += 1
+                if progress is not None:
+                    progress("read", done, len(plan))
+    if config["tie_word_embeddings"]:
+        weights.pop("lm_head.weight", None)
+        dtypes.pop("lm_head.weight", None)
+    return weights, dtypes
+
+
+def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:
+    """(tokenizer.json text, tokenizer_config with plain-string special tokens)."""
+    tokenizer_json = (path / "tokenizer.json").read_text(encoding="utf-8")
+    config_file = path / "tokenizer_config.json"
+    config = _read_json(config_file) if config_file.is_file() else {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = config.get(key)
+        if isinstance(value, dict):  # older files: {"content": "<s>", "lstrip": ...}
+            config[key] = value.get("content")
+    template = path / "chat_template.jinja"
+    if "chat_template" not in config and template.is_file():
+        config["chat_template"] = template.read_text(encoding="utf-8")
+    return tokenizer_json, config
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise HFDirError(f"{file}: not valid JSON ({err})") from None
+
+
+def _header(file: Path) -> tuple[int, dict[str, Any]]:
+    """(offset of the data section, header dict) of a safetensors file."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return 8 + size, json.loads(f.read(size))
+
+
+def _read_bf16(file: Path, header: tuple[int, dict[str, Any]], name: str) -> np.ndarray:
+    base, entries = header
+    begin, end = entries[name]["data_offsets"]
+    raw = np.fromfile(file, dtype="<u2", count=(end - begin) // 2, offset=base + begin)
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entries[name]["shape"])

@@ -1,0 +1,104 @@
+"""The artifact schema: the one definition the compiler writes and every engine reads.
+
+An artifact is a directory (docs/artifact.md):
+
+    wick-artifact.json        manifest: model config, quantization, tokenizer, kernels, plans,
+                              parameter index, shards with sha256
+    kernels/webgpu/*.wgsl     one WGSL module per kernel
+    params/shard-NNNNN.bin    raw little-endian tensors, <= 32 MiB per shard
+    tokenizer.json            HF tokenizers format
+
+Reading needs only the standard library (it runs in Pyodide too); file access goes through a
+``read(relative_path) -> bytes`` callable so that the browser can serve it from its cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .errors import ArtifactError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "wick-artifact.json"
+SHARD_MAX_BYTES = 32 << 20
+PARAM_ALIGN = 256  # parameter offsets inside a shard
+
+
+@dataclass(frozen=True, slots=True)
+class ParamEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    shard: int
+    offset: int  # bytes into the shard
+    nbytes: int
+
+
+class Artifact:
+    """A parsed manifest plus a way to read the artifact's files."""
+
+    def __init__(self, manifest: dict, read: Callable[[str], bytes], location: str = "") -> None:
+        fmt = manifest.get("format")
+        if fmt != FORMAT_VERSION:
+            raise ArtifactError(
+                f"artifact {location or manifest.get('model_id')} has format {fmt}, this wick reads "
+                f"format {FORMAT_VERSION}: recompile it with `wick compile`"
+            )
+        self.manifest = manifest
+        self.read = read
+        self.location = location
+        self.params = [
+            ParamEntry(p["name"], tuple(p["shape"]), p["dtype"], p["shard"], p["offset"], p["nbytes"])
+            for p in manifest["params"]
+        ]
+
+    @classmethod
+    def load(cls, read: Callable[[str], bytes], location: str = "") -> "Artifact":
+        try:
+            manifest = json.loads(read(MANIFEST_NAME))
+        except FileNotFoundError:
+            raise ArtifactError(f"{location or 'artifact'}: {MANIFEST_NAME} is missing") from None
+        except ValueError as e:
+            raise ArtifactError(f"{location or 'artifact'}: {MANIFEST_NAME} is not valid JSON: {e}") from None
+        return cls(manifest, read, location)
+
+    @property
+    def model_id(self) -> str:
+        return self.manifest["model_id"]
+
+    @property
+    def quantization(self) -> str:
+        return self.manifest["quantization"]
+
+    @property
+    def model(self) -> dict:
+        return self.manifest["model"]
+
+    @property
+    def required_features(self) -> list[str]:
+        return list(self.manifest.get("requires", {}).get("features", []))
+
+    def kernels(self) -> list[dict]:
+        """Kernel metadata with the WGSL source filled in (``wgsl``), verified by sha256."""
+        out = []
+        for k in self.manifest["kernels"]:
+            src = self.read_verified(k["file"], k["sha256"])
+            out.append({**k, "wgsl": src.decode("utf-8")})
+        return out
+
+    def read_verified(self, path: str, sha256: str) -> bytes:
+        data = self.read(path)
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise ArtifactError(f"{self.location}/{path} is corrupt (sha256 mismatch): re-download or recompile it")
+        return data
+
+    def shard_bytes(self) -> Iterator[tuple[int, bytes]]:
+        for i, shard in enumerate(self.manifest["shards"]):
+            yield i, self.read_verified(shard["file"], shard["sha256"])
+
+    def tokenizer_json(self) -> str:
+        tok = self.manifest["tokenizer"]
+        return self.read_verified(tok["file"], tok["sha256"]).decode("utf-8")

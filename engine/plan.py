@@ -1,0 +1,203 @@
+"""The plan interpreter: turns one call of a compiled entry point into backend dispatches.
+
+The compiler (compiler/lower.py) exports each Relax function as an instruction list and each
+TIR function as its device launches; docs/artifact.md documents both. Here we evaluate them:
+bind the symbolic shape variables from the input tensors, place every intermediate tensor in its
+pre-planned storage, and emit one ``Dispatch`` per kernel launch with its uniform packed.
+
+Storages are allocated once, at their upper-bound size, so a step allocates nothing; and the
+dispatch list depends only on the input shapes, so it is cached per shape signature.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .backend import Backend, BufferSlice, Dispatch, KernelSpec
+from .errors import ArtifactError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint8": 1,
+               "int8": 1, "bool": 1}
+MAX_GRID_X = 1 << 16  # WebGPU's per-dimension workgroup count limit is 65535
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """A tensor living in a device buffer."""
+
+    buffer: int
+    offset: int  # bytes
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for d in self.shape:
+            count *= d
+        return count * DTYPE_BYTES[self.dtype]
+
+
+def evaluate(expr: Any, env: Mapping[str, int]) -> Any:
+    """Evaluate a JSON expression from the compiler (ints, {"v": name}, [op, *args])."""
+    if isinstance(expr, (int, float)):
+        return expr
+    if isinstance(expr, dict):
+        return env[expr["v"]]
+    op, *args = expr
+    if op == "?":
+        return evaluate(args[1], env) if evaluate(args[0], env) else evaluate(args[2], env)
+    vals = [evaluate(a, env) for a in args]
+    if op == "+":
+        return vals[0] + vals[1]
+    if op == "-":
+        return vals[0] - vals[1]
+    if op == "*":
+        return vals[0] * vals[1]
+    if op == "//":
+        return vals[0] // vals[1]
+    if op == "%":
+        return vals[0] % vals[1]
+    if op == "/":  # TIR Div on integers truncates toward zero
+        q = abs(vals[0]) // abs(vals[1])
+        return q if (vals[0] >= 0) == (vals[1] >= 0) else -q
+    if op == "min":
+        return min(vals)
+    if op == "max":
+        return max(vals)
+    if op == "not":
+        return not vals[0]
+    return {
+        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+        "and": lambda a, b: bool(a and b), "or": lambda a, b: bool(a or b),
+    }[op](*vals)
+
+
+def bind_shapes(env: dict[str, int], declared: Sequence[Sequence[Any]],
+                actual: Sequence[Sequence[int]], what: str) -> None:
+    """Bind the variables of declared shapes from actual shapes, then check every dimension
+    (a variable may first appear inside an expression, e.g. ``batch_size + 1``)."""
+    for pattern, shape in zip(declared, actual):
+        if len(pattern) != len(shape):
+            raise ArtifactError(f"{what}: expected rank {len(pattern)}, got shape {tuple(shape)}")
+        for dim, size in zip(pattern, shape):
+            if isinstance(dim, dict) and dim["v"] not in env:
+                env[dim["v"]] = size
+    for pattern, shape in zip(declared, actual):
+        for dim, size in zip(pattern, shape):
+            if evaluate(dim, env) != size:
+                raise ArtifactError(f"{what}: shape {tuple(shape)} does not match {pattern}")
+
+
+def fold_grid(x: int, y: int, z: int) -> tuple[int, int, int]:
+    """Spread blockIdx.x over x and z when x exceeds the limit (TVM's WebGPU convention:
+    the kernel rebuilds blockIdx.x from x and z and guards with packGridDimX)."""
+    if z != 1:
+        raise ArtifactError("blockIdx.z is reserved by the WebGPU kernel ABI")
+    while x >= MAX_GRID_X:
+        x = (x + 1) // 2
+        z *= 2
+    return x, y, z
+
+
+class KernelTable:
+    """All kernels of an artifact, loaded into a backend once."""
+
+    def __init__(self, kernels: Sequence[dict], backend: Backend) -> None:
+        self.index = {k["name"]: i for i, k in enumerate(kernels)}
+        self.scalar_formats = [
+            "<" + "".join("f" if d.startswith("float") else "I" if d.startswith("uint") else "i"
+                          for d in k["scalar_dtypes"]) + "I"
+            for k in kernels
+        ]
+        specs = [
+            KernelSpec(k["name"], k["wgsl"], k.get("entry_point", k["name"]),
+                       tuple(k["storage_access"]), True)
+            for k in kernels
+        ]
+        backend.load_kernels(specs)
+
+
+class PlanFunction:
+    """One entry point (e.g. ``forward``) bound to a backend."""
+
+    def __init__(self, plan: dict, tir_functions: Mapping[str, dict], kernels: KernelTable,
+                 backend: Backend, params: Mapping[str, TensorRef]) -> None:
+        self.name = plan["name"]
+        self.plan = plan
+        self.tir = tir_functions
+        self.kernels = kernels
+        self.backend = backend
+        self.params = params
+        missing = [p for p in plan["params"] if p not in params]
+        if missing:
+            raise ArtifactError(f"{self.name}: parameters not loaded: {', '.join(missing[:5])}")
+        self.input_names = [i["name"] for i in plan["inputs"]]
+        self.storages: dict[str, int] = {}
+        bounds = plan.get("upper_bounds", {})
+        for ins in plan["instrs"]:  # storages live for the whole session, at their max size
+            if ins["op"] == "alloc_storage":
+                try:
+                    nbytes = evaluate(ins["nbytes"], bounds)
+                except KeyError as e:
+                    raise ArtifactError(f"{self.name}: no upper bound for {e} in storage size") from None
+                self.storages[ins["dst"]] = backend.alloc(max(int(nbytes), 4))
+        self._cache: dict[tuple, tuple[list[Dispatch], list[TensorRef]]] = {}
+
+    def __call__(self, inputs: Mapping[str, TensorRef]) -> tuple[list[Dispatch], list[TensorRef]]:
+        """Dispatches computing this function on ``inputs``, and the output tensors."""
+        key = tuple((inputs[n].buffer, inputs[n].offset, inputs[n].shape) for n in self.input_names)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._build(inputs)
+        return hit
+
+    def _build(self, inputs: Mapping[str, TensorRef]) -> tuple[list[Dispatch], list[TensorRef]]:
+        env: dict[str, int] = {}
+        values: dict[str, TensorRef] = dict(self.params)
+        for spec in self.plan["inputs"]:
+            t = inputs[spec["name"]]
+            if t.dtype != spec["dtype"]:
+                raise ArtifactError(f"{self.name}: input {spec['name']} must be {spec['dtype']}")
+            values[spec["name"]] = t
+        bind_shapes(env, [s["shape"] for s in self.plan["inputs"]],
+                    [values[s["name"]].shape for s in self.plan["inputs"]], f"{self.name} inputs")
+        dispatches: list[Dispatch] = []
+        for ins in self.plan["instrs"]:
+            op = ins["op"]
+            if op == "alloc_storage":
+                continue
+            if op == "alloc_tensor":
+                shape = tuple(evaluate(d, env) for d in ins["shape"])
+                values[ins["dst"]] = TensorRef(self.storages[ins["storage"]],
+                                               evaluate(ins["offset"], env), shape, ins["dtype"])
+            elif op == "view":
+                src = values[ins["src"]]
+                shape = tuple(evaluate(d, env) for d in ins["shape"])
+                values[ins["dst"]] = TensorRef(src.buffer, src.offset, shape, ins["dtype"])
+            elif op == "call":
+                self._call(ins["func"], [values[a] for a in ins["args"]], dispatches)
+            else:
+                raise ArtifactError(f"{self.name}: unknown plan instruction {op!r}")
+        return dispatches, [values[o] for o in self.plan["outputs"]]
+
+    def _call(self, func: str, args: list[TensorRef], out: list[Dispatch]) -> None:
+        tf = self.tir[func]
+        env: dict[str, int] = {}
+        bind_shapes(env, [p["shape"] for p in tf["params"]], [t.shape for t in args], func)
+        for launch in tf["launches"]:
+            kid = self.kernels.index[launch["kernel"]]
+            x, y, z = (int(evaluate(g, env)) for g in launch["grid"])
+            if x <= 0 or y <= 0:
+                continue  # empty launch (no rows)
+            scalars = [evaluate(s, env) for s in launch["scalars"]]
+            uniform = struct.pack(self.kernels.scalar_formats[kid], *scalars, x)
+            storage = []
+            for p in launch["buffers"]:
+                t = args[p]
+                size = max(4, (t.nbytes + 3) // 4 * 4)
+                storage.append(BufferSlice(t.buffer, t.offset, size))
+            out.append(Dispatch(kid, tuple(storage), uniform, fold_grid(x, y, z)))

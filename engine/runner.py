@@ -1,0 +1,176 @@
+"""The Runner: one scheduled ``Batch`` -> one backend call -> sampled token ids.
+
+It owns the device state of a loaded artifact: weights, the per-layer KV page buffers, the
+step-input buffers (sized for the largest step) and the bound plan functions. A step uploads
+the index arrays, dispatches ``forward`` then ``sample`` in one submit, and reads back one int32
+per sequence: logits never leave the device.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Callable
+
+from .artifact import Artifact
+from .backend import Backend, Read, Write
+from .batch import Batch
+from .errors import ArtifactError, MissingFeatureError
+from .plan import DTYPE_BYTES, KernelTable, PlanFunction, TensorRef
+
+# step inputs of ``forward`` and the size that bounds each: "n" tokens, "b" sequences, "p" pages
+_STEP_BOUNDS = {
+    "input_ids": "n", "q_positions": "n", "append_slots": "n", "qo_indptr": "b1",
+    "page_indptr": "b1", "page_values": "p", "last_page_len": "b", "k_rope_pos_offset": "b",
+    "logit_positions": "b",
+}
+_SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
+                  ("top_k", "int32", "i"), ("uniform", "float32", "f"))
+
+
+@dataclass(slots=True)
+class StepTimings:
+    """Host-side milliseconds of the last step, split by who spent them."""
+
+    plan_ms: float = 0.0  # building inputs and dispatch lists
+    backend_ms: float = 0.0  # encode + submit + wait + read back
+
+
+class Runner:
+    def __init__(self, artifact: Artifact, backend: Backend, *, num_pages: int,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+        missing = [f for f in artifact.required_features if f not in backend.features]
+        if missing:
+            raise MissingFeatureError(missing[0], ["q4f32_1", "q0f32"],
+                                      requested=f"{artifact.model_id} {artifact.quantization}")
+        m = artifact.model
+        self.backend = backend
+        self.page_size = m["page_size"]
+        self.num_pages = num_pages
+        self.max_tokens = m["prefill_chunk_size"]
+        self.max_batch = m["max_batch_size"]
+        self.vocab_size = m["vocab_size"]
+        self.timings = StepTimings()
+        report = progress or (lambda stage, done, total: None)
+
+        kernels = artifact.kernels()
+        self.kernels = KernelTable(kernels, backend)
+        params = self._upload_params(artifact, report)
+        self.kv_pages = self._alloc_pages(artifact)
+        bounds = {"n": self.max_tokens, "b": self.max_batch, "b1": self.max_batch + 1,
+                  "p": num_pages}
+        self.inputs = {name: backend.alloc(4 * bounds[b]) for name, b in _STEP_BOUNDS.items()}
+        self.sample_inputs = {name: backend.alloc(4 * self.max_batch) for name, _, _ in _SAMPLE_INPUTS}
+        plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
+        self.forward = PlanFunction(plans["forward"], tir, self.kernels, backend, params)
+        self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
+
+    # ------------------------------------------------------------------ loading
+
+    def _upload_params(self, artifact: Artifact, report) -> dict[str, TensorRef]:
+        by_shard: dict[int, list] = {}
+        for p in artifact.params:
+            by_shard.setdefault(p.shard, []).append(p)
+        total = sum(p.nbytes for p in artifact.params)
+        done = 0
+        params: dict[str, TensorRef] = {}
+        for shard, data in artifact.shard_bytes():
+            view = memoryview(data)
+            for p in by_shard.get(shard, []):
+                if p.nbytes > self.backend.max_storage_binding:
+                    raise ArtifactError(
+                        f"parameter {p.name} is {p.nbytes} bytes, over this device's storage "
+                        f"binding limit of {self.backend.max_storage_binding}"
+                    )
+                handle = self.backend.alloc(p.nbytes)
+                self.backend.write(handle, 0, view[p.offset:p.offset + p.nbytes])
+                params[p.name] = TensorRef(handle, 0, p.shape, p.dtype)
+                done += p.nbytes
+                report("upload weights", done, total)
+        return params
+
+    def _alloc_pages(self, artifact: Artifact) -> list[TensorRef]:
+        m = artifact.model
+        shape = (self.num_pages, 2, m["num_kv_heads"], self.page_size, m["head_dim"])
+        pages = []
+        for _ in range(m["num_layers"]):
+            t = TensorRef(0, 0, shape, m["dtype"])
+            if t.nbytes > self.backend.max_storage_binding:
+                raise ArtifactError(
+                    f"KV cache of {self.num_pages} pages needs {t.nbytes} bytes per layer, over the "
+                    f"storage binding limit {self.backend.max_storage_binding}: use fewer pages"
+                )
+            pages.append(TensorRef(self.backend.alloc(t.nbytes), 0, shape, m["dtype"]))
+        return pages
+
+    @staticmethod
+    def page_bytes(model: dict) -> int:
+        """Device bytes one KV page takes across all layers."""
+        return (model["num_layers"] * 2 * model["num_kv_heads"] * model["page_size"]
+                * model["head_dim"] * DTYPE_BYTES[model["dtype"]])
+
+    # ------------------------------------------------------------------ stepping
+
+    def _forward_call(self, batch: Batch) -> tuple[list[Write], list, TensorRef]:
+        """Uploads of the step's index arrays, the forward dispatches and the logits tensor."""
+        kv = batch.kv
+        b, n = len(batch.seq_ids), batch.num_tokens
+        if n > self.max_tokens or b > self.max_batch:
+            raise ArtifactError(f"step of {n} tokens / {b} sequences exceeds the compiled bounds "
+                                f"({self.max_tokens} / {self.max_batch})")
+        host = {
+            "input_ids": batch.token_ids, "q_positions": kv.q_positions,
+            "append_slots": kv.append_slots, "qo_indptr": kv.qo_indptr,
+            "page_indptr": kv.page_indptr, "page_values": kv.page_values,
+            "last_page_len": kv.last_page_len, "k_rope_pos_offset": kv.k_rope_pos_offset,
+            "logit_positions": [end - 1 for end in kv.qo_indptr[1:]],  # last new token per seq
+        }
+        writes: list[Write] = []
+        inputs: dict[str, TensorRef] = {}
+        for name, values in host.items():
+            handle = self.inputs[name]
+            if values:
+                writes.append(Write(handle, 0, array("i", values).tobytes()))
+            inputs[name] = TensorRef(handle, 0, (len(values),), "int32")
+        for i, pages in enumerate(self.kv_pages):
+            inputs[f"kv_pages.{i}"] = pages
+        dispatches, (logits,) = self.forward(inputs)
+        return writes, dispatches, logits
+
+    def step(self, batch: Batch) -> list[int]:
+        t0 = time.perf_counter()
+        b = len(batch.seq_ids)
+        writes, dispatches, logits = self._forward_call(batch)
+        rows = {row: s for row, s in zip(batch.sample_rows, batch.sampling)}
+        columns = {"temperature": [], "top_p": [], "top_k": [], "uniform": []}
+        for row in range(b):
+            s = rows.get(row)
+            columns["temperature"].append(s.temperature if s else 0.0)
+            columns["top_p"].append(s.top_p if s else 1.0)
+            columns["top_k"].append(s.top_k if s else 0)
+            columns["uniform"].append(s.uniform if s else 0.0)
+        sample_inputs = {"logits": logits}
+        for name, dtype, code in _SAMPLE_INPUTS:
+            handle = self.sample_inputs[name]
+            writes.append(Write(handle, 0, array(code, columns[name]).tobytes()))
+            sample_inputs[name] = TensorRef(handle, 0, (b,), dtype)
+        sample_dispatches, (tokens,) = self.sample(sample_inputs)
+        t1 = time.perf_counter()
+        (raw,) = self.backend.run(writes, dispatches + sample_dispatches,
+                                  [Read(tokens.buffer, tokens.offset, 4 * b)])
+        t2 = time.perf_counter()
+        self.timings.plan_ms = (t1 - t0) * 1e3
+        self.timings.backend_ms = (t2 - t1) * 1e3
+        sampled = array("i")
+        sampled.frombytes(bytes(raw[: 4 * b]))
+        return [sampled[row] for row in batch.sample_rows]
+
+    def read_logits(self, batch: Batch) -> list[list[float]]:
+        """Run ``forward`` only and return the logits rows (tests and perplexity; slow path)."""
+        writes, dispatches, logits = self._forward_call(batch)
+        (raw,) = self.backend.run(writes, dispatches, [Read(logits.buffer, logits.offset, logits.nbytes)])
+        flat = array("f")
+        flat.frombytes(bytes(raw))
+        v = logits.shape[1]
+        return [list(flat[i * v:(i + 1) * v]) for i in range(logits.shape[0])]

@@ -1,0 +1,42 @@
+"""The native tokenizer: HF ``tokenizers`` over a tokenizer.json (the browser runs its wasm build).
+
+Never adds special tokens (the engine decides about BOS); special tokens written in the text,
+such as ``<|im_start|>``, still encode to their single ids because they are added tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from tokenizers import Tokenizer
+
+
+class HFTokenizer:
+    """``engine.tokenizer.Tokenizer`` over a tokenizer.json string or file."""
+
+    def __init__(self, tokenizer_json: str | Path):
+        if isinstance(tokenizer_json, Path) or not tokenizer_json.lstrip().startswith("{"):
+            self._tok = Tokenizer.from_file(str(tokenizer_json))
+        else:
+            self._tok = Tokenizer.from_str(tokenizer_json)
+        # vocab_size counts added tokens too: ids run 0..vocab_size-1 with possible gaps
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        self.special_token_ids: frozenset[int] = frozenset(
+            index for index, added in self._tok.get_added_tokens_decoder().items() if added.special
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, index: int) -> str | None:
+        return self._tok.id_to_token(index)
