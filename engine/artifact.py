@@ -92,7 +92,8 @@ class Artifact:
     def read_verified(self, path: str, sha256: str) -> bytes:
         data = self.read(path)
         if hashlib.sha256(data).hexdigest() != sha256:
-            raise ArtifactError(f"{self.location}/{path} is corrupt (sha256 mismatch): re-download or recompile it")
+            raise ArtifactError("corrupt (sha256 mismatch): re-download or recompile it",
+                                path=f"{self.location}/{path}", code="artifact_corrupt")
         return data
 
     def shard_bytes(self) -> Iterator[tuple[int, bytes]]:

@@ -20,7 +20,6 @@ from .errors import ArtifactError
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint8": 1,
                "int8": 1, "bool": 1}
-MAX_GRID_X = 1 << 16  # WebGPU's per-dimension workgroup count limit is 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +89,6 @@ def bind_shapes(env: dict[str, int], declared: Sequence[Sequence[Any]],
         for dim, size in zip(pattern, shape):
             if evaluate(dim, env) != size:
                 raise ArtifactError(f"{what}: shape {tuple(shape)} does not match {pattern}")
-
-
-def fold_grid(x: int, y: int, z: int) -> tuple[int, int, int]:
-    """Spread blockIdx.x over x and z when x exceeds the limit (TVM's WebGPU convention:
-    the kernel rebuilds blockIdx.x from x and z and guards with packGridDimX)."""
-    if z != 1:
-        raise ArtifactError("blockIdx.z is reserved by the WebGPU kernel ABI")
-    while x >= MAX_GRID_X:
-        x = (x + 1) // 2
-        z *= 2
-    return x, y, z
 
 
 class KernelTable:
@@ -200,4 +188,5 @@ class PlanFunction:
                 t = args[p]
                 size = max(4, (t.nbytes + 3) // 4 * 4)
                 storage.append(BufferSlice(t.buffer, t.offset, size))
-            out.append(Dispatch(kid, tuple(storage), uniform, fold_grid(x, y, z)))
+            # the grid stays unfolded: backends fold x > 65535 into x * z (docs/kernel-abi.md)
+            out.append(Dispatch(kid, tuple(storage), uniform, (x, y, z)))

@@ -1,0 +1,469 @@
+"""The user API over one engine core, OpenAI-shaped: sync ``EngineAPI`` and async
+``AsyncEngineAPI``, each with ``.chat.completions.create(...)`` and ``.completions.create(...)``.
+
+``stream=False`` returns a ``ChatCompletion`` / ``Completion``; ``stream=True`` returns a stream
+of chunks: per choice a first chunk with ``delta.role="assistant"``, content chunks, a chunk with
+``finish_reason``; then, with ``stream_options={"include_usage": True}``, one usage chunk with no
+choices. Requests are validated (and rejected with typed errors) inside ``create`` itself, before
+any step runs, also when streaming.
+
+The sync facade drives ``core.step()`` from whichever call is waiting for output; outputs for
+other requests are kept for them, so several sync streams may be interleaved. The async facade
+runs ONE step loop task per event loop: concurrent requests share steps. It never uses threads
+(Pyodide has none): a runner's ``async def step_async(batch)`` is awaited when present, else its
+``step(batch)`` is called directly, and the loop yields to other tasks between steps.
+
+A stream that is closed, dropped or cancelled before its end aborts its request; the core frees
+its pages at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from .core import EngineCore, SequenceOutput, StepRunner
+from .errors import EngineAbortedError, ModelNotFoundError
+from .model_info import ModelInfo
+from .protocol import (
+    ChatCompletion,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    ChoiceDelta,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionUsage,
+    SamplingFields,
+)
+from .sequence import SamplingParams
+from .tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared by both facades: request -> core request, outputs -> responses and chunks.
+
+
+@dataclass(slots=True)
+class _Submitted:
+    request_id: str
+    kind: str  # "chat" | "completion"
+    n: int
+    num_prompt_tokens: int
+    include_usage: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(slots=True)
+class _Collected:
+    """Accumulates one request's outputs for a non-streaming response."""
+
+    texts: list[list[str]]
+    finish: list[str | None]
+    completion_tokens: list[int]
+
+    @classmethod
+    def empty(cls, n: int) -> _Collected:
+        return cls([[] for _ in range(n)], [None] * n, [0] * n)
+
+    def add(self, out: SequenceOutput) -> None:
+        self.texts[out.index].append(out.text)
+        self.completion_tokens[out.index] = out.num_output_tokens
+        if out.finish_reason is not None:
+            self.finish[out.index] = out.finish_reason
+
+    @property
+    def done(self) -> bool:
+        return all(f is not None for f in self.finish)
+
+
+class _Frontend:
+    """Request preparation and response assembly; owns nothing but the core."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+
+    @property
+    def model(self) -> str:
+        return self.core.info.model_id
+
+    @property
+    def stats(self):  # EngineStats
+        return self.core.stats
+
+    def _check_model(self, model: str | None) -> None:
+        info = self.core.info
+        names = (info.model_id, f"{info.model_id}-{info.quantization}")
+        if model is not None and model not in names:
+            raise ModelNotFoundError(model, [info.model_id])
+
+    def _params(self, req: SamplingFields) -> SamplingParams:
+        return SamplingParams(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            max_tokens=req.max_tokens,
+            stop=req.stop,
+            stop_token_ids=() if req.ignore_eos else self.core.info.eos_token_ids,
+            seed=req.seed,
+        )
+
+    def _submit(self, kind: str, kwargs: dict[str, Any]) -> tuple[_Submitted, bool]:
+        """Validate, build the prompt, add to the core. Returns (submitted, stream)."""
+        if kind == "chat":
+            req: SamplingFields = ChatCompletionRequest.from_dict(kwargs)
+            self._check_model(req.model)
+            ids = self.core.chat_prompt_ids([_template_message(m) for m in req.messages])
+            param = "messages"
+        else:
+            req = CompletionRequest.from_dict(kwargs)
+            self._check_model(req.model)
+            prompt = req.prompt
+            # Token ids are used as given (no BOS added): the caller chose them.
+            ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
+            param = "prompt"
+        rid = self.core.add_request(ids, self._params(req), n=req.n, prompt_param=param)
+        return _Submitted(rid, kind, req.n, len(ids), req.include_usage), req.stream
+
+    def _response(self, sub: _Submitted, col: _Collected) -> ChatCompletion | Completion:
+        usage = CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens))
+        texts = ["".join(t) for t in col.texts]
+        if sub.kind == "chat":
+            return ChatCompletion(
+                id=f"chatcmpl-{sub.request_id}", created=sub.created, model=self.model,
+                choices=[
+                    ChatCompletionChoice(i, ChatMessage("assistant", texts[i]), col.finish[i])
+                    for i in range(sub.n)
+                ],
+                usage=usage,
+            )
+        return Completion(
+            id=f"cmpl-{sub.request_id}", created=sub.created, model=self.model,
+            choices=[CompletionChoice(texts[i], i, col.finish[i]) for i in range(sub.n)],
+            usage=usage,
+        )
+
+    def _first_chunks(self, sub: _Submitted) -> list[Any]:
+        if sub.kind != "chat":
+            return []
+        return [self._chat_chunk(sub, [ChunkChoice(i, ChoiceDelta(role="assistant", content=""))])
+                for i in range(sub.n)]
+
+    def _chunks_for(self, sub: _Submitted, out: SequenceOutput, col: _Collected) -> list[Any]:
+        col.add(out)
+        chunks: list[Any] = []
+        if sub.kind == "chat":
+            if out.text:
+                chunks.append(self._chat_chunk(
+                    sub, [ChunkChoice(out.index, ChoiceDelta(content=out.text))]))
+            if out.finish_reason is not None:
+                chunks.append(self._chat_chunk(
+                    sub, [ChunkChoice(out.index, ChoiceDelta(), out.finish_reason)]))
+        elif out.text or out.finish_reason is not None:
+            chunks.append(self._completion_chunk(
+                sub, [CompletionChoice(out.text, out.index, out.finish_reason)]))
+        return chunks
+
+    def _last_chunks(self, sub: _Submitted, col: _Collected) -> list[Any]:
+        if not sub.include_usage:
+            return []
+        usage = CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens))
+        if sub.kind == "chat":
+            return [self._chat_chunk(sub, [], usage)]
+        return [self._completion_chunk(sub, [], usage)]
+
+    def _chat_chunk(self, sub: _Submitted, choices: list[ChunkChoice],
+                    usage: CompletionUsage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(f"chatcmpl-{sub.request_id}", sub.created, self.model,
+                                   choices, usage)
+
+    def _completion_chunk(self, sub: _Submitted, choices: list[CompletionChoice],
+                          usage: CompletionUsage | None = None) -> Completion:
+        return Completion(f"cmpl-{sub.request_id}", sub.created, self.model, choices, usage)
+
+
+def _template_message(m: ChatMessage) -> dict[str, Any]:
+    # Templates know "system", not OpenAI's newer "developer" (same meaning).
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                           "content": m.content}
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+class _Namespace:
+    """``api.chat.completions`` / ``api.completions``: a ``create`` bound to one kind."""
+
+    def __init__(self, create: Callable[..., Any]) -> None:
+        self.create = create
+
+
+class _ChatNamespace:
+    def __init__(self, create: Callable[..., Any]) -> None:
+        self.completions = _Namespace(create)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sync
+
+
+class ChunkStream(Generic[T]):
+    """An iterator of chunks that aborts its request when closed or dropped before the end."""
+
+    def __init__(self, chunks: Iterator[T], on_close: Callable[[], None]) -> None:
+        self._chunks = chunks
+        self._on_close: Callable[[], None] | None = on_close
+
+    def __iter__(self) -> ChunkStream[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            try:
+                self._chunks.close()  # type: ignore[attr-defined]
+            finally:
+                on_close()
+
+    def __enter__(self) -> ChunkStream[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class EngineAPI(_Frontend):
+    """Sync facade: ``api.chat.completions.create(messages=[...], stream=...)``."""
+
+    def __init__(self, core: EngineCore) -> None:
+        super().__init__(core)
+        self._inbox: dict[str, deque[SequenceOutput]] = {}
+        self.chat = _ChatNamespace(self._create_chat)
+        self.completions = _Namespace(self._create_completion)
+
+    @classmethod
+    def from_runner(cls, runner: StepRunner, tokenizer: Tokenizer, info: ModelInfo, *,
+                    num_pages: int, **core_options: Any) -> EngineAPI:
+        return cls(EngineCore(runner, tokenizer, info, num_pages=num_pages, **core_options))
+
+    def _create_chat(self, **kwargs: Any) -> ChatCompletion | ChunkStream[ChatCompletionChunk]:
+        return self._create("chat", kwargs)
+
+    def _create_completion(self, **kwargs: Any) -> Completion | ChunkStream[Completion]:
+        return self._create("completion", kwargs)
+
+    def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
+        sub, stream = self._submit(kind, kwargs)
+        self._inbox[sub.request_id] = deque()
+        if stream:
+            return ChunkStream(self._stream(sub), lambda: self._release(sub.request_id))
+        try:
+            col = _Collected.empty(sub.n)
+            while not col.done:
+                col.add(self._next_output(sub.request_id))
+            return self._response(sub, col)
+        finally:
+            self._release(sub.request_id)
+
+    def _stream(self, sub: _Submitted) -> Iterator[Any]:
+        col = _Collected.empty(sub.n)
+        yield from self._first_chunks(sub)
+        while not col.done:
+            yield from self._chunks_for(sub, self._next_output(sub.request_id), col)
+        yield from self._last_chunks(sub, col)
+
+    def _next_output(self, rid: str) -> SequenceOutput:
+        inbox = self._inbox[rid]
+        while not inbox:
+            if not self.core.has_unfinished():
+                raise EngineAbortedError(f"request {rid} is no longer in the engine")
+            self._pump()
+        return inbox.popleft()
+
+    def _pump(self) -> None:
+        try:
+            outputs = self.core.step()
+        except BaseException:
+            # The step failed half-way; nothing in flight can be trusted. Every request ends with
+            # "abort" at the next step, and the caller sees the error.
+            self.core.abort_all()
+            raise
+        for out in outputs:
+            box = self._inbox.get(out.request_id)
+            if box is not None:
+                box.append(out)
+
+    def _release(self, rid: str) -> None:
+        self._inbox.pop(rid, None)
+        self.core.abort(rid)  # a no-op once finished
+
+
+# ---------------------------------------------------------------------------------------------
+# Async
+
+
+class AsyncChunkStream(Generic[T]):
+    """An async iterator of chunks that aborts its request when closed, cancelled or dropped."""
+
+    def __init__(self, chunks: AsyncIterator[T], on_close: Callable[[], None]) -> None:
+        self._chunks = chunks
+        self._on_close: Callable[[], None] | None = on_close
+
+    def __aiter__(self) -> AsyncChunkStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._close_now()
+
+    def _close_now(self) -> None:
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
+
+    async def __aenter__(self) -> AsyncChunkStream[T]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        try:
+            self._close_now()
+        except Exception:  # the event loop may be gone already; the request is over anyway
+            pass
+
+
+class AsyncEngineAPI(_Frontend):
+    """Async facade: ``await api.chat.completions.create(...)``; with ``stream=True``,
+    ``async for chunk in await api.chat.completions.create(..., stream=True)``."""
+
+    def __init__(self, core: EngineCore) -> None:
+        super().__init__(core)
+        self._queues: dict[str, asyncio.Queue[SequenceOutput | BaseException]] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self.chat = _ChatNamespace(self._create_chat)
+        self.completions = _Namespace(self._create_completion)
+
+    @classmethod
+    def from_runner(cls, runner: StepRunner, tokenizer: Tokenizer, info: ModelInfo, *,
+                    num_pages: int, **core_options: Any) -> AsyncEngineAPI:
+        return cls(EngineCore(runner, tokenizer, info, num_pages=num_pages, **core_options))
+
+    async def _create_chat(self, **kwargs: Any) -> Any:
+        return await self._create("chat", kwargs)
+
+    async def _create_completion(self, **kwargs: Any) -> Any:
+        return await self._create("completion", kwargs)
+
+    async def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
+        sub, stream = self._submit(kind, kwargs)
+        self._queues[sub.request_id] = asyncio.Queue()
+        self._ensure_loop()
+        if stream:
+            return AsyncChunkStream(self._stream(sub), lambda: self._release(sub.request_id))
+        try:
+            col = _Collected.empty(sub.n)
+            while not col.done:
+                col.add(await self._next_output(sub.request_id))
+            return self._response(sub, col)
+        finally:
+            self._release(sub.request_id)
+
+    async def _stream(self, sub: _Submitted) -> AsyncIterator[Any]:
+        try:
+            col = _Collected.empty(sub.n)
+            for chunk in self._first_chunks(sub):
+                yield chunk
+            while not col.done:
+                for chunk in self._chunks_for(sub, await self._next_output(sub.request_id), col):
+                    yield chunk
+            for chunk in self._last_chunks(sub, col):
+                yield chunk
+        finally:
+            self._release(sub.request_id)
+
+    async def _next_output(self, rid: str) -> SequenceOutput:
+        item = await self._queues[rid].get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def _release(self, rid: str) -> None:
+        self._queues.pop(rid, None)
+        self.core.abort(rid)
+        if self._wakeup is not None:
+            self._wakeup.set()  # the loop applies the abort (frees pages) on its next step
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            # A fresh Event too: an Event belongs to the event loop that first waited on it.
+            self._wakeup = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
+        assert self._wakeup is not None
+        self._wakeup.set()
+
+    async def _step_loop(self) -> None:
+        """The one step loop: runs while any request is unfinished, sleeps otherwise."""
+        assert self._wakeup is not None
+        core = self.core
+        step_async = getattr(core.runner, "step_async", None)
+        while True:
+            if not core.has_unfinished():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                state = core.begin_step()
+                tokens: list[int] = []
+                if state.batch is not None:
+                    if step_async is not None:
+                        tokens = await step_async(state.batch)
+                    else:
+                        tokens = core.runner.step(state.batch)
+                outputs = core.finish_step(state, tokens)
+            except Exception as e:  # the runner failed: fail every waiting request with it
+                core.abort_all()
+                for q in self._queues.values():
+                    q.put_nowait(e)
+                await asyncio.sleep(0)
+                continue
+            for out in outputs:
+                q = self._queues.get(out.request_id)
+                if q is not None:
+                    q.put_nowait(out)
+            await asyncio.sleep(0)  # let consumers read and new requests join the next step
+
+    async def aclose(self) -> None:
+        """Stop the step loop; unfinished requests are aborted."""
+        self.core.abort_all()
+        for q in self._queues.values():
+            q.put_nowait(EngineAbortedError("the engine was closed"))
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None

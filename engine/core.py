@@ -1,0 +1,365 @@
+"""The engine core: one request lifecycle over one runner. Each step is three calls:
+schedule (``Scheduler``) -> execute (``runner.step``: the one call that crosses into the device)
+-> postprocess (append tokens, detokenize, stop checks, finish, free pages).
+
+The core is synchronous and single-threaded. The facades in ``api.py`` drive it: the sync one by
+calling ``step()`` until its request is done, the async one from one background step loop (using
+``begin_step``/``finish_step`` around an awaitable runner call where the runner has one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .batch import Batch
+from .chat_template import render_chat_template
+from .detokenize import IncrementalDetokenizer
+from .errors import ContextLengthExceededError, InvalidRequestError, WickError
+from .kv_cache import KVCache
+from .model_info import ModelInfo
+from .scheduler import Scheduler
+from .sequence import SamplingParams, Sequence
+from .tokenizer import Tokenizer
+
+
+class StepRunner(Protocol):
+    """Executes one batch on the device. Returns one sampled token id per ``batch.sample_rows``
+    entry, in order. A runner may also define ``async def step_async(batch) -> list[int]``,
+    which the async facade awaits instead (the browser's WebGPU readback is a JS promise)."""
+
+    def step(self, batch: Batch) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class SequenceOutput:
+    """What one step produced for one sequence."""
+
+    request_id: str
+    index: int  # choice index within the request
+    text: str  # newly certain text (may be "": held back for UTF-8 or a possible stop string)
+    token_ids: list[int]  # tokens sampled this step (0 or 1)
+    finish_reason: str | None  # "stop" | "length" | "abort" once finished
+    num_prompt_tokens: int
+    num_output_tokens: int  # so far, including a stop token
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Timings of one finished request (for a chat CLI's ``/stats``)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_s: float  # first scheduled -> first token
+    decode_s: float  # first token -> last token
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # The first token comes out of prefill; decode made the rest.
+        n = self.completion_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    last_request: RequestStats | None = None
+    num_steps: int = 0
+    last_step_host_ms: float = 0.0  # schedule + postprocess of the last step
+    last_step_runner_ms: float = 0.0
+    total_host_ms: float = 0.0
+    max_batch_seen: int = 0  # most sequences in one step so far
+
+    @property
+    def mean_step_host_ms(self) -> float:
+        return self.total_host_ms / self.num_steps if self.num_steps else 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    request_id: str
+    sequences: list[Sequence]
+    num_prompt_tokens: int
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences)
+
+
+@dataclass(slots=True)
+class StepState:
+    """What ``begin_step`` hands to ``finish_step``."""
+
+    batch: Batch | None
+    outputs: list[SequenceOutput] = field(default_factory=list)  # from aborts
+    started: float = 0.0
+    host_s: float = 0.0
+
+
+class EngineCore:
+    def __init__(
+        self,
+        runner: StepRunner,
+        tokenizer: Tokenizer,
+        info: ModelInfo,
+        *,
+        num_pages: int,
+        max_batch_size: int | None = None,
+        prefill_chunk_size: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
+        for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),
+                                   ("prefill_chunk_size", prefill_chunk_size,
+                                    info.prefill_chunk_size)):
+            if value is not None and not 1 <= value <= bound:
+                raise ValueError(f"{name}={value} must be in [1, {bound}] (the compiled bound)")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.info = info
+        self.kv = KVCache(num_pages, info.page_size)
+        self.scheduler = Scheduler(
+            self.kv,
+            max_batch_size=max_batch_size or info.max_batch_size,
+            token_budget=prefill_chunk_size or info.prefill_chunk_size,
+        )
+        self.stats = EngineStats()
+        self._clock = clock
+        self._seq_ids = itertools.count()
+        self._requests: dict[str, _Request] = {}  # unfinished only
+        self._seqs: dict[int, Sequence] = {}  # seq_id -> live sequence
+        self._aborts: list[str] = []  # applied at the start of the next step
+        self._bos_text = self._special_text(info.bos_token_id)
+        self._eos_text = self._special_text(info.eos_token_ids[0] if info.eos_token_ids else None)
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The most tokens (prompt + output) one sequence can have: the context window, or the
+        whole KV pool when that is smaller."""
+        return min(self.info.context_window, self.kv.capacity_tokens)
+
+    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Render the chat template and tokenize (with the BOS rule of ``prompt_ids``)."""
+        text = render_chat_template(
+            self.info.chat_template, messages, bos_token=self._bos_text, eos_token=self._eos_text,
+            add_generation_prompt=True,
+        )
+        return self.prompt_ids(text)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Tokenize a prompt; prepend BOS when the model wants one and the text lacks it.
+
+        Many chat templates write ``{{ bos_token }}`` themselves: the tokenizer then already
+        produces BOS from the text, and adding another would give the model a double BOS.
+        """
+        ids = self.tokenizer.encode(text)
+        bos = self.info.bos_token_id
+        if self.info.add_bos_token and bos is not None:
+            has_bos = ids[:1] == [bos] or bool(self._bos_text and text.startswith(self._bos_text))
+            if not has_bos:
+                ids = [bos, *ids]
+        return ids
+
+    def _special_text(self, token_id: int | None) -> str:
+        if token_id is None:
+            return ""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        request_id: str | None = None,
+        prompt_param: str = "messages",
+    ) -> str:
+        """Validate and queue a request of ``n`` sequences. Raises before any device work."""
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise InvalidRequestError("The prompt is empty.", param=prompt_param,
+                                      code="invalid_value")
+        vocab = self.info.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"Token ids {bad[:5]} are outside the vocabulary [0, {vocab}).",
+                param=prompt_param, code="invalid_value",
+            )
+        if n < 1:
+            raise InvalidRequestError(f"n must be >= 1, got {n}", param="n", code="invalid_value")
+        max_output = self._check_length(len(prompt), params.max_tokens, prompt_param)
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._requests:
+            raise InvalidRequestError(f"Request id {rid!r} is already in use.",
+                                      code="duplicate_request_id")
+        seqs = [
+            Sequence(
+                seq_id=next(self._seq_ids),
+                request_id=rid,
+                index=i,
+                prompt_ids=prompt,
+                params=params,
+                max_output_tokens=max_output,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt),
+            )
+            for i in range(n)
+        ]
+        for seq in seqs:
+            self.scheduler.add(seq)
+            self._seqs[seq.seq_id] = seq
+        self._requests[rid] = _Request(rid, seqs, len(prompt))
+        return rid
+
+    def _check_length(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
+        """The most output tokens a sequence may make; raises when the request cannot fit."""
+        window = self.info.context_window
+        pool = self.kv.capacity_tokens
+        wanted = max_tokens if max_tokens is not None else 1  # at least one token
+        if num_prompt + wanted > window:
+            raise ContextLengthExceededError(window, num_prompt, wanted, param=param)
+        if num_prompt + wanted > pool:
+            raise ContextLengthExceededError(
+                pool, num_prompt, wanted, param=param,
+                limit_name="KV cache capacity (num_pages x page_size)",
+            )
+        return max_tokens if max_tokens is not None else self.max_total_tokens - num_prompt
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its pages are freed at the start of the next step. Idempotent."""
+        if request_id in self._requests and request_id not in self._aborts:
+            self._aborts.append(request_id)
+
+    def abort_all(self) -> None:
+        for rid in list(self._requests):
+            self.abort(rid)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def is_unfinished(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[SequenceOutput]:
+        """One engine step: schedule -> runner.step -> postprocess."""
+        state = self.begin_step()
+        tokens: list[int] = []
+        if state.batch is not None:
+            tokens = self.runner.step(state.batch)
+        return self.finish_step(state, tokens)
+
+    def begin_step(self) -> StepState:
+        """Apply pending aborts and schedule. Then run ``state.batch`` (if any) on the runner."""
+        started = self._clock()
+        outputs = self._apply_aborts()
+        batch = self.scheduler.schedule()
+        if batch is not None:
+            for sid in batch.seq_ids:
+                req = self._requests[self._seqs[sid].request_id]
+                if req.first_scheduled is None:
+                    req.first_scheduled = started
+        return StepState(batch, outputs, started, self._clock() - started)
+
+    def finish_step(self, state: StepState, tokens: Seq[int]) -> list[SequenceOutput]:
+        """Postprocess the runner's sampled tokens (one per ``batch.sample_rows`` entry)."""
+        t0 = self._clock()
+        outputs = state.outputs
+        batch = state.batch
+        if batch is not None:
+            if len(tokens) != len(batch.sample_rows):
+                raise WickError(
+                    f"the runner returned {len(tokens)} tokens for {len(batch.sample_rows)} "
+                    "sample rows", code="runner_contract",
+                )
+            qo = batch.kv.qo_indptr
+            for i, sid in enumerate(batch.seq_ids):
+                self._seqs[sid].num_computed_tokens += qo[i + 1] - qo[i]
+            for row, token in zip(batch.sample_rows, tokens):
+                outputs.append(self._accept_token(self._seqs[batch.seq_ids[row]], int(token), t0))
+            self._record_step(state, t0, len(batch.seq_ids))
+        return outputs
+
+    def _record_step(self, state: StepState, t_post: float, batch_size: int) -> None:
+        end = self._clock()
+        host_s = state.host_s + (end - t_post)
+        s = self.stats
+        s.num_steps += 1
+        s.last_step_host_ms = host_s * 1e3
+        s.last_step_runner_ms = (t_post - state.started - state.host_s) * 1e3
+        s.total_host_ms += host_s * 1e3
+        s.max_batch_seen = max(s.max_batch_seen, batch_size)
+
+    def _accept_token(self, seq: Sequence, token: int, now: float) -> SequenceOutput:
+        seq.append_token(token)
+        req = self._requests[seq.request_id]
+        if req.first_token is None:
+            req.first_token = now
+        req.last_token = now
+        reason: str | None = None
+        stop_filter, detok = seq.stop_filter, seq.detokenizer
+        if token in seq.params.stop_token_ids:
+            # The stop token ends the sequence and is not text; what was held back is released.
+            text = stop_filter.push(detok.flush())
+            text += stop_filter.flush()
+            reason = "stop"
+        else:
+            text = stop_filter.push(detok.push(token))
+            if stop_filter.stopped:
+                reason = "stop"
+            elif seq.num_output_tokens >= seq.max_output_tokens:
+                text += stop_filter.push(detok.flush())
+                text += stop_filter.flush()
+                reason = "stop" if stop_filter.stopped else "length"
+        if reason is not None:
+            self._finish(seq, reason)
+        return SequenceOutput(
+            seq.request_id, seq.index, text, [token], reason, seq.num_prompt_tokens,
+            seq.num_output_tokens,
+        )
+
+    def _apply_aborts(self) -> list[SequenceOutput]:
+        outputs = []
+        aborts, self._aborts = self._aborts, []
+        for rid in aborts:
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            for seq in req.sequences:
+                if not seq.is_finished:
+                    self._finish(seq, "abort")
+                    outputs.append(SequenceOutput(
+                        rid, seq.index, "", [], "abort", seq.num_prompt_tokens,
+                        seq.num_output_tokens,
+                    ))
+        return outputs
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish(reason)
+        self.scheduler.remove(seq)
+        del self._seqs[seq.seq_id]
+        req = self._requests[seq.request_id]
+        if req.finished:
+            del self._requests[seq.request_id]
+            if req.first_token is not None and req.first_scheduled is not None:
+                self.stats.last_request = RequestStats(
+                    prompt_tokens=req.num_prompt_tokens,
+                    completion_tokens=sum(s.num_output_tokens for s in req.sequences),
+                    prefill_s=req.first_token - req.first_scheduled,
+                    decode_s=(req.last_token or req.first_token) - req.first_token,
+                )

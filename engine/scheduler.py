@@ -1,0 +1,133 @@
+"""Decides each step: which sequences prefill (chunked), which decode, who is preempted.
+
+It never touches the GPU; its output is a ``Batch`` (``batch.py``). Policy, in this order:
+
+1. Running sequences, oldest first: each gets its remaining known tokens (a decode = 1 token, a
+   chunked prefill = the rest of its prompt) within the step's token budget. When the page pool
+   cannot hold a chunk, the NEWEST running sequence is preempted by recompute (its pages freed,
+   back to the front of the waiting queue, its KV recomputed later) until it can.
+2. Waiting sequences, first come first served, while the budget, ``max_batch_size`` and the page
+   pool allow (not in a step that had to preempt: the pool is known to be short).
+
+Mixed prefill + decode batches are the normal case. A sequence samples in a step only when its
+chunk reaches the end of its known tokens; a prompt chunk that is not the last samples nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .batch import Batch
+from .errors import KVCacheFullError
+from .kv_cache import KVCache, pages_for
+from .sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, kv: KVCache, *, max_batch_size: int, token_budget: int) -> None:
+        if max_batch_size < 1 or token_budget < 1:
+            raise ValueError(f"max_batch_size={max_batch_size} and token_budget={token_budget} "
+                             "must be >= 1")
+        self.kv = kv
+        self.max_batch_size = max_batch_size
+        self.token_budget = token_budget  # new tokens per step, all sequences together
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the newest
+        self.num_preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        most = len(seq.prompt_ids) + seq.max_output_tokens
+        if pages_for(most, self.kv.page_size) > self.kv.num_pages:
+            # The core checks this first; a sequence that could never fit would hang forever.
+            raise KVCacheFullError(
+                f"sequence {seq.seq_id} may grow to {most} tokens but the KV cache holds "
+                f"{self.kv.capacity_tokens}"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Forget a finished or aborted sequence and give back its pages."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq.seq_id)
+
+    def schedule(self) -> Batch | None:
+        """The next step's batch, or None when there is nothing to run."""
+        budget = self.token_budget
+        chunks: list[tuple[Sequence, int]] = []  # (sequence, new tokens this step)
+        preempted = False
+
+        i = 0
+        while i < len(self.running) and len(chunks) < self.max_batch_size and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            target = seq.num_computed_tokens + num_new
+            while not self.kv.can_allocate(seq.seq_id, target):
+                if len(self.running) == 1:
+                    raise KVCacheFullError(
+                        f"sequence {seq.seq_id} needs room for {target} tokens; the KV cache "
+                        f"holds {self.kv.capacity_tokens}"
+                    )
+                self._preempt(self.running[-1])  # the newest; never one scheduled already
+                preempted = True
+                if seq.status is not SequenceStatus.RUNNING:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # it preempted itself: it was the newest
+            self.kv.allocate(seq.seq_id, target)
+            chunks.append((seq, num_new))
+            budget -= num_new
+            i += 1
+
+        while (not preempted and self.waiting and len(chunks) < self.max_batch_size
+               and budget > 0):
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self.kv.can_allocate(seq.seq_id, num_new):
+                break  # FIFO: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            self.kv.allocate(seq.seq_id, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chunks.append((seq, num_new))
+            budget -= num_new
+
+        if not chunks:
+            return None
+        return self._batch(chunks)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq.seq_id)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)  # first in line again: it was admitted before the others
+
+    def _batch(self, chunks: list[tuple[Sequence, int]]) -> Batch:
+        token_ids: list[int] = []
+        entries = []
+        sample_rows: list[int] = []
+        sampling = []
+        for row, (seq, num_new) in enumerate(chunks):
+            start = seq.num_computed_tokens
+            entries.append((seq.seq_id, start, num_new))
+            token_ids.extend(seq.token_ids[start:start + num_new])
+            if start + num_new == seq.num_tokens:
+                sample_rows.append(row)
+                sampling.append(seq.sampling_row())
+        return Batch(
+            seq_ids=[seq.seq_id for seq, _ in chunks],
+            token_ids=token_ids,
+            kv=self.kv.index_for(entries),
+            sample_rows=sample_rows,
+            sampling=sampling,
+        )

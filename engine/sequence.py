@@ -1,0 +1,123 @@
+"""One generated continuation: its tokens, status, sampling state and detokenizer state.
+
+A request holds ``n`` sequences. A sequence is passed through the whole engine: the scheduler
+reads its token counts, the KV cache keys its page table by ``seq_id``, the core appends sampled
+tokens and runs its detokenizer and stop checks.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import random
+from dataclasses import dataclass, field
+
+from .batch import SamplingRow
+from .detokenize import IncrementalDetokenizer, StopStringFilter
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request samples and when it stops (already validated by the protocol layer)."""
+
+    temperature: float = 1.0  # 0 -> greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 -> off
+    max_tokens: int | None = None  # None -> until the context window (or the KV pool) is full
+    stop: tuple[str, ...] = ()  # stop strings: never emitted
+    stop_token_ids: tuple[int, ...] = ()  # e.g. the model's EOS ids: end with "stop", not emitted
+    seed: int | None = None  # None -> fresh entropy
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # no KV in the cache: new, or preempted (its KV will be recomputed)
+    RUNNING = "running"  # holds pages; prefilling in chunks or decoding
+    FINISHED = "finished"  # see finish_reason
+
+
+def sequence_rng(seed: int | None, index: int) -> random.Random:
+    """The RNG of the ``index``-th sequence of a request.
+
+    Choice 0 of seed s draws exactly like ``random.Random(s)``, so ``n=1`` with a seed is
+    reproducible across runs and batch mixes; other choices get distinct, still seeded streams.
+    """
+    if seed is None:
+        return random.Random(int.from_bytes(os.urandom(8), "little"))
+    return random.Random(seed if index == 0 else f"{seed}/{index}")
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    seq_id: int  # unique in the engine; keys the KV page table
+    request_id: str
+    index: int  # the choice index within its request
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_output_tokens: int  # from max_tokens, the context window and the KV pool; >= 1
+    detokenizer: IncrementalDetokenizer
+    stop_filter: StopStringFilter = field(init=False)
+    token_ids: list[int] = field(init=False)  # prompt + output: what attention must see
+    rng: random.Random = field(init=False)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # leading token_ids whose K/V are in the cache
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("a sequence needs at least one prompt token")
+        if self.max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+        self.token_ids = list(self.prompt_ids)
+        self.rng = sequence_rng(self.params.seed, self.index)
+        self.stop_filter = StopStringFilter(self.params.stop)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Known tokens whose K/V are not cached yet (the whole prompt, or the last sample)."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def sampling_row(self) -> SamplingRow:
+        """The row for this step's sample: ONE uniform draw per sampled token, from this
+        sequence's own RNG, so its output does not depend on what else is batched with it."""
+        p = self.params
+        return SamplingRow(
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, uniform=self.rng.random()
+        )
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def finish(self, reason: str) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason

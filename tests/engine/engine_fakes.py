@@ -1,0 +1,174 @@
+"""Test doubles for the engine: a byte-level tokenizer and a runner that reads its own paged KV.
+
+``FakeRunner`` keeps a token per KV slot: it writes each new token at ``append_slots`` and reads
+each sampled sequence's context back through ``page_values``/``page_indptr``/``last_page_len``,
+exactly as the attention kernel would. Its next token depends only on that context and the
+row's sampling fields, so a wrong index array, a page reused too early or a broken recompute
+changes the output.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+import re
+import zlib
+from collections.abc import Sequence
+
+from wick.engine import Batch, ModelInfo, SamplingRow
+
+BOS, EOS, IM_START, IM_END = 256, 257, 258, 259
+SPECIALS = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
+SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
+_SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
+
+# What the fake model "says": ASCII, a 2-byte char, a 3-byte char, and "." (EOS may follow it).
+UNITS = ["a", "b", "c", "d", "e", "f", "g", " ", "é", "€", "."]
+
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ByteTokenizer:
+    """Token i < 256 is byte i; 256..259 are special tokens. Multi-byte UTF-8 spans tokens."""
+
+    vocab_size = 260
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for part in _SPECIAL_RE.split(text):
+            if part in SPECIALS:
+                ids.append(SPECIALS[part])
+            else:
+                ids.extend(part.encode("utf-8"))
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        out: list[str] = []
+        buf = bytearray()
+        for i in ids:
+            if i < 256:
+                buf.append(i)
+                continue
+            out.append(buf.decode("utf-8", errors="replace"))
+            buf.clear()
+            if not skip_special_tokens:
+                out.append(SPECIAL_TEXT[i])
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+def make_info(**overrides) -> ModelInfo:
+    fields = dict(
+        model_id="fake-model", quantization="q0f32", family="fake", vocab_size=260,
+        context_window=1024, page_size=4, prefill_chunk_size=32, max_batch_size=8,
+        bos_token_id=BOS, eos_token_ids=(IM_END, EOS), add_bos_token=True,
+        chat_template=SMOLLM2_TEMPLATE,
+    )
+    fields.update(overrides)
+    return ModelInfo(**fields)
+
+
+def _pending_utf8(context: Sequence[int]) -> bytes:
+    """The bytes of an unfinished multi-byte character at the end of the context."""
+    tail = bytearray()
+    for t in reversed(context[-3:]):
+        if t >= 256:
+            break
+        tail.insert(0, t)
+        if t & 0xC0 != 0x80:  # a lead byte (or ASCII): the character starts here
+            break
+    if not tail or tail[0] < 0xC0:
+        return b""
+    need = 2 if tail[0] < 0xE0 else 3
+    return bytes(tail) if len(tail) < need else b""
+
+
+def fake_next_token(context: Sequence[int], row: SamplingRow, eos_id: int | None) -> int:
+    pending = _pending_utf8(context)
+    if pending:  # finish the character the model started
+        for unit in UNITS:
+            b = unit.encode()
+            if b.startswith(pending):
+                return b[len(pending)]
+        raise AssertionError(f"no unit continues {pending!r}")
+    if eos_id is not None and context and context[-1] == ord("."):
+        return eos_id
+    key = array.array("H", context).tobytes()
+    logits = [((zlib.crc32(key + bytes([i])) % 1000) / 250.0) for i in range(len(UNITS))]
+    if row.temperature == 0:
+        choice = max(range(len(UNITS)), key=lambda i: (logits[i], -i))
+    else:
+        m = max(logits)
+        probs = [math.exp((x - m) / row.temperature) for x in logits]
+        order = sorted(range(len(UNITS)), key=lambda i: (-probs[i], i))
+        if row.top_k:
+            order = order[:row.top_k]
+        total = sum(probs[i] for i in order)
+        kept, acc = [], 0.0
+        for i in order:  # nucleus: the smallest prefix reaching top_p
+            kept.append(i)
+            acc += probs[i] / total
+            if acc >= row.top_p:
+                break
+        total = sum(probs[i] for i in kept)
+        u, acc, choice = row.uniform * total, 0.0, kept[-1]
+        for i in kept:
+            acc += probs[i]
+            if u < acc:
+                choice = i
+                break
+    return UNITS[choice].encode()[0]
+
+
+class FakeRunner:
+    def __init__(self, num_pages: int, page_size: int, *, eos_id: int | None = None) -> None:
+        self.page_size = page_size
+        self.slots: list[int | None] = [None] * (num_pages * page_size)
+        self.eos_id = eos_id
+        self.batches: list[Batch] = []
+
+    @property
+    def max_batch_seen(self) -> int:
+        return max((len(b.seq_ids) for b in self.batches), default=0)
+
+    def step(self, batch: Batch) -> list[int]:
+        self.batches.append(batch)
+        kv, ps = batch.kv, self.page_size
+        b = len(batch.seq_ids)
+        assert len(kv.qo_indptr) == b + 1 and kv.qo_indptr[-1] == len(batch.token_ids)
+        assert len(kv.page_indptr) == b + 1 and kv.page_indptr[-1] == len(kv.page_values)
+        assert len(kv.q_positions) == len(kv.append_slots) == len(batch.token_ids)
+        assert len(batch.sampling) == len(batch.sample_rows)
+        for token, slot in zip(batch.token_ids, kv.append_slots):
+            self.slots[slot] = token
+        out = []
+        for row, sampling in zip(batch.sample_rows, batch.sampling):
+            pages = kv.page_values[kv.page_indptr[row]:kv.page_indptr[row + 1]]
+            kv_len = (len(pages) - 1) * ps + kv.last_page_len[row]
+            # The causal rule: the last query row sees every column < kv_len.
+            assert kv.q_positions[kv.qo_indptr[row + 1] - 1] == kv_len - 1
+            context = [self.slots[pages[j // ps] * ps + j % ps] for j in range(kv_len)]
+            assert None not in context
+            out.append(fake_next_token(context, sampling, self.eos_id))
+        return out
+
+
+class AsyncFakeRunner(FakeRunner):
+    """The same, with the awaitable entry point a browser runner has."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.async_calls = 0
+
+    async def step_async(self, batch: Batch) -> list[int]:
+        import asyncio
+
+        self.async_calls += 1
+        await asyncio.sleep(0)
+        return self.step(batch)

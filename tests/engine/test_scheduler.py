@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import pytest
+
+from engine_fakes import ByteTokenizer
+from wick.engine import (
+    IncrementalDetokenizer,
+    KVCache,
+    KVCacheFullError,
+    SamplingParams,
+    Scheduler,
+    Sequence,
+    SequenceStatus,
+)
+
+
+def make_seq(seq_id: int, prompt_len: int, max_output: int = 8) -> Sequence:
+    prompt = [97 + (seq_id + i) % 26 for i in range(prompt_len)]
+    return Sequence(
+        seq_id=seq_id, request_id=f"r{seq_id}", index=0, prompt_ids=prompt,
+        params=SamplingParams(temperature=0.0, seed=seq_id), max_output_tokens=max_output,
+        detokenizer=IncrementalDetokenizer(ByteTokenizer(), prompt),
+    )
+
+
+def run_step(sched: Scheduler, token: int = 120):
+    """Schedule, then do what the core does after the runner: advance and append samples."""
+    batch = sched.schedule()
+    if batch is None:
+        return None
+    qo = batch.kv.qo_indptr
+    by_id = {s.seq_id: s for s in [*sched.running, *sched.waiting]}
+    for i, sid in enumerate(batch.seq_ids):
+        by_id[sid].num_computed_tokens += qo[i + 1] - qo[i]
+    for row in batch.sample_rows:
+        by_id[batch.seq_ids[row]].append_token(token)
+    return batch
+
+
+def chunk_sizes(batch) -> list[int]:
+    qo = batch.kv.qo_indptr
+    return [qo[i + 1] - qo[i] for i in range(len(batch.seq_ids))]
+
+
+def test_chunked_prefill_respects_the_budget_and_samples_only_at_the_end():
+    sched = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=8)
+    seq = make_seq(0, 20)
+    sched.add(seq)
+    sizes, samples = [], []
+    for _ in range(3):
+        batch = run_step(sched)
+        sizes.append(chunk_sizes(batch))
+        samples.append(batch.sample_rows)
+        assert batch.num_tokens <= 8
+    assert sizes == [[8], [8], [4]]
+    assert samples == [[], [], [0]]  # only the last prompt chunk samples
+    assert seq.num_computed_tokens == 20 and seq.num_output_tokens == 1
+    batch = run_step(sched)  # now it decodes its sampled token
+    assert chunk_sizes(batch) == [1] and batch.kv.q_positions == [20]
+    assert batch.token_ids == [120]
+
+
+def test_decodes_and_a_new_prefill_share_a_step():
+    sched = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=8)
+    a, b = make_seq(0, 3), make_seq(1, 3)
+    sched.add(a)
+    sched.add(b)
+    batch = run_step(sched)
+    assert batch.seq_ids == [0, 1] and batch.sample_rows == [0, 1]
+    c = make_seq(2, 10)
+    sched.add(c)
+    batch = run_step(sched)
+    # a and b decode (1 token each, oldest first), c prefills with the remaining 6 of 8.
+    assert batch.seq_ids == [0, 1, 2]
+    assert chunk_sizes(batch) == [1, 1, 6]
+    assert batch.sample_rows == [0, 1]  # c's chunk is not its last
+    assert batch.kv.q_positions[:2] == [3, 3]
+    batch = run_step(sched)
+    assert chunk_sizes(batch) == [1, 1, 4] and batch.sample_rows == [0, 1, 2]
+
+
+def test_max_batch_size_limits_sequences_per_step():
+    sched = Scheduler(KVCache(64, 4), max_batch_size=2, token_budget=100)
+    for i in range(3):
+        sched.add(make_seq(i, 2))
+    batch = run_step(sched)
+    assert batch.seq_ids == [0, 1]
+    assert [s.seq_id for s in sched.waiting] == [2]
+    assert run_step(sched).seq_ids == [0, 1]  # running ones keep their slots
+
+
+def test_preemption_frees_the_newest_and_requeues_it_first():
+    # 4 pages of 4 tokens = 16 slots. Two 7-token prompts take 2 pages each.
+    kv = KVCache(4, 4)
+    sched = Scheduler(kv, max_batch_size=4, token_budget=32)
+    a, b = make_seq(0, 7), make_seq(1, 7)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)  # both prefill: 8 tokens known each, 7 cached
+    assert kv.free_pages == 0
+    batch = run_step(sched)  # both decode position 7: still fits in 2 pages each
+    assert batch.seq_ids == [0, 1] and kv.free_pages == 0
+    batch = run_step(sched)  # position 8 needs a third page: b (newest) is preempted
+    assert batch.seq_ids == [0]
+    assert b.status is SequenceStatus.WAITING and b.num_computed_tokens == 0
+    assert b.num_preemptions == 1 and sched.num_preemptions == 1
+    assert list(sched.waiting) == [b]
+    assert kv.page_table(1) == () and len(kv.page_table(0)) == 3
+    sched.remove(a)  # a finishes: b comes back and recomputes prompt + its 2 outputs
+    batch = run_step(sched)
+    assert batch.seq_ids == [1] and chunk_sizes(batch) == [9]
+    assert batch.token_ids == b.token_ids[:9] and batch.sample_rows == [0]
+
+
+def test_a_sequence_that_can_never_fit_fails_at_add():
+    sched = Scheduler(KVCache(2, 4), max_batch_size=4, token_budget=32)
+    with pytest.raises(KVCacheFullError, match="may grow to 9 tokens but the KV cache holds 8"):
+        sched.add(make_seq(0, 5, max_output=4))
+    assert not sched.has_work
+
+
+def test_each_sample_draws_one_uniform_from_the_sequences_own_rng():
+    import random
+
+    sched = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=64)
+    seq = make_seq(5, 3)
+    sched.add(seq)
+    draws = [run_step(sched).sampling[0].uniform for _ in range(3)]
+    ref = random.Random(5)
+    assert draws == [ref.random() for _ in range(3)]
