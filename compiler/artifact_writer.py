@@ -73,7 +73,7 @@ def write_artifact(
         rel = f"kernels/webgpu/{k.name}.wgsl"
         src = k.wgsl.encode("utf-8")
         (tmp / rel).write_bytes(src)
-        kernels.append({"name": k.name, "file": rel, "sha256": _sha256(src),
+        kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
                         "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
     shards = _ShardWriter(tmp)
     index = []

@@ -20,13 +20,13 @@ from .. import __version__ as WICK_VERSION
 from ..engine.artifact import MANIFEST_NAME
 from . import paths
 from .artifact_writer import write_artifact
-from .lower import lower, webgpu_target
+from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.paged_attention import PAGE_SIZE
 from .quantization import Quantization, get_quantization, quantize_q4
 
-# Bump when generated artifacts change for the same inputs (kernels, plan, packing).
-COMPILER_REVISION = 1
+# Bump on a format change; the source digest below catches every other compiler change.
+COMPILER_REVISION = 2
 TARGET = "webgpu"
 DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MAX_BATCH = 32
@@ -40,9 +40,19 @@ def _tvm_version() -> str:
     return tvm.__version__
 
 
+def compiler_digest() -> str:
+    """Hash of the compiler's own source: artifacts are rebuilt whenever the compiler changes."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(here.rglob("*.py")) + [here.parent / "engine" / "artifact.py"]:
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cache_key(source_hash: str, quant: str, options: dict) -> str:
     blob = json.dumps([source_hash, quant, TARGET, WICK_VERSION, COMPILER_REVISION,
-                       _tvm_version(), options], sort_keys=True)
+                       compiler_digest(), _tvm_version(), options], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -156,14 +166,20 @@ def compile_model(
     report("build model", 0, 1)
     target = webgpu_target()
     module = family.Model(cfg, quant, target)
-    mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
-    mod.update(_sampler_module(cfg.vocab_size))
+    prefill_mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
+    prefill_mod.update(_sampler_module(cfg.vocab_size))
+    decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(tokens="b")})
     report("build model", 1, 1)
 
-    report("lower (TVM)", 0, 1)
+    report("lower (TVM)", 0, 2)
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
-    lowered = lower(mod, {"forward": bounds, "sample": {"b": max_batch_size}}, target)
-    report("lower (TVM)", 1, 1)
+    lowered = lower(prefill_mod, {"forward": bounds, "sample": {"b": max_batch_size}}, target,
+                    schedule="prefill")
+    report("lower (TVM)", 1, 2)
+    decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
+                   schedule="decode")
+    lowered = merge(lowered, decode, prefix="decode_")
+    report("lower (TVM)", 2, 2)
 
     converted = family.convert_weights(cfg, loaded.weights)
     names = [name for name, _ in named]
@@ -176,7 +192,8 @@ def compile_model(
                                 max_batch=max_batch_size, quant=quant),
         "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},
         "source": {"model": model, "sha256": source.content_hash()},
-        "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION, "tvm": _tvm_version(),
+        "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION,
+                     "digest": compiler_digest(), "tvm": _tvm_version(),
                      "target": TARGET},
     }
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant),

@@ -87,6 +87,10 @@ class Kernel:
     wgsl: str
     scalar_dtypes: list[str]  # POD args in uniform order: "int32" | "uint32" | "float32"
     storage_access: list[str] = field(default_factory=list)  # per binding: read | read_write
+    entry_point: str = ""  # the WGSL function; differs from ``name`` after a merge rename
+
+    def __post_init__(self) -> None:
+        self.entry_point = self.entry_point or self.name
 
 
 @dataclass
@@ -232,11 +236,32 @@ def build_kernels(tir_mod: tvm.IRModule, target) -> tuple[list[Kernel], dict[str
 # --------------------------------------------------------------------------- plans
 
 
-def relax_passes(target) -> tvm.transform.Pass:
+def schedule_rules(kind: str) -> list:
+    """dlight rules: tiled GEMM where many rows share weights (prefill), GEMV where few do."""
+    from tvm.s_tir import dlight as dl
+
+    tail = [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    if kind == "prefill":
+        return [dl.gpu.Matmul(), dl.gpu.GEMV()] + tail
+    if kind == "decode":
+        return [dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(4), dl.gpu.Matmul()] + tail
+    raise ValueError(kind)
+
+
+def relax_passes(target, rules: list) -> tvm.transform.Pass:
+    from tvm.s_tir import dlight as dl
+
     return tvm.transform.Sequential(
         [relax.transform.FuseTransposeMatmul()]
         + gpu_pipeline.library_dispatch_passes(target)
-        + gpu_pipeline.legalize_passes(target)
+        + [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            dl.ApplyDefaultSchedule(*rules),
+        ]
         + gpu_pipeline.dataflow_lower_passes(target)
         + [
             relax.transform.StaticPlanBlockMemory(),
@@ -342,13 +367,14 @@ class Lowered:
     param_specs: dict[str, dict]  # param name -> {"shape", "dtype"}
 
 
-def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=None) -> Lowered:
+def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=None,
+          schedule: str = "prefill") -> Lowered:
     """Compile a Relax module exported by ``nn.Module.export_tvm`` for WebGPU."""
     target = target or webgpu_target()
     for fname, bounds in upper_bounds.items():
         mod[fname] = mod[fname].with_attr("tir_var_upper_bound", bounds)
     with target:
-        mod = relax_passes(target)(mod)
+        mod = relax_passes(target, schedule_rules(schedule))(mod)
     tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)})
     kernels, funcs = build_kernels(tir_mod, target)
     plans, param_specs = {}, {}
@@ -362,3 +388,31 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
     used = {l["kernel"] for tf in funcs.values() for l in tf.launches}
     kernels = [k for k in kernels if k.name in used]
     return Lowered(kernels, funcs, plans, param_specs)
+
+
+def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
+    """Add ``other``'s plans to ``base``. Kernels and TIR functions with the same name and
+    identical content are shared; different ones from ``other`` get ``prefix`` on their name."""
+    kernels = {k.name: k for k in base.kernels}
+    kernel_names: dict[str, str] = {}
+    for k in other.kernels:
+        same = kernels.get(k.name)
+        name = k.name if same is None or same.wgsl == k.wgsl else prefix + k.name
+        kernel_names[k.name] = name
+        if name not in kernels:
+            kernels[name] = Kernel(name, k.wgsl, k.scalar_dtypes, k.storage_access, k.entry_point)
+    funcs = dict(base.tir_functions)
+    func_names: dict[str, str] = {}
+    for name, f in other.tir_functions.items():
+        launches = [{**l, "kernel": kernel_names[l["kernel"]]} for l in f.launches]
+        renamed = TirFunction(name, f.params, launches)
+        same = funcs.get(name)
+        if same is not None and (same.params, same.launches) != (renamed.params, renamed.launches):
+            renamed.name = prefix + name
+        func_names[name] = renamed.name
+        funcs.setdefault(renamed.name, renamed)
+    plans = dict(base.plans)
+    for pname, plan in other.plans.items():
+        instrs = [{**i, "func": func_names[i["func"]]} if i["op"] == "call" else i for i in plan["instrs"]]
+        plans[pname] = {**plan, "instrs": instrs}
+    return Lowered(list(kernels.values()), funcs, plans, {**base.param_specs, **other.param_specs})

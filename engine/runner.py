@@ -64,6 +64,8 @@ class Runner:
         self.sample_inputs = {name: backend.alloc(4 * self.max_batch) for name, _, _ in _SAMPLE_INPUTS}
         plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
         self.forward = PlanFunction(plans["forward"], tir, self.kernels, backend, params)
+        # one new token per sequence: GEMV-scheduled kernels instead of tiled GEMM
+        self.decode = PlanFunction(plans["decode"], tir, self.kernels, backend, params)
         self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
 
     # ------------------------------------------------------------------ loading
@@ -135,7 +137,8 @@ class Runner:
             inputs[name] = TensorRef(handle, 0, (len(values),), "int32")
         for i, pages in enumerate(self.kv_pages):
             inputs[f"kv_pages.{i}"] = pages
-        dispatches, (logits,) = self.forward(inputs)
+        plan = self.decode if n == b else self.forward
+        dispatches, (logits,) = plan(inputs)
         return writes, dispatches, logits
 
     def step(self, batch: Batch) -> list[int]:

@@ -132,8 +132,13 @@ class LlamaForCausalLM(nn.Module):
         head = self.model.embed_tokens.lm_head if self.config.tie_word_embeddings else self.lm_head
         return op.astype(head(h), "float32")
 
-    def forward_spec(self) -> dict[str, Any]:
-        spec = {name: nn.spec.Tensor(list(shape), dtype) for name, shape, dtype in STEP_INPUTS}
+    decode = forward  # the same step compiled for one token per sequence (n == b)
+
+    def forward_spec(self, tokens: str = "n") -> dict[str, Any]:
+        """Input specs; ``tokens="b"`` gives the decode variant (one new token per sequence)."""
+        rename = {"n": tokens}
+        spec = {name: nn.spec.Tensor([rename.get(d, d) for d in shape], dtype)
+                for name, shape, dtype in STEP_INPUTS}
         spec["kv_pages"] = [self.attn.page_spec() for _ in range(self.config.num_hidden_layers)]
         return spec
 

@@ -1,0 +1,260 @@
+"""GPU token sampling as one hand-written TIR kernel (compiled to WGSL like every other kernel).
+
+``sampling_prim_func(V)`` builds ``sample_token``: one workgroup of 256 threads per batch row.
+
+    sample_token(logits: (b, V) f32|f16, temperature: (b,) f32, top_p: (b,) f32,
+                 top_k: (b,) i32, uniform: (b,) f32) -> token: (b,) i32
+
+``b`` is symbolic, ``V`` fixed at build time. Per row ``r`` (all arithmetic in f32):
+
+* ``temperature[r] <= 1e-5``: greedy, ``token = argmax(logits[r])`` (ties -> smallest index).
+* otherwise ``e_i = exp((l_i - max l) / t)`` (so ``p_i = e_i / sum e``; never stored, recomputed
+  on the fly from the logits) and the kept set is ``{i : e_i >= tau}``, ``tau = max(tau_k, tau_p)``:
+
+  - ``tau_k`` (only when ``0 < top_k < V``) is the largest tau with ``count(e >= tau) >= top_k``,
+    i.e. exactly the k-th largest value (ties keep every tied token);
+  - ``tau_p`` (only when ``top_p < 1``) is the largest tau with ``sum(e >= tau) >= top_p * sum e``;
+
+  both are found by bisection on the f32 *bit pattern* (for non-negative floats the int order is
+  the float order), 30 steps over ``[0.0, 1.0]`` (``0x3F800000 < 2**30``), so the result is the
+  exact float threshold, not an approximation. Then inverse CDF over the kept tokens in
+  vocabulary order: the smallest ``i`` with ``cumsum_{j<=i, kept} e_j > uniform * kept_mass``.
+  Each thread owns a contiguous chunk; the 256 chunk sums go to shared memory and every thread
+  scans them in the same sequential order, so thread t's interval end is bit-identical to thread
+  t+1's start: the intervals tile ``[0, kept_mass)`` exactly, one thread owns the target and walks
+  its chunk (falling back to its last kept token if rounding runs it off the end).
+
+Every barrier sits in workgroup-uniform control flow (WGSL uniformity rules): all loops around
+barriers have fixed trip counts; data-dependent branches (greedy row, no filter on) only wrap
+barrier-free data loops, so such rows skip the exp passes but still step through the 30
+reductions. Index arithmetic is int32: ``b * V`` must stay below 2**31.
+
+Calling it (Relax): ``relax.call_tir(gv, [logits, temperature, top_p, top_k, uniform],
+out_ty=R.Tensor((b,), "int32"))`` or ``nn.op.tensor_ir_op(func, "sample_token", args=[...],
+out=nn.Tensor.placeholder((b,), "int32"))``. After lowering, the WGSL kernel
+``sample_token_kernel`` binds storage buffers in ITS order -- 0 logits (read), 1 temperature,
+2 token (read_write), 3 top_k, 4 top_p, 5 uniform -- then binding 6 the uniform
+``{b: i32, packGridDimX: u32}``; dispatch ``(b, 1, 1)`` workgroups of 256. (Read the order from
+the host's ``call_ffi_kernel``, as the tests do, rather than trusting this comment.)
+
+TVM 0.27 WebGPU codegen quirks met here: a let named like a WGSL keyword (``target``) is emitted
+verbatim and rejected by naga; ``-inf`` prints as ``-inff`` (no WGSL literal); ThreadSync refuses
+shared loads inside an ``if`` condition and a read-then-write of one shared buffer inside an
+``if`` (hence the ping-pong buffers in the argmax tree).
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+from tvm.tirx import PrimFunc
+
+NUM_THREADS = 256
+GREEDY_EPS = 1e-5
+# bisection steps on the bit pattern: hi - lo starts at 0x3F800001 - 0 < 2**30
+BISECT_STEPS = 30
+ONE_PLUS_BITS = 0x3F800001  # just above the bit pattern of 1.0f
+
+PARAM_ORDER = ("logits", "temperature", "top_p", "top_k", "uniform", "token")
+
+
+def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFunc:
+    """The ``sample_token`` PrimFunc for a fixed vocabulary size (see the module docstring)."""
+    if logits_dtype not in ("float32", "float16"):
+        raise ValueError(f"logits_dtype must be float32 or float16, not {logits_dtype!r}")
+    V = int(vocab_size)
+    if V <= 0:
+        raise ValueError("vocab_size must be positive")
+    NT = NUM_THREADS
+    CH = (V + NT - 1) // NT  # contiguous chunk per thread (final pass)
+    LOG_NT = NT.bit_length() - 1
+    # WGSL has no infinity literal (TVM would print `-inff`): start from the lowest finite-ish
+    # value; the first element of each thread is taken unconditionally anyway.
+    NEG_BIG = T.float32(-3.0e38)
+    INT_MAX = 2147483647
+
+    @T.macro
+    def tree_sum(tx, red_f, red_i):
+        # red_f / red_i hold one partial per thread; afterwards [0] holds the totals.
+        for s in T.unroll(LOG_NT):
+            T.tvm_storage_sync("shared")
+            if tx < (NT >> (s + 1)):
+                red_f[tx] = red_f[tx] + red_f[tx + (NT >> (s + 1))]
+                red_i[tx] = red_i[tx] + red_i[tx + (NT >> (s + 1))]
+        T.tvm_storage_sync("shared")
+
+    @T.macro
+    def argmax_step(tx, half, fsrc, isrc, fdst, idst):
+        # (value, index) pairs; index INT_MAX marks an empty slot (threads past V when V < 256).
+        # Ties on value keep the smaller index, like numpy.argmax.
+        T.tvm_storage_sync("shared")
+        if tx < half:
+            take: T.let[T.bool] = isrc[tx + half] != INT_MAX and (
+                isrc[tx] == INT_MAX
+                or fsrc[tx + half] > fsrc[tx]
+                or (fsrc[tx + half] == fsrc[tx] and isrc[tx + half] < isrc[tx])
+            )
+            idst[tx] = T.if_then_else(take, isrc[tx + half], isrc[tx])
+            fdst[tx] = T.if_then_else(take, fsrc[tx + half], fsrc[tx])
+
+    @T.prim_func(s_tir=True)
+    def sample_token(
+        var_logits: T.handle,
+        var_temperature: T.handle,
+        var_top_p: T.handle,
+        var_top_k: T.handle,
+        var_uniform: T.handle,
+        var_token: T.handle,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        b = T.int32()
+        logits = T.match_buffer(var_logits, (b, V), logits_dtype)
+        temperature = T.match_buffer(var_temperature, (b,), "float32")
+        top_p = T.match_buffer(var_top_p, (b,), "float32")
+        top_k = T.match_buffer(var_top_k, (b,), "int32")
+        uniform = T.match_buffer(var_uniform, (b,), "float32")
+        token = T.match_buffer(var_token, (b,), "int32")
+
+        red_f = T.sblock_alloc_buffer((NT,), "float32", scope="shared")
+        red_i = T.sblock_alloc_buffer((NT,), "int32", scope="shared")
+        red_f2 = T.sblock_alloc_buffer((NT,), "float32", scope="shared")
+        red_i2 = T.sblock_alloc_buffer((NT,), "int32", scope="shared")
+        res = T.sblock_alloc_buffer((1,), "int32", scope="shared")
+        lf = T.sblock_alloc_buffer((4,), "float32", scope="local")  # max, sum/scratch, run, tau
+        li = T.sblock_alloc_buffer((8,), "int32", scope="local")  # arg, lo_k, hi_k, lo_p, hi_p, cnt, tok, last
+
+        for bx in T.thread_binding(b, thread="blockIdx.x"):
+            for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                inv_t: T.let[T.float32] = T.float32(1.0) / T.max(
+                    temperature[bx], T.float32(GREEDY_EPS)
+                )
+                # Branches on these only wrap barrier-free data loops (never a barrier), so
+                # the kernel stays valid under WGSL's uniformity rules whatever they read.
+                sampled: T.let[T.bool] = temperature[bx] > T.float32(GREEDY_EPS)
+                k_on: T.let[T.bool] = top_k[bx] > 0 and top_k[bx] < V
+                p_on: T.let[T.bool] = top_p[bx] < T.float32(1)
+                # ---- pass 1: row max and argmax (strided: coalesced reads) ----
+                lf[0] = NEG_BIG
+                li[0] = INT_MAX
+                for j in T.serial(CH):
+                    if j * NT + tx < V:
+                        x: T.let[T.float32] = T.Cast("float32", logits[bx, j * NT + tx])
+                        if x > lf[0] or li[0] == INT_MAX:
+                            lf[0] = x
+                            li[0] = j * NT + tx
+                red_f[tx] = lf[0]
+                red_i[tx] = li[0]
+                # ping-pong between two buffer pairs: ThreadSync cannot put a barrier between
+                # a shared read and a dependent write of the same buffer inside an `if`
+                for h in T.unroll(LOG_NT // 2):
+                    argmax_step(tx, NT >> (2 * h + 1), red_f, red_i, red_f2, red_i2)
+                    argmax_step(tx, NT >> (2 * h + 2), red_f2, red_i2, red_f, red_i)
+                T.tvm_storage_sync("shared")
+                row_max: T.let[T.float32] = red_f[0]
+                row_arg: T.let[T.int32] = red_i[0]
+                T.tvm_storage_sync("shared")
+                # ---- pass 2: sum of exp ----
+                lf[1] = T.float32(0)
+                if sampled:
+                    for j in T.serial(CH):
+                        if j * NT + tx < V:
+                            lf[1] = lf[1] + T.exp(
+                                (T.Cast("float32", logits[bx, j * NT + tx]) - row_max) * inv_t
+                            )
+                red_f[tx] = lf[1]
+                red_i[tx] = 0
+                tree_sum(tx, red_f, red_i)
+                p_target: T.let[T.float32] = red_f[0] * top_p[bx]
+                T.tvm_storage_sync("shared")
+                # ---- bisection on bit patterns for tau_k and tau_p, together ----
+                li[1] = 0
+                li[2] = ONE_PLUS_BITS
+                li[3] = 0
+                li[4] = ONE_PLUS_BITS
+                for _it in T.serial(BISECT_STEPS):
+                    li[5] = 0
+                    lf[1] = T.float32(0)
+                    # the data loop (no barrier inside) is skipped when no filter is on
+                    if sampled and (k_on or p_on):
+                        for j in T.serial(CH):
+                            if j * NT + tx < V:
+                                e: T.let[T.float32] = T.exp(
+                                    (T.Cast("float32", logits[bx, j * NT + tx]) - row_max)
+                                    * inv_t
+                                )
+                                if e >= T.reinterpret("float32", T.shift_right(li[1] + li[2], 1)):
+                                    li[5] = li[5] + 1
+                                if e >= T.reinterpret("float32", T.shift_right(li[3] + li[4], 1)):
+                                    lf[1] = lf[1] + e
+                    red_f[tx] = lf[1]
+                    red_i[tx] = li[5]
+                    tree_sum(tx, red_f, red_i)
+                    cnt_all: T.let[T.int32] = red_i[0]
+                    mass_all: T.let[T.float32] = red_f[0]
+                    if cnt_all >= top_k[bx]:
+                        li[1] = T.shift_right(li[1] + li[2], 1)
+                    else:
+                        li[2] = T.shift_right(li[1] + li[2], 1)
+                    if mass_all >= p_target:
+                        li[3] = T.shift_right(li[3] + li[4], 1)
+                    else:
+                        li[4] = T.shift_right(li[3] + li[4], 1)
+                    T.tvm_storage_sync("shared")
+                # ---- final pass: kept mass per contiguous chunk, scan, owner walks ----
+                lf[3] = T.max(
+                    T.if_then_else(k_on, T.reinterpret("float32", li[1]), T.float32(0)),
+                    T.if_then_else(p_on, T.reinterpret("float32", li[3]), T.float32(0)),
+                )
+                lf[1] = T.float32(0)
+                if sampled:
+                    for j in T.serial(CH):
+                        if tx * CH + j < V:
+                            e2: T.let[T.float32] = T.exp(
+                                (T.Cast("float32", logits[bx, tx * CH + j]) - row_max) * inv_t
+                            )
+                            if e2 >= lf[3]:
+                                lf[1] = lf[1] + e2
+                red_f[tx] = lf[1]
+                if tx == 0:
+                    res[0] = row_arg
+                T.tvm_storage_sync("shared")
+                # every thread runs the same sequential scan over the chunk sums, so thread t's
+                # interval end is bit-identical to thread t+1's start: the intervals tile
+                # [0, kept_total) exactly and exactly one thread owns u_target.
+                # (let names avoid WGSL reserved words: TVM emits them verbatim, and
+                # `target`/`end`... are reserved.)
+                lf[2] = T.float32(0)
+                for t in T.serial(NT):
+                    chunk_sum: T.let[T.float32] = red_f[t]
+                    if t == tx:
+                        lf[0] = lf[2]
+                    lf[2] = lf[2] + chunk_sum
+                    if t == tx:
+                        lf[1] = lf[2]
+                kept_total: T.let[T.float32] = lf[2]
+                iv_start: T.let[T.float32] = lf[0]
+                iv_end: T.let[T.float32] = lf[1]
+                u_target: T.let[T.float32] = T.max(uniform[bx], T.float32(0)) * kept_total
+                if (
+                    iv_start <= u_target
+                    and iv_start < iv_end
+                    and (u_target < iv_end or iv_end >= kept_total)
+                ):
+                    lf[2] = iv_start
+                    li[6] = -1
+                    li[7] = row_arg
+                    for j in T.serial(CH):
+                        if tx * CH + j < V:
+                            e3: T.let[T.float32] = T.exp(
+                                (T.Cast("float32", logits[bx, tx * CH + j]) - row_max) * inv_t
+                            )
+                            if e3 >= lf[3]:
+                                lf[2] = lf[2] + e3
+                                li[7] = tx * CH + j
+                                if lf[2] > u_target and li[6] < 0:
+                                    li[6] = tx * CH + j
+                    res[0] = T.if_then_else(li[6] >= 0, li[6], li[7])
+                T.tvm_storage_sync("shared")
+                if tx == 0:
+                    token[bx] = T.if_then_else(sampled, res[0], row_arg)
+
+    return sample_token.with_attr("global_symbol", "sample_token")
