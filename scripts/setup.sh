@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up wick on a fresh Debian/Ubuntu machine: system packages, a virtualenv in .venv, wick.
+#   bash scripts/setup.sh          # what a user needs
+#   bash scripts/setup.sh --test   # plus the test-time references (torch, transformers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+
+# A Vulkan driver for wgpu. lavapipe (CPU Vulkan, from mesa) is the fallback when there is no
+# GPU driver; it is what CI and the tests run on.
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo=""; [ "$(id -u)" != 0 ] && sudo="sudo"
+    echo "setup: installing mesa-vulkan-drivers (lavapipe)" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+  else
+    echo "setup: no apt-get; install a Vulkan driver (e.g. mesa-vulkan-drivers) yourself" >&2
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+echo "setup: installing wick${extras} into .venv" >&2
+.venv/bin/python -m pip install -q -e ".${extras}"

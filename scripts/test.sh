@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up (with the test references) and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --durations=15 "$@"

@@ -1,0 +1,53 @@
+"""Tiny random models built offline from transformers configs (test references only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def byte_level_tokenizer():
+    """A byte-level BPE tokenizer with no merges (every byte is a token) plus ChatML specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    return tok
+
+
+def make_tiny_llama(out: Path, *, seed: int = 0, layers: int = 2, tie: bool = False) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = byte_level_tokenizer()
+    tok.save(str(out / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": CHATML, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+        "add_bos_token": False,
+    }))
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie,
+        bos_token_id=tok.token_to_id("<|im_start|>"), eos_token_id=tok.token_to_id("<|im_end|>"),
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # random init is tiny; widen it so logits are well separated
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
