@@ -22,6 +22,7 @@ from . import paths
 from .artifact_writer import write_artifact
 from .lower import lower, merge, webgpu_target
 from .models import family_for
+from .models.layers import MAX_BINDING_BYTES, row_splits
 from .models.paged_attention import PAGE_SIZE
 from .quantization import Quantization, get_quantization, quantize_q4
 
@@ -84,19 +85,36 @@ def _sampler_module(vocab_size: int):
     return mod
 
 
-def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantization
-             ) -> Iterator[tuple[str, np.ndarray]]:
+_PART = re.compile(r"^(.*)\.parts\.(\d+)\.(weight|weight_q)$")
+
+
+def _weight_for(name: str, converted: dict[str, np.ndarray], quant: Quantization,
+                max_bytes: int) -> np.ndarray:
+    """The unquantized weight behind parameter ``name`` (``X.parts.K.weight`` = rows of X)."""
+    plain = name.removesuffix("_q")
+    if plain in converted:
+        return converted[plain]
+    m = _PART.match(name)
+    if m is None:
+        raise KeyError(f"no source weight for parameter {name}")
+    whole = converted[f"{m.group(1)}.weight"]
+    start, stop = row_splits(whole.shape[0], whole.shape[1], quant, max_bytes)[int(m.group(2))]
+    return whole[start:stop]
+
+
+def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantization,
+             max_bytes: int) -> Iterator[tuple[str, np.ndarray]]:
     """Yield the compiled model's parameters in order, quantizing q4 weights on the way."""
     for name in names:
         if name.endswith(".weight_scale"):
             continue  # produced together with its .weight_q
+        weight = _weight_for(name, converted, quant, max_bytes)
         if name.endswith(".weight_q"):
-            base = name[: -len("_q")]
-            packed, scale = quantize_q4(converted[base], quant.dtype)
+            packed, scale = quantize_q4(weight, quant.dtype)
             yield name, packed
-            yield base + "_scale", scale
+            yield name.removesuffix("_q") + "_scale", scale
         else:
-            yield name, converted[name].astype(quant.dtype)
+            yield name, weight.astype(quant.dtype)
 
 
 def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window: int,
@@ -133,6 +151,7 @@ def compile_model(
     context_window: int | None = None,
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK,
     max_batch_size: int = DEFAULT_MAX_BATCH,
+    max_param_bytes: int = MAX_BINDING_BYTES,
     force: bool = False,
     progress: Progress | None = None,
 ) -> Path:
@@ -145,7 +164,7 @@ def compile_model(
     source = resolve_source(model, progress=progress)
     report("resolve source", 1, 1)
     options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
-               "max_batch_size": max_batch_size}
+               "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes}
     key = cache_key(source.content_hash(), quant.name, options)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.name).name.removesuffix(".gguf"))
     out = Path(output) if output else paths.artifacts_dir() / f"{slug}-{quant.name}-{key}"
@@ -165,7 +184,7 @@ def compile_model(
 
     report("build model", 0, 1)
     target = webgpu_target()
-    module = family.Model(cfg, quant, target)
+    module = family.Model(cfg, quant, target, max_param_bytes=max_param_bytes)
     prefill_mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
     prefill_mod.update(_sampler_module(cfg.vocab_size))
     decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(tokens="b")})
@@ -196,5 +215,5 @@ def compile_model(
                      "digest": compiler_digest(), "tvm": _tvm_version(),
                      "target": TARGET},
     }
-    return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant),
+    return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress)

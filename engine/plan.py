@@ -76,19 +76,21 @@ def evaluate(expr: Any, env: Mapping[str, int]) -> Any:
 
 
 def bind_shapes(env: dict[str, int], declared: Sequence[Sequence[Any]],
-                actual: Sequence[Sequence[int]], what: str) -> None:
+                actual: Sequence[Sequence[int]], names: Sequence[str]) -> None:
     """Bind the variables of declared shapes from actual shapes, then check every dimension
     (a variable may first appear inside an expression, e.g. ``batch_size + 1``)."""
-    for pattern, shape in zip(declared, actual):
+    for pattern, shape, name in zip(declared, actual, names):
         if len(pattern) != len(shape):
-            raise ArtifactError(f"{what}: expected rank {len(pattern)}, got shape {tuple(shape)}")
+            raise ArtifactError(f"{name}: expected rank {len(pattern)}, got shape {tuple(shape)}")
         for dim, size in zip(pattern, shape):
             if isinstance(dim, dict) and dim["v"] not in env:
                 env[dim["v"]] = size
-    for pattern, shape in zip(declared, actual):
+    for pattern, shape, name in zip(declared, actual, names):
         for dim, size in zip(pattern, shape):
             if evaluate(dim, env) != size:
-                raise ArtifactError(f"{what}: shape {tuple(shape)} does not match {pattern}")
+                bound = {k: v for k, v in env.items() if k in str(pattern)}
+                raise ArtifactError(f"{name}: shape {tuple(shape)} does not match {pattern} "
+                                    f"with {bound}")
 
 
 class KernelTable:
@@ -151,8 +153,9 @@ class PlanFunction:
             if t.dtype != spec["dtype"]:
                 raise ArtifactError(f"{self.name}: input {spec['name']} must be {spec['dtype']}")
             values[spec["name"]] = t
-        bind_shapes(env, [s["shape"] for s in self.plan["inputs"]],
-                    [values[s["name"]].shape for s in self.plan["inputs"]], f"{self.name} inputs")
+        specs = self.plan["inputs"]
+        bind_shapes(env, [s["shape"] for s in specs], [values[s["name"]].shape for s in specs],
+                    [f"{self.name} input {s['name']}" for s in specs])
         dispatches: list[Dispatch] = []
         for ins in self.plan["instrs"]:
             op = ins["op"]
@@ -175,7 +178,8 @@ class PlanFunction:
     def _call(self, func: str, args: list[TensorRef], out: list[Dispatch]) -> None:
         tf = self.tir[func]
         env: dict[str, int] = {}
-        bind_shapes(env, [p["shape"] for p in tf["params"]], [t.shape for t in args], func)
+        bind_shapes(env, [p["shape"] for p in tf["params"]], [t.shape for t in args],
+                    [f"{func} argument {i}" for i in range(len(args))])
         for launch in tf["launches"]:
             kid = self.kernels.index[launch["kernel"]]
             x, y, z = (int(evaluate(g, env)) for g in launch["grid"])

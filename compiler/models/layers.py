@@ -3,6 +3,9 @@
 With q4 the weight is a ``weight_q`` (out, in/8) uint32 + ``weight_scale`` (out, in/32) pair;
 the dequantization is a TE op that TVM fuses into the consuming GEMV/GEMM kernel, so full
 precision weights never exist in device memory. Packing: compiler/quantization.py.
+
+A weight larger than one storage binding may hold (WebGPU's default maxStorageBufferBindingSize
+is 128 MiB) is split by rows into ``parts.K`` sub-layers whose outputs are concatenated.
 """
 
 from __future__ import annotations
@@ -12,6 +15,17 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from ..quantization import GROUP_SIZE, VALUES_PER_WORD, ZERO_POINT, Quantization
+
+MAX_BINDING_BYTES = 128 << 20  # WebGPU's default maxStorageBufferBindingSize
+_DTYPE_BYTES = {"float32": 4, "float16": 2}
+
+
+def row_splits(out_features: int, in_features: int, quant: Quantization,
+               max_bytes: int = MAX_BINDING_BYTES) -> list[tuple[int, int]]:
+    """[start, stop) row ranges so that each part's largest tensor fits one binding."""
+    row_bytes = in_features // 2 if quant.quantized else in_features * _DTYPE_BYTES[quant.dtype]
+    rows = max(1, max_bytes // row_bytes)
+    return [(start, min(start + rows, out_features)) for start in range(0, out_features, rows)]
 
 
 def _dequantize(packed: Tensor, scale: Tensor, out_features: int, in_features: int, dtype: str):
@@ -30,9 +44,14 @@ def _dequantize(packed: Tensor, scale: Tensor, out_features: int, in_features: i
 class QLinear(nn.Module):
     """y = x @ W^T with W (out, in), stored plain or q4-packed."""
 
-    def __init__(self, in_features: int, out_features: int, quant: Quantization) -> None:
+    def __init__(self, in_features: int, out_features: int, quant: Quantization,
+                 max_bytes: int = MAX_BINDING_BYTES) -> None:
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
-        if quant.quantized:
+        self.splits = row_splits(out_features, in_features, quant, max_bytes)
+        if len(self.splits) > 1:
+            self.parts = nn.ModuleList([QLinear(in_features, stop - start, quant, max_bytes)
+                                        for start, stop in self.splits])
+        elif quant.quantized:
             self.weight_q = nn.Parameter((out_features, in_features // VALUES_PER_WORD), "uint32")
             self.weight_scale = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
         else:
@@ -46,17 +65,34 @@ class QLinear(nn.Module):
         return self.weight
 
     def forward(self, x: Tensor) -> Tensor:
+        if len(self.splits) > 1:
+            return op.concat([part(x) for part in self.parts], dim=-1)
         return op.matmul(x, op.permute_dims(self.full_weight()))
 
 
 class QEmbedding(nn.Module):
     """Token embedding table (vocab, hidden); also the tied LM head."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, quant: Quantization) -> None:
-        self.table = QLinear(hidden_size, vocab_size, quant)  # rows = tokens
+    def __init__(self, vocab_size: int, hidden_size: int, quant: Quantization,
+                 max_bytes: int = MAX_BINDING_BYTES) -> None:
+        self.table = QLinear(hidden_size, vocab_size, quant, max_bytes)  # rows = tokens
 
     def forward(self, ids: Tensor) -> Tensor:
         t = self.table
+        if len(t.splits) == 1:
+            return self._lookup(t, ids)
+        # rows of a split table: look each id up in every part, keep the part that owns it
+        out = None
+        for (start, stop), part in zip(t.splits, t.parts):
+            local = (ids - start).minimum(stop - start - 1).maximum(0)
+            owned = (ids >= start).astype(t.quant.dtype) * (ids < stop).astype(t.quant.dtype)
+            owned = op.reshape(owned, (ids.shape[0], 1))
+            rows = self._lookup(part, local) * owned
+            out = rows if out is None else out + rows
+        return out
+
+    @staticmethod
+    def _lookup(t: QLinear, ids: Tensor) -> Tensor:
         if not t.quant.quantized:
             return op.take(t.weight, ids, axis=0)
         rows_q = op.take(t.weight_q, ids, axis=0)

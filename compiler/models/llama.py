@@ -14,7 +14,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from ..quantization import Quantization
-from .layers import QEmbedding, QLinear
+from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear
 from .paged_attention import STEP_INPUTS, AttentionShape, PagedAttention
 
 
@@ -98,23 +98,26 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, c: LlamaConfig, attn: PagedAttention, quant: Quantization) -> None:
-        self.embed_tokens = QEmbedding(c.vocab_size, c.hidden_size, quant)
+    def __init__(self, c: LlamaConfig, attn: PagedAttention, quant: Quantization,
+                 max_param_bytes: int) -> None:
+        # Only the vocabulary-sized tables can outgrow a storage binding in practice.
+        self.embed_tokens = QEmbedding(c.vocab_size, c.hidden_size, quant, max_param_bytes)
         self.layers = nn.ModuleList([LlamaLayer(c, attn, quant) for _ in range(c.num_hidden_layers)])
         self.norm = nn.RMSNorm(c.hidden_size, -1, c.rms_norm_eps, bias=False, dtype=quant.dtype)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, c: LlamaConfig, quant: Quantization, target) -> None:
+    def __init__(self, c: LlamaConfig, quant: Quantization, target,
+                 max_param_bytes: int = MAX_BINDING_BYTES) -> None:
         self.config, self.quant = c, quant
         self.attn = PagedAttention(
             AttentionShape(c.num_attention_heads, c.num_key_value_heads, c.head_dim, quant.dtype,
                            c.rope_theta, c.rope_scaling),
             target,
         )
-        self.model = LlamaModel(c, self.attn, quant)
+        self.model = LlamaModel(c, self.attn, quant, max_param_bytes)
         if not c.tie_word_embeddings:
-            self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant)
+            self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant, max_param_bytes)
 
     def forward(self, input_ids: Tensor, q_positions: Tensor, append_slots: Tensor, qo_indptr: Tensor,
                 page_indptr: Tensor, page_values: Tensor, last_page_len: Tensor,
