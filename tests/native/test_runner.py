@@ -1,0 +1,77 @@
+"""The Runner on the native backend: feature checks, one submit per step, cached plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wick.engine import EngineAPI, ModelInfo
+from wick.engine.artifact import Artifact
+from wick.engine.errors import MissingFeatureError
+from wick.engine.runner import Runner
+from wick.native.tokenizer import HFTokenizer
+
+
+def _artifact(path: Path) -> Artifact:
+    return Artifact.load(lambda p: (path / p).read_bytes(), str(path))
+
+
+class _NoF16Backend:
+    """Stands in for a device without shader-f16: the Runner must refuse before using it."""
+
+    name = "test device without shader-f16"
+    features = frozenset({"subgroups"})
+    max_storage_binding = 128 << 20
+    max_buffer_size = 256 << 20
+    storage_offset_alignment = 256
+
+    def __getattr__(self, item):
+        raise AssertionError(f"the runner used the device ({item}) before checking features")
+
+
+def test_f16_artifact_on_device_without_shader_f16_names_working_variants(tiny_llama_dir, compiled):
+    art = _artifact(compiled(tiny_llama_dir, "q4f16_1", prefill_chunk_size=64, max_batch_size=4))
+    assert art.required_features == ["shader-f16"]
+    with pytest.raises(MissingFeatureError) as err:
+        Runner(art, _NoF16Backend(), num_pages=4)
+    assert err.value.feature == "shader-f16"
+    assert "q4f32_1" in err.value.message and "q0f32" in err.value.message
+
+
+def test_engine_picks_f32_variant_and_rejects_f16_without_feature():
+    from wick.server.local import _check_feature, pick_quantization
+
+    assert pick_quantization({"shader-f16"}) == "q4f16_1"
+    assert pick_quantization(set()) == "q4f32_1"
+    with pytest.raises(MissingFeatureError, match="q4f32_1"):
+        _check_feature("q0f16", set())
+    _check_feature("q4f32_1", set())  # no error
+
+
+def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_llama_dir, compiled, backend):
+    art = _artifact(compiled(tiny_llama_dir, "q0f32", prefill_chunk_size=64, max_batch_size=4))
+    runner = Runner(art, backend, num_pages=16)
+    runs = []
+    real_run = backend.run
+
+    def counting_run(writes, dispatches, reads):
+        runs.append(len(dispatches))
+        return real_run(writes, dispatches, reads)
+
+    backend.run = counting_run
+    try:
+        api = EngineAPI.from_runner(runner, HFTokenizer(art.tokenizer_json()),
+                                    ModelInfo.from_manifest(art.manifest), num_pages=16)
+        steps = []
+        real_step = runner.step
+        runner.step = lambda batch: steps.append(batch) or real_step(batch)
+        r = api.completions.create(prompt="hello world", max_tokens=6, temperature=0)
+        assert r.usage.completion_tokens == 6
+    finally:
+        backend.run = real_run
+    # one backend call per engine step, each with the whole model's kernels in it
+    assert len(runs) == len(steps) == 6
+    assert all(n > 10 for n in runs)
+    # steps of the same shape reuse the dispatch list built the first time
+    assert len(runner.decode._cache) <= 2 and len(runner.forward._cache) == 1
