@@ -14,7 +14,7 @@ import asyncio
 
 from ..engine import AsyncEngineAPI, EngineAPI, EngineCore, ModelInfo
 from ..engine.artifact import MANIFEST_NAME, Artifact
-from ..engine.errors import MissingFeatureError, ModelNotFoundError
+from ..engine.errors import InvalidRequestError, MissingFeatureError, ModelNotFoundError
 from ..engine.runner import Runner
 
 Progress = Callable[[str, int, int], None]
@@ -36,12 +36,12 @@ def load_artifact(model: str, quantization: str | None, features, progress: Prog
     if (path / MANIFEST_NAME).is_file():
         art = Artifact.load(lambda p: (path / p).read_bytes(), str(path))
         if quantization and quantization != art.quantization:
-            raise ModelNotFoundError(
-                f"the artifact at {path} is {art.quantization}, not {quantization}",
-                param="quantization")
+            raise InvalidRequestError(
+                f"the artifact at {path} is {art.quantization}, not {quantization}: compile the "
+                f"source model with --quantization {quantization}", param="quantization")
         return art
-    if not path.exists() and "/" in model:
-        raise ModelNotFoundError(f"no model at {model}", param="model")
+    if not path.exists() and ("/" in model or model.endswith(".gguf")):
+        raise ModelNotFoundError(model)
     from ..compiler.compile import compile_model
 
     quant = quantization or pick_quantization(features)

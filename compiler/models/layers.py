@@ -28,17 +28,35 @@ def row_splits(out_features: int, in_features: int, quant: Quantization,
     return [(start, min(start + rows, out_features)) for start in range(0, out_features, rows)]
 
 
+def _dequantize_te(w: te.Tensor, s: te.Tensor, rows, in_features: int, dtype: str) -> te.Tensor:
+    def value(o, i):
+        word = w[o, i // VALUES_PER_WORD]
+        nibble = (word >> ((i % VALUES_PER_WORD) * 4).astype("uint32")) & tirx.const(15, "uint32")
+        centered = nibble.astype(dtype) - tirx.const(ZERO_POINT, dtype)
+        return centered * s[o, i // GROUP_SIZE].astype(dtype)
+
+    return te.compute((rows, in_features), value, name="dequantize")
+
+
 def _dequantize(packed: Tensor, scale: Tensor, out_features: int, in_features: int, dtype: str):
-    def compute(w: te.Tensor, s: te.Tensor):
-        def value(o, i):
-            word = w[o, i // VALUES_PER_WORD]
-            nibble = (word >> ((i % VALUES_PER_WORD) * 4).astype("uint32")) & tirx.const(15, "uint32")
-            centered = nibble.astype(dtype) - tirx.const(ZERO_POINT, dtype)
-            return centered * s[o, i // GROUP_SIZE].astype(dtype)
+    return op.tensor_expr_op(
+        lambda w, s: _dequantize_te(w, s, out_features, in_features, dtype), "dequantize",
+        [packed, scale])
 
-        return te.compute((out_features, in_features), value, name="dequantize")
 
-    return op.tensor_expr_op(compute, "dequantize", [packed, scale])
+def _dequantize_matmul(x: Tensor, packed: Tensor, scale: Tensor, out_features: int,
+                       in_features: int, dtype: str) -> Tensor:
+    """x (n, in) @ dequantize(W)^T in ONE kernel: Relax's FuseOps would not fuse an injective
+    producer into a reduction, and a separate dequantize kernel would write the whole f16/f32
+    weight to memory every step. dlight's GEMV/GEMM rules recognise the "dequantize" block."""
+
+    def compute(xt: te.Tensor, w: te.Tensor, s: te.Tensor):
+        weight = _dequantize_te(w, s, out_features, in_features, dtype)
+        k = te.reduce_axis((0, in_features), name="k")
+        return te.compute((xt.shape[0], out_features),
+                          lambda i, j: te.sum(xt[i, k] * weight[j, k], axis=k), name="matmul")
+
+    return op.tensor_expr_op(compute, "dequantize_matmul", [x, packed, scale])
 
 
 class QLinear(nn.Module):
@@ -57,17 +75,13 @@ class QLinear(nn.Module):
         else:
             self.weight = nn.Parameter((out_features, in_features), quant.dtype)
 
-    def full_weight(self) -> Tensor:
-        if self.quant.quantized:
-            return _dequantize(
-                self.weight_q, self.weight_scale, self.out_features, self.in_features, self.quant.dtype
-            )
-        return self.weight
-
     def forward(self, x: Tensor) -> Tensor:
         if len(self.splits) > 1:
             return op.concat([part(x) for part in self.parts], dim=-1)
-        return op.matmul(x, op.permute_dims(self.full_weight()))
+        if self.quant.quantized:
+            return _dequantize_matmul(x, self.weight_q, self.weight_scale, self.out_features,
+                                      self.in_features, self.quant.dtype)
+        return op.matmul(x, op.permute_dims(self.weight))
 
 
 class QEmbedding(nn.Module):

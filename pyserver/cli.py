@@ -1,0 +1,368 @@
+"""``wick``: the command line.
+
+    wick compile MODEL [--quantization q4f16_1] [--output DIR] [--force] ...
+    wick chat MODEL [--quantization Q] [--device auto|cpu|gpu] [--temperature T] ...
+    wick list                 compiled artifacts in the cache
+    wick rm NAME_OR_PATH      delete one of them (only inside the artifacts directory)
+    wick models               built-in model names
+
+MODEL is a built-in name (``wick models``), a Hugging Face directory, a ``.gguf`` file or a
+compiled artifact directory. Progress goes to stderr, results to stdout. A ``WickError`` ends
+the command with one ``error: ...`` line and exit status 1; usage errors exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from ..engine.errors import WickError
+
+QUANTIZATIONS = ("q4f16_1", "q4f32_1", "q0f16", "q0f32")  # wick.compiler.quantization names
+DEFAULT_QUANTIZATION = "q4f16_1"  # best; devices without shader-f16 (some browsers) use q4f32_1
+
+
+class CLIError(WickError):
+    """A command-line request that cannot be done (bad name, a path outside the cache, ...)."""
+
+    default_status = 400
+    default_type = "invalid_request_error"
+    default_code = "cli_error"
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress: one tqdm bar per stage, on stderr
+
+
+class ProgressBars:
+    """``progress(stage, done, total)`` callback: one bar per stage on a terminal, one plain
+    line per finished stage otherwise (logs, pipes, tests).
+
+    Stages counted in bytes (``extract``, ``upload weights``) get byte units. A bar left before
+    its stage completes (``resolve source`` wraps the download) is cleared, not left half-full;
+    it draws again when that stage reports again.
+    """
+
+    BYTE_STAGES = frozenset({"extract", "upload weights"})
+    UNITS = {"dequantize": "tensor", "read": "tensor", "write weights": "tensor"}
+
+    def __init__(self, file: TextIO | None = None, *, bars: bool | None = None) -> None:
+        self.file = file or sys.stderr
+        self.bars = self.file.isatty() if bars is None else bars
+        self._stage: str | None = None
+        self._started = 0.0
+        self._bar = None  # tqdm, in bar mode
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage == "cached":
+            self.close()
+            print("using the cached artifact (--force rebuilds it)", file=self.file, flush=True)
+            return
+        if stage != self._stage:
+            self._open(stage, total)
+        if self._bar is not None:
+            if self._bar.total != total:
+                self._bar.total = total
+            self._bar.update(done - self._bar.n)
+        if total and done >= total:
+            self._finish(stage, done, total)
+
+    def _open(self, stage: str, total: int) -> None:
+        self.close()
+        self._stage = stage
+        self._started = time.perf_counter()
+        if self.bars:
+            from tqdm import tqdm
+
+            in_bytes = stage in self.BYTE_STAGES
+            self._bar = tqdm(
+                total=total, desc=stage, file=self.file, leave=False, dynamic_ncols=True,
+                unit="B" if in_bytes else self.UNITS.get(stage, "step"),
+                unit_scale=in_bytes, unit_divisor=1024 if in_bytes else 1000,
+            )
+
+    def _finish(self, stage: str, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.leave = True
+            self._bar.close()
+        else:
+            amount = _human(done) if stage in self.BYTE_STAGES else f"{done}/{total}"
+            seconds = time.perf_counter() - self._started
+            print(f"{stage}: {amount} ({seconds:.1f} s)", file=self.file, flush=True)
+        self._bar = None
+        self._stage = None
+
+    def close(self) -> None:
+        """Clear an unfinished bar (call when the work is over or was interrupted)."""
+        if self._bar is not None:
+            self._bar.leave = False
+            self._bar.close()
+        self._bar = None
+        self._stage = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from ..compiler.compile import compile_model
+
+    bars = ProgressBars()
+    try:
+        out = compile_model(
+            args.model, args.quantization, output=args.output,
+            context_window=args.context_window, prefill_chunk_size=args.prefill_chunk_size,
+            max_batch_size=args.max_batch_size, force=args.force, progress=bars,
+        )
+    finally:
+        bars.close()
+    print(out)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from ..compiler.sources import builtin_models
+    from .chat_cli import ChatSession, run_repl
+    from .local import Engine
+
+    model = args.model
+    if not Path(model).exists() and model not in builtin_models():
+        model = str(_cached_artifact(model) or model)  # an artifact's directory name
+    bars = ProgressBars()
+    try:
+        engine = Engine(model, quantization=args.quantization, device=args.device,
+                        progress=bars)
+    finally:
+        bars.close()
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                "max_tokens": args.max_tokens, "seed": args.seed}
+    session = ChatSession(engine, sampling={k: v for k, v in sampling.items() if v is not None},
+                          system=args.system)
+    if hasattr(sys.stdout, "reconfigure"):  # a model may emit text the terminal cannot encode
+        sys.stdout.reconfigure(errors="replace")
+    info = engine.core.info
+    print(f"wick chat: {info.model_id} ({info.quantization}) on {engine.device_name}")
+    print("Type /help for commands; /exit or Ctrl-D quits, Ctrl-C stops a reply.")
+    sys.stdout.flush()
+    return run_repl(session)
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactEntry:
+    path: Path
+    model_id: str
+    quantization: str
+    size: int  # bytes on disk
+
+
+def list_artifacts(root: Path | None = None) -> list[ArtifactEntry]:
+    """Finished artifacts directly under the artifacts directory (temp dirs skipped)."""
+    from ..compiler.paths import artifacts_dir
+    from ..engine.artifact import MANIFEST_NAME
+
+    root = root or artifacts_dir()
+    entries = []
+    for path in sorted(root.iterdir()):
+        manifest = path / MANIFEST_NAME
+        if not path.is_dir() or ".tmp-" in path.name or not manifest.is_file():
+            continue
+        try:
+            head = json.loads(manifest.read_text())
+            model_id, quant = str(head["model_id"]), str(head["quantization"])
+        except (OSError, ValueError, KeyError, TypeError):
+            model_id, quant = "(unreadable manifest)", "?"
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        entries.append(ArtifactEntry(path, model_id, quant, size))
+    return entries
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ..compiler.paths import artifacts_dir
+
+    entries = list_artifacts()
+    if not entries:
+        print(f"no compiled artifacts in {artifacts_dir()}", file=sys.stderr)
+        return 0
+    rows = [("MODEL", "QUANT", "SIZE", "PATH")]
+    rows += [(e.model_id, e.quantization, _human(e.size), str(e.path)) for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}")
+    return 0
+
+
+def _cached_artifact(dir_name: str) -> Path | None:
+    from ..compiler.paths import artifacts_dir
+    from ..engine.artifact import MANIFEST_NAME
+
+    if "/" in dir_name or dir_name.startswith("."):
+        return None
+    path = artifacts_dir() / dir_name
+    return path if (path / MANIFEST_NAME).is_file() else None
+
+
+def find_artifact(name_or_path: str) -> Path:
+    """The artifact directory ``wick rm`` may delete: a path directly inside the artifacts
+    directory, or a directory name / model id / ``model-quant`` naming exactly one artifact."""
+    from ..compiler.paths import artifacts_dir
+    from ..engine.artifact import MANIFEST_NAME
+
+    root = artifacts_dir().resolve()
+    given = Path(name_or_path).expanduser()
+    if given.exists() or "/" in name_or_path or name_or_path.startswith("."):
+        target = given.resolve()
+        if target.parent != root:
+            raise CLIError(f"refusing to remove {given}: wick rm only deletes artifacts directly "
+                           f"inside {root}", param="name")
+        if not (target / MANIFEST_NAME).is_file():
+            raise CLIError(f"{given} is not a wick artifact (no {MANIFEST_NAME})", param="name")
+        return target
+    matches = [e.path for e in list_artifacts(root)
+               if name_or_path in (e.path.name, e.model_id, f"{e.model_id}-{e.quantization}")]
+    if not matches:
+        raise CLIError(f"no compiled artifact named '{name_or_path}' in {root}; `wick list` "
+                       "shows them", param="name")
+    if len(matches) > 1:
+        names = ", ".join(p.name for p in matches)
+        raise CLIError(f"'{name_or_path}' names {len(matches)} artifacts ({names}); give the "
+                       "directory name or path of one", param="name")
+    return matches[0]
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    target = find_artifact(args.name)
+    shutil.rmtree(target)
+    print(f"removed {target}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from ..compiler.sources import builtin_models
+
+    for name, entry in sorted(builtin_models().items()):
+        quant = entry.get("default_quantization", DEFAULT_QUANTIZATION)
+        print(f"{name}  ({entry.get('family', '?')}, {quant}, {entry.get('license', '?')})")
+    return 0
+
+
+# --- wick serve ------------------------------------------------------------------------------
+# The OpenAI-compatible REST server is not part of this version. Until its issue lands, the
+# command exists only to say so (exit 2), never to pretend; wiring it is this one function:
+#     p = sub.add_parser("serve", ...); serve.add_serve_arguments(p)
+#     p.set_defaults(run=serve.serve_main)
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="(not available in this version)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(run=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    print("error: `wick serve` is not available in this version of wick; use `wick chat` or "
+          "the Python API (wick.Engine)", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser and entry point
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="wick", description="wick: compile and run LLMs on WebGPU / native wgpu.")
+    parser.add_argument("--version", action="version", version=f"wick {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    model_help = "built-in name (wick models), Hugging Face dir, .gguf file"
+
+    p = sub.add_parser("compile", help="compile a model to an artifact directory",
+                       description="Compile MODEL; prints the artifact directory.")
+    p.add_argument("model", help=model_help)
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=DEFAULT_QUANTIZATION,
+                   help=f"weight/activation format (default {DEFAULT_QUANTIZATION}; devices "
+                        "without shader-f16 need q4f32_1)")
+    p.add_argument("--output", "-o", type=Path, help="artifact directory (default: the cache)")
+    p.add_argument("--context-window", type=_positive_int,
+                   help="max tokens per sequence (default: the model's)")
+    p.add_argument("--prefill-chunk-size", type=_positive_int, default=256,
+                   help="max new tokens per step (default 256)")
+    p.add_argument("--max-batch-size", type=_positive_int, default=32,
+                   help="max sequences per step (default 32)")
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("chat", help="chat with a model in the terminal",
+                       description="Interactive chat. Type /help inside for commands.")
+    p.add_argument("model", help=model_help + " or compiled artifact dir")
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   help="default: the best the device supports")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default 1)")
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--max-tokens", type=_positive_int, help="per reply (default: until EOS)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--system", help="system prompt")
+    p.set_defaults(run=cmd_chat)
+
+    p = sub.add_parser("list", help="list compiled artifacts")
+    p.set_defaults(run=cmd_list)
+
+    p = sub.add_parser("rm", help="delete a compiled artifact",
+                       description="Delete an artifact inside the artifacts directory.")
+    p.add_argument("name", metavar="NAME_OR_PATH",
+                   help="directory name, model id or path (see wick list)")
+    p.set_defaults(run=cmd_rm)
+
+    p = sub.add_parser("models", help="list built-in model names")
+    p.set_defaults(run=cmd_models)
+
+    add_serve_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except WickError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `wick list | head -1`
+        sys.stderr.close()
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
