@@ -1,0 +1,67 @@
+"""Fixtures of the end-to-end tests: compiled tiny models and SmolLM2, their engine cores (one
+runner per artifact for the whole session) and the transformers references."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.helpers import SMOLLM2, load_hf, make_core
+
+TINY_OPTIONS = {"prefill_chunk_size": 128, "max_batch_size": 8}
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_dir(tmp_path_factory):
+    from tests.tiny_models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-tied"), seed=1, tie=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_deep_dir(tmp_path_factory):
+    from tests.tiny_models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-deep"), seed=2, layers=6)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_llama_dir):
+    return load_hf(tiny_llama_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_core(tiny_llama_dir, compiled):
+    """EngineCore over the tiny untied 2-layer Llama, q0f32, 64 KV pages."""
+    return make_core(compiled(tiny_llama_dir, "q0f32", **TINY_OPTIONS), num_pages=64)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    from wick.compiler.sources import resolve_source
+
+    return resolve_source(SMOLLM2).path
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_path):
+    """transformers' SmolLM2 from the same GGUF (dequantized to float32)."""
+    return load_hf(smollm2_path.parent, gguf_file=smollm2_path.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_core(compiled, backend):  # backend: only its storage limit
+    """smollm2_core(quantization) -> EngineCore (default compile options), cached."""
+    from wick.server.local import DEFAULT_KV_BUDGET, kv_pages_for
+    from tests.e2e.helpers import load_artifact
+
+    cores = {}
+
+    def get(quant: str):
+        if quant not in cores:
+            art_dir = compiled(SMOLLM2, quant)
+            model = load_artifact(art_dir).model
+            pages = kv_pages_for(model, DEFAULT_KV_BUDGET, backend.max_storage_binding)
+            cores[quant] = make_core(art_dir, num_pages=pages)
+        return cores[quant]
+
+    return get
