@@ -60,7 +60,7 @@ class ModelSource:
 
     kind: ClassVar[str]
     path: Path
-    name: str  # the built-in name, or the path as given
+    name: str  # the built-in name, or the directory / file name (the model id)
 
     def files(self) -> list[Path]:
         """The files ``load`` reads; ``content_hash`` covers exactly these."""
@@ -126,10 +126,10 @@ def resolve_source(model: str, progress: Progress | None = None) -> ModelSource:
         return GGUFSource(_fetch_builtin(model, registry[model], progress), model)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return GGUFSource(path, model)
+        return GGUFSource(path, path.name.removesuffix(".gguf"))
     if path.is_dir():
         hf_source.check_files(path)  # names the missing file
-        return HFSource(path, model)
+        return HFSource(path, path.resolve().name)
     error = ModelNotFoundError(model, registry)
     error.message += (
         " A model is a built-in name, a Hugging Face directory (config.json, *.safetensors, "

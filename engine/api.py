@@ -261,10 +261,10 @@ class EngineAPI(_Frontend):
                     num_pages: int, **core_options: Any) -> EngineAPI:
         return cls(EngineCore(runner, tokenizer, info, num_pages=num_pages, **core_options))
 
-    def _create_chat(self, **kwargs: Any) -> ChatCompletion | ChunkStream[ChatCompletionChunk]:
+    def _create_chat(self, /, **kwargs: Any) -> ChatCompletion | ChunkStream[ChatCompletionChunk]:
         return self._create("chat", kwargs)
 
-    def _create_completion(self, **kwargs: Any) -> Completion | ChunkStream[Completion]:
+    def _create_completion(self, /, **kwargs: Any) -> Completion | ChunkStream[Completion]:
         return self._create("completion", kwargs)
 
     def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
@@ -371,10 +371,10 @@ class AsyncEngineAPI(_Frontend):
                     num_pages: int, **core_options: Any) -> AsyncEngineAPI:
         return cls(EngineCore(runner, tokenizer, info, num_pages=num_pages, **core_options))
 
-    async def _create_chat(self, **kwargs: Any) -> Any:
+    async def _create_chat(self, /, **kwargs: Any) -> Any:
         return await self._create("chat", kwargs)
 
-    async def _create_completion(self, **kwargs: Any) -> Any:
+    async def _create_completion(self, /, **kwargs: Any) -> Any:
         return await self._create("completion", kwargs)
 
     async def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:

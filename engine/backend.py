@@ -37,7 +37,7 @@ class BufferSlice:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    kernel: int  # index into the list given to load_kernels
+    kernel: int  # load_kernels' return value + index in the list given to it
     storage: tuple[BufferSlice, ...]  # one per storage binding, in the kernel's binding order
     uniform: bytes  # packed scalars + packGridDimX; b"" when the kernel has no uniform
     grid: tuple[int, int, int]  # workgroup counts
@@ -66,8 +66,10 @@ class Backend(Protocol):
     max_buffer_size: int  # bytes
     storage_offset_alignment: int  # bytes
 
-    def load_kernels(self, kernels: Sequence[KernelSpec]) -> None:
-        """Compile every kernel into a pipeline, once, at model load."""
+    def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
+        """Compile every kernel into a pipeline, once, at model load. Returns the index of the
+        first: ``Dispatch.kernel`` numbers kernels across all calls, so several models can share
+        one device."""
 
     def alloc(self, nbytes: int) -> BufferHandle:
         """A zero-filled device buffer usable as storage, copy source and copy destination."""

@@ -108,7 +108,7 @@ class KernelTable:
                        tuple(k["storage_access"]), True)
             for k in kernels
         ]
-        backend.load_kernels(specs)
+        self.base = backend.load_kernels(specs)  # our kernels' first index on the device
 
 
 class PlanFunction:
@@ -193,4 +193,4 @@ class PlanFunction:
                 size = max(4, (t.nbytes + 3) // 4 * 4)
                 storage.append(BufferSlice(t.buffer, t.offset, size))
             # the grid stays unfolded: backends fold x > 65535 into x * z (docs/kernel-abi.md)
-            out.append(Dispatch(kid, tuple(storage), uniform, (x, y, z)))
+            out.append(Dispatch(self.kernels.base + kid, tuple(storage), uniform, (x, y, z)))

@@ -79,13 +79,17 @@ def _range_error(param: str, rule: str, value: Any) -> InvalidRequestError:
     )
 
 
-def _check_optional_int(param: str, value: Any, minimum: int) -> None:
+INT32_MAX = 2**31 - 1  # every count reaches the device as an int32
+MAX_N = 128  # OpenAI's limit on choices per request
+
+
+def _check_optional_int(param: str, value: Any, minimum: int, maximum: int = INT32_MAX) -> None:
     if value is None:
         return
     if not _is_int(value):
         raise _type_error(param, "an integer", value)
-    if value < minimum:
-        raise _range_error(param, f">= {minimum}", value)
+    if not minimum <= value <= maximum:
+        raise _range_error(param, f"between {minimum} and {maximum}", value)
 
 
 def _check_bool(param: str, value: Any) -> None:
@@ -168,7 +172,7 @@ class SamplingFields:
         if self.seed is not None and not _is_int(self.seed):
             raise _type_error("seed", "an integer", self.seed)
         self.stop = _normalize_stop(self.stop)
-        _check_optional_int("n", self.n, 1)
+        _check_optional_int("n", self.n, 1, MAX_N)
         if self.n is None:
             self.n = 1
         _check_bool("stream", self.stream)

@@ -290,8 +290,9 @@ class WgpuBackend:
 
     # -------------------------------------------------------------- programs
 
-    def load_kernels(self, kernels: Sequence[KernelSpec]) -> None:
-        """Compile every kernel once. Replaces any kernels loaded before."""
+    def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
+        """Compile every kernel once; returns the index of the first. Kernels loaded earlier
+        (another model on the same device) keep their indexes."""
         wgpu = self._wgpu
         programs = []
         for spec in kernels:
@@ -334,8 +335,9 @@ class WgpuBackend:
             except Exception as e:
                 raise KernelCompileError(f"kernel {spec.name!r} failed to compile: {e}") from None
             programs.append(_Program(spec, pipeline, layout, usize))
-        self._programs = programs
-        self._bind_groups.clear()
+        base = len(self._programs)
+        self._programs.extend(programs)
+        return base
 
     def _check_spec(self, spec: KernelSpec, iface: WgslInterface) -> None:
         def fail(msg: str):

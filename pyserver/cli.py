@@ -261,22 +261,14 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 # --- wick serve ------------------------------------------------------------------------------
-# The OpenAI-compatible REST server is not part of this version. Until its issue lands, the
-# command exists only to say so (exit 2), never to pretend; wiring it is this one function:
-#     p = sub.add_parser("serve", ...); serve.add_serve_arguments(p)
-#     p.set_defaults(run=serve.serve_main)
 
 
 def add_serve_parser(sub) -> None:
-    p = sub.add_parser("serve", help="(not available in this version)", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(run=cmd_serve)
+    from .serve import add_serve_arguments, serve_main
 
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    print("error: `wick serve` is not available in this version of wick; use `wick chat` or "
-          "the Python API (wick.Engine)", file=sys.stderr)
-    return 2
+    p = sub.add_parser("serve", help="OpenAI-compatible REST server, chat page and artifact host")
+    add_serve_arguments(p)
+    p.set_defaults(run=serve_main)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,9 +34,7 @@ def load_artifact(art_dir: Path | str) -> Artifact:
 def make_core(art_dir: Path | str, backend=None, *, num_pages: int = 64,
               **core_options) -> EngineCore:
     """An EngineCore over a fresh Runner of the artifact (what ``build_core`` does, with our
-    page count). Each runner gets its OWN backend by default: ``load_kernels`` replaces the
-    kernels a backend had, so a second Runner on a shared backend breaks the first one
-    (see test_backend_sharing.py)."""
+    page count). Each runner gets its own backend unless one is given."""
     from wick.native.wgpu_backend import WgpuBackend
 
     art = load_artifact(art_dir)

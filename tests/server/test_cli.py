@@ -202,10 +202,43 @@ def test_models_lists_builtins(wick_env):
     assert result.returncode == 0 and "smollm2-135m-instruct" in result.stdout
 
 
-def test_serve_is_not_available(wick_env):
-    result = wick(wick_env, "serve", "smollm2-135m-instruct", "--port", "8000")
-    assert result.returncode == 2
-    assert "not available" in result.stderr
+def test_serve_starts_answers_and_stops(wick_env, artifact):
+    """`wick serve ARTIFACT`: /health goes 503 -> 200, /v1/models lists the model, the log names
+    the model, quantization, adapter and URL."""
+    import json
+    import signal
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [str(WICK)] if WICK.exists() else [
+        sys.executable, "-c", "import sys; from wick.server.cli import main; sys.exit(main())"]
+    proc = subprocess.Popen([*command, "serve", str(artifact), "--port", str(port)],
+                            env=wick_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, encoding="utf-8", errors="replace")
+    try:
+        status, deadline = None, time.monotonic() + 120
+        while status != 200 and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status
+            except urllib.error.HTTPError as e:
+                status = e.code
+                assert status == 503  # loading
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert status == 200, proc.poll()
+        models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))
+        assert models["object"] == "list" and len(models["data"]) == 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert f"wick serving {models['data'][0]['id']} (q0f32, wgpu:" in out
+    assert f"on http://127.0.0.1:{port}" in out
+    assert "Traceback" not in out
 
 
 # --------------------------------------------------------------------------- /set parsing

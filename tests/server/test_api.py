@@ -1,0 +1,595 @@
+"""``wick serve``'s REST API, over real HTTP with the unmodified ``openai`` client.
+
+Two tiny random Llamas (compiled q0f32, context window 128) run on the native wgpu backend
+behind a live uvicorn server on a free loopback port. References are independent of the
+server: the engine's own token counts, single-client outputs, the ``openai`` package's
+exception types, and a schemathesis fuzz pass over the generated OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from wick.server.app import ModelPool, create_app
+from wick.server.artifact_host import ArtifactHost
+from wick.server.serve import ServerThread
+
+WINDOW = 128
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+# ---------------------------------------------------------------------------------------------
+# A live server in a background thread
+
+
+class LiveServer(ServerThread):
+    @property
+    def pool(self) -> ModelPool:
+        return self.app.state.pool
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while httpx.get(f"{self.url}/health").status_code != 200:
+            assert self.pool.state != "failed", self.pool.error
+            assert time.monotonic() < deadline, "models did not load"
+            time.sleep(0.05)
+
+
+def engine_loader(artifact: Path):
+    from wick.server.local import AsyncEngine
+
+    return str(artifact), lambda: AsyncEngine(str(artifact))
+
+
+@pytest.fixture(scope="module")
+def tiny_a(tiny_llama_dir, compiled) -> Path:
+    return compiled(tiny_llama_dir, "q0f32", context_window=WINDOW, max_batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_b(tmp_path_factory, compiled) -> Path:
+    from tests.tiny_models import make_tiny_llama
+
+    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-b") / "tiny-llama-b", seed=1, layers=1)
+    return compiled(src, "q0f32", context_window=WINDOW, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_a, tiny_b):
+    from wick.compiler.paths import artifacts_dir
+
+    pool = ModelPool([engine_loader(tiny_a), engine_loader(tiny_b)])
+    live = LiveServer(create_app(pool, artifacts=ArtifactHost(artifacts_dir())))
+    live.wait_ready()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def names(server) -> list[str]:
+    return list(server.pool.engines)
+
+
+@pytest.fixture(scope="module")
+def engine(server, names):
+    return server.pool.engines[names[0]]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def post(server, path: str, body, headers: dict | None = None) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{server.url}{path}", content=content, timeout=60,
+                      headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def assert_openai_error(resp: httpx.Response, status: int, *, param=..., code=...) -> dict:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    assert "Traceback" not in err["message"]
+    if param is not ...:
+        assert err["param"] == param
+    if code is not ...:
+        assert err["code"] == code
+    return err
+
+
+# ---------------------------------------------------------------------------------------------
+# The happy paths
+
+
+def test_models_list_and_retrieve(client, names, tiny_a, tiny_b):
+    from wick.engine.artifact import MANIFEST_NAME
+
+    expected = [json.loads((p / MANIFEST_NAME).read_text())["model_id"] for p in (tiny_a, tiny_b)]
+    page = client.models.list()
+    assert [m.id for m in page.data] == expected == names
+    assert all(m.object == "model" and m.owned_by == "wick" for m in page.data)
+    assert client.models.retrieve(names[1]).id == names[1]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_chat_stream_joins_to_the_nonstream_text(client, engine, names):
+    kwargs = dict(model=names[0], messages=HELLO, max_tokens=16, temperature=0.9, seed=7,
+                  extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kwargs)
+    assert full.object == "chat.completion" and full.model == names[0]
+    assert full.choices[0].finish_reason == "length"
+    assert full.choices[0].message.role == "assistant"
+    prompt_tokens = len(engine.core.chat_prompt_ids(HELLO))
+    assert full.usage.prompt_tokens == prompt_tokens
+    assert full.usage.completion_tokens == 16
+    assert full.usage.total_tokens == prompt_tokens + 16
+
+    chunks = list(client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+
+    # without include_usage no usage chunk reaches the client
+    plain = list(client.chat.completions.create(**kwargs, stream=True))
+    assert all(c.usage is None and c.choices for c in plain)
+    assert "".join(c.choices[0].delta.content or "" for c in plain) == text
+
+
+def test_sse_wire_format(server, names):
+    body = {"model": names[0], "messages": HELLO, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for event in events[:-2]:
+        assert event.startswith("data: ")
+        assert json.loads(event[6:])["object"] == "chat.completion.chunk"
+
+
+def test_completions(client, engine, names):
+    prompt = "Once upon a time"
+    full = client.completions.create(model=names[0], prompt=prompt, max_tokens=12, seed=3,
+                                     extra_body={"ignore_eos": True})
+    assert full.object == "text_completion"
+    assert full.usage.prompt_tokens == len(engine.core.prompt_ids(prompt))
+    assert full.usage.completion_tokens == 12
+    streamed = client.completions.create(model=names[0], prompt=prompt, max_tokens=12, seed=3,
+                                         stream=True, extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == full.choices[0].text
+    ids = client.completions.create(model=names[0], prompt=[1, 2, 3], max_tokens=4,
+                                    extra_body={"ignore_eos": True})
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 4
+
+
+def test_n_choices(client, names):
+    r = client.chat.completions.create(model=names[0], messages=HELLO, n=2, max_tokens=6,
+                                       seed=1, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == 12
+    chunks = list(client.chat.completions.create(
+        model=names[0], messages=HELLO, n=2, max_tokens=6, seed=1, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    for i in (0, 1):
+        text = "".join(c.choices[0].delta.content or "" for c in chunks
+                       if c.choices and c.choices[0].index == i)
+        assert text == r.choices[i].message.content
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_model_field_selects_the_engine(client, server, names):
+    r = client.chat.completions.create(model=names[1], messages=HELLO, max_tokens=2)
+    assert r.model == names[1]
+    engine_b = server.pool.engines[names[1]]
+    quantized = f"{engine_b.core.info.model_id}-{engine_b.core.info.quantization}"
+    assert client.completions.create(model=quantized, prompt="a", max_tokens=2).model == names[1]
+    # without a model field, the first model answers
+    assert post(server, "/v1/completions", {"prompt": "a", "max_tokens": 1}).json()["model"] \
+        == names[0]
+
+
+def test_chat_page(server):
+    r = httpx.get(f"{server.url}/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert "/static/chat.js" in r.text and "://" not in r.text
+    js = httpx.get(f"{server.url}/static/chat.js")
+    assert js.status_code == 200 and "/v1/chat/completions" in js.text
+    assert "https://" not in js.text and "http://" not in js.text
+
+
+def test_served_artifact_is_hosted(server, tiny_a):
+    from wick.engine.artifact import MANIFEST_NAME
+
+    manifest = json.loads((tiny_a / MANIFEST_NAME).read_text())
+    base = f"{server.url}/artifacts/{tiny_a.name}"
+    r = httpx.get(f"{base}/{MANIFEST_NAME}")
+    assert r.status_code == 200 and r.json() == manifest
+    assert r.headers["cache-control"] == "no-cache" and r.headers["etag"].startswith('"')
+    shard = manifest["shards"][0]
+    r = httpx.get(f"{base}/{shard['file']}", headers={"Range": "bytes=100-199"})
+    assert r.status_code == 206
+    assert r.content == (tiny_a / shard["file"]).read_bytes()[100:200]
+    assert r.headers["etag"] == f'"{shard["sha256"]}"'
+    assert "immutable" in r.headers["cache-control"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: OpenAI's shape, the right status, never a 500
+
+
+def test_client_errors_through_the_openai_client(client, names):
+    def bad_request(**kw) -> dict:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(**{"model": names[0], "messages": HELLO,
+                                              "max_tokens": 4, **kw})
+        assert e.value.status_code == 400
+        return e.value.body
+
+    assert bad_request(extra_body={"bogus": 1})["param"] == "bogus"
+    err = bad_request(frequency_penalty=0.5)
+    assert (err["param"], err["code"]) == ("frequency_penalty", "unsupported_parameter")
+    assert bad_request(temperature=5)["param"] == "temperature"
+    assert bad_request(max_tokens=0)["param"] == "max_tokens"
+    err = bad_request(messages=[{"role": "user", "content": "x" * 200}])
+    assert (err["param"], err["code"]) == ("messages", "context_length_exceeded")
+    assert bad_request(max_tokens=WINDOW)["code"] == "context_length_exceeded"
+    assert bad_request(stream=True, top_p=0)["param"] == "top_p"  # streams validate up front
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=names[0], prompt="x" * 300, max_tokens=1)
+    assert (e.value.body["param"], e.value.body["code"]) == ("prompt", "context_length_exceeded")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert e.value.status_code == 404
+    assert (e.value.body["code"], e.value.body["param"]) == ("model_not_found", "model")
+
+
+@pytest.mark.parametrize("body, param, code", [
+    (b'{"messages": [', None, "invalid_json"),
+    (b"\xff\xfe", None, "invalid_json"),
+    (b"", None, "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', None, "invalid_json"),
+    (b"[" * 100_000 + b"]" * 100_000, None, "invalid_json"),
+    (b"[1, 2]", None, "invalid_type"),
+    (b'"text"', None, "invalid_type"),
+    (b"{}", "messages", "missing_required_parameter"),
+    (b'{"messages": []}', "messages", "invalid_value"),
+    (b'{"messages": [{"content": "hi"}]}', "messages[0].role", "missing_required_parameter"),
+    (b'{"messages": "hi"}', "messages", "invalid_type"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": 5}', "model", "invalid_type"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "self": 1}', "self",
+     "unknown_parameter"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream_options": {}}',
+     "stream_options", "invalid_value"),
+])
+def test_malformed_bodies(server, body, param, code):
+    assert_openai_error(post(server, "/v1/chat/completions", body), 400, param=param, code=code)
+
+
+def test_completion_errors(server):
+    assert_openai_error(post(server, "/v1/completions", {}), 400, param="prompt")
+    assert_openai_error(post(server, "/v1/completions", {"prompt": "a", "best_of": 3}), 400,
+                        param="best_of", code="unsupported_parameter")
+
+
+def test_routes_methods_and_limits(server):
+    err = assert_openai_error(httpx.get(f"{server.url}/v1/nope"), 404, code="not_found")
+    assert "/v1/nope" in err["message"]
+    r = httpx.get(f"{server.url}/v1/chat/completions")
+    assert_openai_error(r, 405, code="method_not_allowed")
+    assert r.headers["allow"] == "POST"
+    assert_openai_error(httpx.delete(f"{server.url}/v1/models"), 405)
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * (5 << 20)}]})
+    assert_openai_error(post(server, "/v1/chat/completions", big), 413,
+                        code="request_too_large")
+
+    def chunked():
+        for _ in range(5):
+            yield b" " * (1 << 20)
+
+    r = httpx.post(f"{server.url}/v1/chat/completions", content=chunked(), timeout=60)
+    assert_openai_error(r, 413, code="request_too_large")
+
+
+def test_cors_is_off_by_default(server):
+    r = httpx.options(f"{server.url}/v1/chat/completions",
+                      headers={"Origin": "https://evil.example",
+                               "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in r.headers
+    r = httpx.get(f"{server.url}/v1/models", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in r.headers
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrency and disconnects
+
+
+class StepRecorder:
+    """Wraps a runner's ``step`` (the async facade calls it from ``step_async``) to record the
+    number of sequences in every step."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.sizes = runner, []
+        self._step = runner.step
+
+        def step(batch):
+            self.sizes.append(len(batch.seq_ids))
+            return self._step(batch)
+
+        runner.step = step
+
+    def restore(self) -> None:
+        del self.runner.step
+
+
+def test_sixteen_concurrent_streams_share_steps(client, engine, names):
+    prompts = [f"client {i} asks: " + "why? " * (i % 5) for i in range(16)]
+
+    def stream(i: int) -> str:
+        chunks = client.chat.completions.create(
+            model=names[0], messages=[{"role": "user", "content": prompts[i]}], max_tokens=24,
+            temperature=0, stream=True, extra_body={"ignore_eos": True})
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    solo = [stream(i) for i in range(16)]
+    initial = engine.core.kv.free_pages
+    assert initial == engine.core.kv.num_pages
+    recorder = StepRecorder(engine.core.runner)
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            together = list(pool.map(stream, range(16)))
+    finally:
+        recorder.restore()
+    assert together == solo
+    assert all(len(t) > 0 for t in together)
+    assert max(recorder.sizes) >= 8, recorder.sizes  # many sequences decoded in one step
+    assert sum(s > 1 for s in recorder.sizes) >= 20
+    assert len(recorder.sizes) < 16 * 24  # far fewer steps than tokens
+    _wait_for(lambda: engine.core.kv.free_pages == initial)
+
+
+def _wait_for(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_disconnect_mid_stream_aborts_and_frees_pages(server, engine, names):
+    initial = engine.core.kv.free_pages
+    recorder = StepRecorder(engine.core.runner)
+    body = {"model": names[0], "messages": HELLO, "max_tokens": 90, "ignore_eos": True,
+            "stream": True}
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, r.read()
+            lines = (line for line in r.iter_lines() if line)
+            got = [next(lines) for _ in range(3)]  # role chunk + a couple of tokens
+            assert engine.core.has_unfinished()
+            assert engine.core.kv.free_pages < initial
+        # leaving the block closed the connection
+        _wait_for(lambda: not engine.core.has_unfinished() and
+                  engine.core.kv.free_pages == initial)
+        steps = len(recorder.sizes)
+    finally:
+        recorder.restore()
+    assert sum(1 for line in got if line.startswith("data: ")) >= 3
+    assert steps < 60, f"the request ran {steps} steps: it was not aborted"
+
+
+def test_disconnect_during_a_nonstream_request_aborts_it(server, engine, names):
+    initial = engine.core.kv.free_pages
+    recorder = StepRecorder(engine.core.runner)
+    body = {"model": names[0], "messages": HELLO, "max_tokens": 90, "ignore_eos": True}
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.4)
+        _wait_for(lambda: not engine.core.has_unfinished() and
+                  engine.core.kv.free_pages == initial)
+        steps = len(recorder.sizes)
+    finally:
+        recorder.restore()
+    assert steps < 60, f"the request ran {steps} steps: it was not aborted"
+
+
+def test_huge_top_k_is_a_client_error(server, names):
+    r = post(server, "/v1/chat/completions",
+             {"model": names[0], "messages": HELLO, "max_tokens": 1, "top_k": 2 ** 40})
+    assert_openai_error(r, 400, param="top_k")
+
+
+def test_n_over_openai_limit_is_a_client_error(server, names):
+    r = post(server, "/v1/chat/completions",
+             {"model": names[0], "messages": HELLO, "max_tokens": 1, "n": 100000})
+    assert_openai_error(r, 400, param="n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, health and the API key
+
+
+def test_health_while_loading_then_api_key(tiny_a):
+    release = threading.Event()
+    name, load = engine_loader(tiny_a)
+
+    def slow_load():
+        assert release.wait(60)
+        return load()
+
+    app = create_app(ModelPool([(name, slow_load)]), api_key="sekret")
+    live = LiveServer(app)
+    try:
+        auth = {"Authorization": "Bearer sekret"}
+        r = httpx.get(f"{live.url}/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        r = post(live, "/v1/chat/completions", {"messages": HELLO}, headers=auth)
+        assert_openai_error(r, 503, code="model_loading")
+        assert r.headers["retry-after"]
+        assert httpx.get(f"{live.url}/v1/models", headers=auth).json()["data"] == []
+        release.set()
+        live.wait_ready()
+        assert httpx.get(f"{live.url}/health").json()["status"] == "ok"
+
+        base = f"{live.url}/v1"
+        for key in ("wrong", "sekretX", ""):
+            with pytest.raises(openai.AuthenticationError) as e:
+                OpenAI(base_url=base, api_key=key or "x", max_retries=0).models.list()
+            assert e.value.status_code == 401
+            assert e.value.body["code"] == "invalid_api_key"
+        assert_openai_error(httpx.get(f"{base}/models"), 401, code="invalid_api_key")
+        assert_openai_error(post(live, "/v1/chat/completions", {"messages": HELLO}), 401)
+        good = OpenAI(base_url=base, api_key="sekret", max_retries=0)
+        assert len(good.models.list().data) == 1
+        model = good.models.list().data[0].id
+        r = good.chat.completions.create(messages=HELLO, max_tokens=2, model=model)
+        assert r.usage.completion_tokens <= 2
+        assert httpx.get(f"{live.url}/").status_code == 200  # the page needs no key
+    finally:
+        release.set()
+        live.stop()
+
+
+def test_failed_load_reports_503():
+    def broken():
+        raise RuntimeError("no such GPU")
+
+    app = create_app(ModelPool([("broken", broken)]))
+    live = LiveServer(app)
+    try:
+        _wait_for(lambda: app.state.pool.state == "failed")
+        r = httpx.get(f"{live.url}/health")
+        assert r.status_code == 503 and r.json()["status"] == "failed"
+        assert "no such GPU" in r.json()["error"]
+        assert_openai_error(post(live, "/v1/chat/completions", {"messages": HELLO}), 503,
+                            code="model_load_failed")
+    finally:
+        live.stop()
+
+
+def test_cors_when_enabled():
+    from starlette.testclient import TestClient
+
+    app = create_app(ModelPool.of(), cors_origins=["https://app.example"])
+    with TestClient(app) as c:
+        r = c.options("/v1/chat/completions", headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        r = c.options("/v1/chat/completions", headers={
+            "Origin": "https://other.example", "Access-Control-Request-Method": "POST"})
+        assert r.headers.get("access-control-allow-origin") != "https://other.example"
+
+
+def test_openapi_schemas_come_from_the_engine_protocol():
+    from dataclasses import fields
+
+    from starlette.testclient import TestClient
+
+    from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
+
+    with TestClient(create_app(ModelPool.of())) as c:
+        spec = c.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    for cls in (ChatCompletionRequest, CompletionRequest):
+        assert set(schemas[cls.__name__]["properties"]) == {f.name for f in fields(cls)}
+    chat = spec["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/ChatCompletionRequest")
+    assert "messages" in schemas["ChatCompletionRequest"]["required"]
+    assert "422" not in chat["responses"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing the OpenAPI schema in-process (ASGI, no sockets)
+
+
+@pytest.fixture(scope="module")
+def fuzz_schema(tiny_a):
+    import schemathesis
+
+    from wick.server.local import AsyncEngine
+
+    host = ArtifactHost(None, {tiny_a.name: tiny_a})
+    app = create_app(ModelPool.of(AsyncEngine(str(tiny_a))), artifacts=host)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+
+    name = next(iter(app.state.pool.engines))
+
+    @schema.hook
+    def map_body(context, body):
+        # Bound the work of each generated request (the window is 128 tokens; lavapipe is slow)
+        # and name the served model (random names would all stop at 404).
+        if isinstance(body, dict):
+            if isinstance(body.get("model"), str):
+                body["model"] = name
+            if body.get("max_tokens") is None or (isinstance(body["max_tokens"], int)
+                                                  and body["max_tokens"] > 4):
+                body["max_tokens"] = 4
+            if isinstance(body.get("n"), int) and body["n"] > 2:
+                body["n"] = 2
+        return body
+
+    return schema
+
+
+def test_fuzz_openapi_no_5xx_and_openai_errors(fuzz_schema):
+    """Every operation, valid and invalid inputs: no 5xx, every 4xx an OpenAI error body.
+    (Driven with hypothesis directly: schemathesis' lazy pytest fixture breaks on pytest 9.)"""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+
+    seen: dict[str, set[int]] = {}
+
+    def check(case) -> None:
+        response = case.call()
+        seen.setdefault(f"{case.method} {case.path}", set()).add(response.status_code)
+        assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+        if response.status_code >= 400:
+            body = response.json()
+            assert set(body) == {"error"}, body
+            assert {"message", "type", "param", "code"} <= set(body["error"]), body
+        ctype = response.headers.get("content-type", [""])[0]
+        if response.status_code == 200 and case.method == "POST":
+            if ctype.startswith("text/event-stream"):
+                assert response.text.rstrip().endswith("data: [DONE]")
+            else:
+                assert response.json()["usage"]["completion_tokens"] >= 0
+
+    for result in fuzz_schema.get_all_operations():
+        operation = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            @given(operation.as_strategy(generation_mode=mode))
+            @settings(max_examples=30, deadline=None, database=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            def run(case) -> None:
+                check(case)
+
+            try:
+                run()
+            except Unsatisfiable:  # nothing can be invalid in an operation without inputs
+                assert mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET"
+    assert {200, 400} <= seen["POST /v1/chat/completions"], seen
+    assert {200, 400} <= seen["POST /v1/completions"], seen
