@@ -106,13 +106,15 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantiza
              max_bytes: int) -> Iterator[tuple[str, np.ndarray]]:
     """Yield the compiled model's parameters in order, quantizing q4 weights on the way."""
     for name in names:
-        if name.endswith(".weight_scale"):
-            continue  # produced together with its .weight_q
+        if name.endswith((".weight_scale", ".weight_min")):
+            continue  # produced together with their .weight_q
         weight = _weight_for(name, converted, quant, max_bytes)
         if name.endswith(".weight_q"):
-            packed, scale = quantize_q4(weight, quant.dtype)
+            packed, scale, minimum = quantize_q4(weight, quant.dtype)
+            base = name.removesuffix("_q")
             yield name, packed
-            yield name.removesuffix("_q") + "_scale", scale
+            yield base + "_scale", scale
+            yield base + "_min", minimum
         else:
             yield name, weight.astype(quant.dtype)
 

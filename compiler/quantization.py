@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GROUP_SIZE = 32  # weights sharing one scale
+GROUP_SIZE = 32  # weights sharing one scale and one minimum
 VALUES_PER_WORD = 8  # 4-bit values packed in one uint32
-ZERO_POINT = 8  # stored nibble q encodes (q - 8) * scale
-MAX_LEVEL = 7  # scale = max|w| / 7, so (q - 8) is in [-7, 7]
+LEVELS = 15  # nibble q encodes q * scale + minimum, q in 0..15
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,30 +48,37 @@ def get_quantization(name: str) -> Quantization:
         ) from None
 
 
-def quantize_q4(weight: np.ndarray, scale_dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(out, in) float weights -> (packed (out, in/8) uint32, scales (out, in/32)).
+def quantize_q4(weight: np.ndarray, scale_dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(out, in) float weights -> packed (out, in/8) uint32, scale and minimum (out, in/32).
 
-    Symmetric per-group quantization along the input dimension. Nibble ``k`` of word ``j``
-    (bits 4k..4k+3) holds input column ``8*j + k``.
+    Asymmetric per-group quantization along the input dimension: a group's values span
+    [minimum, minimum + 15 * scale]. This is the shape of GGUF's Q4_1, so re-quantizing a Q4_1
+    source is (up to rounding of the scale) lossless. Nibble ``k`` (bits 4k..4k+3) of word ``j``
+    holds input column ``8*j + k``.
     """
     out_features, in_features = weight.shape
     if in_features % GROUP_SIZE:
         raise ValueError(f"q4 needs the input dimension divisible by {GROUP_SIZE}: {weight.shape}")
     w = weight.astype(np.float32).reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
-    scale = np.abs(w).max(axis=2, keepdims=True) / MAX_LEVEL
-    scale = scale.astype(scale_dtype).astype(np.float32)  # quantize against the stored scale
+    low = w.min(axis=2, keepdims=True)
+    scale = (w.max(axis=2, keepdims=True) - low) / LEVELS
+    # quantize against the stored (possibly float16) scale and minimum
+    low = low.astype(scale_dtype).astype(np.float32)
+    scale = scale.astype(scale_dtype).astype(np.float32)
     safe = np.where(scale == 0, 1.0, scale)
-    q = np.clip(np.rint(w / safe) + ZERO_POINT, 0, 15).astype(np.uint32)
+    q = np.clip(np.rint((w - low) / safe), 0, LEVELS).astype(np.uint32)
     q = q.reshape(out_features, in_features // VALUES_PER_WORD, VALUES_PER_WORD)
     shifts = (np.arange(VALUES_PER_WORD, dtype=np.uint32) * 4)[None, None, :]
     packed = np.bitwise_or.reduce(q << shifts, axis=2).astype(np.uint32)
-    return packed, scale.reshape(out_features, -1).astype(scale_dtype)
+    return (packed, scale.reshape(out_features, -1).astype(scale_dtype),
+            low.reshape(out_features, -1).astype(scale_dtype))
 
 
-def dequantize_q4(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+def dequantize_q4(packed: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
     """Inverse of quantize_q4 in float32 (the reference for tests)."""
     out_features, words = packed.shape
     shifts = (np.arange(VALUES_PER_WORD, dtype=np.uint32) * 4)[None, None, :]
     q = (packed[:, :, None] >> shifts) & 0xF
-    values = q.reshape(out_features, words * VALUES_PER_WORD).astype(np.float32) - ZERO_POINT
-    return values * np.repeat(scales.astype(np.float32), GROUP_SIZE, axis=1)
+    values = q.reshape(out_features, words * VALUES_PER_WORD).astype(np.float32)
+    return (values * np.repeat(scale.astype(np.float32), GROUP_SIZE, axis=1)
+            + np.repeat(minimum.astype(np.float32), GROUP_SIZE, axis=1))

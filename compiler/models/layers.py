@@ -1,6 +1,7 @@
 """Linear and embedding layers that hold either plain or q4-packed weights.
 
-With q4 the weight is a ``weight_q`` (out, in/8) uint32 + ``weight_scale`` (out, in/32) pair;
+With q4 the weight is ``weight_q`` (out, in/8) uint32 + ``weight_scale`` and ``weight_min``
+(out, in/32);
 the dequantization is a TE op that TVM fuses into the consuming GEMV/GEMM kernel, so full
 precision weights never exist in device memory. Packing: compiler/quantization.py.
 
@@ -14,7 +15,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from ..quantization import GROUP_SIZE, VALUES_PER_WORD, ZERO_POINT, Quantization
+from ..quantization import GROUP_SIZE, VALUES_PER_WORD, Quantization
 
 MAX_BINDING_BYTES = 128 << 20  # WebGPU's default maxStorageBufferBindingSize
 _DTYPE_BYTES = {"float32": 4, "float16": 2}
@@ -28,35 +29,37 @@ def row_splits(out_features: int, in_features: int, quant: Quantization,
     return [(start, min(start + rows, out_features)) for start in range(0, out_features, rows)]
 
 
-def _dequantize_te(w: te.Tensor, s: te.Tensor, rows, in_features: int, dtype: str) -> te.Tensor:
+def _dequantize_te(w: te.Tensor, s: te.Tensor, m: te.Tensor, rows, in_features: int,
+                   dtype: str) -> te.Tensor:
     def value(o, i):
         word = w[o, i // VALUES_PER_WORD]
         nibble = (word >> ((i % VALUES_PER_WORD) * 4).astype("uint32")) & tirx.const(15, "uint32")
-        centered = nibble.astype(dtype) - tirx.const(ZERO_POINT, dtype)
-        return centered * s[o, i // GROUP_SIZE].astype(dtype)
+        g = i // GROUP_SIZE
+        return nibble.astype(dtype) * s[o, g].astype(dtype) + m[o, g].astype(dtype)
 
     return te.compute((rows, in_features), value, name="dequantize")
 
 
-def _dequantize(packed: Tensor, scale: Tensor, out_features: int, in_features: int, dtype: str):
+def _dequantize(packed: Tensor, scale: Tensor, minimum: Tensor, out_features: int,
+                in_features: int, dtype: str):
     return op.tensor_expr_op(
-        lambda w, s: _dequantize_te(w, s, out_features, in_features, dtype), "dequantize",
-        [packed, scale])
+        lambda w, s, m: _dequantize_te(w, s, m, out_features, in_features, dtype), "dequantize",
+        [packed, scale, minimum])
 
 
-def _dequantize_matmul(x: Tensor, packed: Tensor, scale: Tensor, out_features: int,
-                       in_features: int, dtype: str) -> Tensor:
+def _dequantize_matmul(x: Tensor, packed: Tensor, scale: Tensor, minimum: Tensor,
+                       out_features: int, in_features: int, dtype: str) -> Tensor:
     """x (n, in) @ dequantize(W)^T in ONE kernel: Relax's FuseOps would not fuse an injective
     producer into a reduction, and a separate dequantize kernel would write the whole f16/f32
     weight to memory every step. dlight's GEMV/GEMM rules recognise the "dequantize" block."""
 
-    def compute(xt: te.Tensor, w: te.Tensor, s: te.Tensor):
-        weight = _dequantize_te(w, s, out_features, in_features, dtype)
+    def compute(xt: te.Tensor, w: te.Tensor, s: te.Tensor, m: te.Tensor):
+        weight = _dequantize_te(w, s, m, out_features, in_features, dtype)
         k = te.reduce_axis((0, in_features), name="k")
         return te.compute((xt.shape[0], out_features),
                           lambda i, j: te.sum(xt[i, k] * weight[j, k], axis=k), name="matmul")
 
-    return op.tensor_expr_op(compute, "dequantize_matmul", [x, packed, scale])
+    return op.tensor_expr_op(compute, "dequantize_matmul", [x, packed, scale, minimum])
 
 
 class QLinear(nn.Module):
@@ -72,6 +75,7 @@ class QLinear(nn.Module):
         elif quant.quantized:
             self.weight_q = nn.Parameter((out_features, in_features // VALUES_PER_WORD), "uint32")
             self.weight_scale = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
+            self.weight_min = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
         else:
             self.weight = nn.Parameter((out_features, in_features), quant.dtype)
 
@@ -79,8 +83,8 @@ class QLinear(nn.Module):
         if len(self.splits) > 1:
             return op.concat([part(x) for part in self.parts], dim=-1)
         if self.quant.quantized:
-            return _dequantize_matmul(x, self.weight_q, self.weight_scale, self.out_features,
-                                      self.in_features, self.quant.dtype)
+            return _dequantize_matmul(x, self.weight_q, self.weight_scale, self.weight_min,
+                                      self.out_features, self.in_features, self.quant.dtype)
         return op.matmul(x, op.permute_dims(self.weight))
 
 
@@ -111,7 +115,8 @@ class QEmbedding(nn.Module):
             return op.take(t.weight, ids, axis=0)
         rows_q = op.take(t.weight_q, ids, axis=0)
         rows_s = op.take(t.weight_scale, ids, axis=0)
-        return _dequantize(rows_q, rows_s, ids.shape[0], t.in_features, t.quant.dtype)
+        rows_m = op.take(t.weight_min, ids, axis=0)
+        return _dequantize(rows_q, rows_s, rows_m, ids.shape[0], t.in_features, t.quant.dtype)
 
     def lm_head(self, x: Tensor) -> Tensor:
         return self.table(x)

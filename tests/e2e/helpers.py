@@ -243,7 +243,7 @@ _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "uint32": np.uint32,
 
 
 def artifact_weights(art: Artifact) -> dict[str, np.ndarray]:
-    """The artifact's stored parameters as float32 arrays, q4 pairs dequantized with
+    """The artifact's stored parameters as float32 arrays, q4 triples dequantized with
     ``dequantize_q4`` and row-split ``parts.K`` concatenated back: compiled-module names."""
     from wick.compiler.quantization import dequantize_q4
 
@@ -255,11 +255,11 @@ def artifact_weights(art: Artifact) -> dict[str, np.ndarray]:
                                     offset=p.offset).reshape(p.shape)
     plain: dict[str, np.ndarray] = {}
     for name, value in raw.items():
-        if name.endswith(".weight_scale"):
+        if name.endswith((".weight_scale", ".weight_min")):
             continue
         if name.endswith(".weight_q"):
             base = name[: -len("_q")]
-            plain[base] = dequantize_q4(value, raw[base + "_scale"])
+            plain[base] = dequantize_q4(value, raw[base + "_scale"], raw[base + "_min"])
         else:
             plain[name] = value.astype(np.float32)
     parts: dict[str, list[tuple[int, np.ndarray]]] = {}
