@@ -85,4 +85,6 @@ class Backend(Protocol):
         """One step: apply writes, record all dispatches in one pass, submit once, then read.
 
         Returns the bytes of each read, in order. Blocks until they are available.
+        A backend whose readback is asynchronous (WebGPU in a browser) also offers
+        ``async def run_async(writes, dispatches, reads)`` with the same meaning.
         """

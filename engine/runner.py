@@ -141,13 +141,15 @@ class Runner:
         dispatches, (logits,) = plan(inputs)
         return writes, dispatches, logits
 
-    def step(self, batch: Batch) -> list[int]:
+    def _step_call(self, batch: Batch) -> tuple[list[Write], list, Read]:
+        """Everything one step sends to the device: uploads, forward + sample dispatches and
+        the read of one sampled token per sequence."""
         t0 = time.perf_counter()
         b = len(batch.seq_ids)
         writes, dispatches, logits = self._forward_call(batch)
         rows = {row: s for row, s in zip(batch.sample_rows, batch.sampling)}
-        columns = {"temperature": [], "top_p": [], "top_k": [], "uniform": []}
-        for row in range(b):
+        columns: dict[str, list] = {"temperature": [], "top_p": [], "top_k": [], "uniform": []}
+        for row in range(b):  # rows that sample nothing still get a (cheap, greedy) token
             s = rows.get(row)
             columns["temperature"].append(s.temperature if s else 0.0)
             columns["top_p"].append(s.top_p if s else 1.0)
@@ -159,15 +161,33 @@ class Runner:
             writes.append(Write(handle, 0, array(code, columns[name]).tobytes()))
             sample_inputs[name] = TensorRef(handle, 0, (b,), dtype)
         sample_dispatches, (tokens,) = self.sample(sample_inputs)
-        t1 = time.perf_counter()
-        (raw,) = self.backend.run(writes, dispatches + sample_dispatches,
-                                  [Read(tokens.buffer, tokens.offset, 4 * b)])
-        t2 = time.perf_counter()
-        self.timings.plan_ms = (t1 - t0) * 1e3
-        self.timings.backend_ms = (t2 - t1) * 1e3
+        self.timings.plan_ms = (time.perf_counter() - t0) * 1e3
+        return writes, dispatches + sample_dispatches, Read(tokens.buffer, tokens.offset, 4 * b)
+
+    @staticmethod
+    def _sampled(raw: bytes, batch: Batch) -> list[int]:
         sampled = array("i")
-        sampled.frombytes(bytes(raw[: 4 * b]))
+        sampled.frombytes(bytes(raw[: 4 * len(batch.seq_ids)]))
         return [sampled[row] for row in batch.sample_rows]
+
+    def step(self, batch: Batch) -> list[int]:
+        writes, dispatches, read = self._step_call(batch)
+        t0 = time.perf_counter()
+        (raw,) = self.backend.run(writes, dispatches, [read])
+        self.timings.backend_ms = (time.perf_counter() - t0) * 1e3
+        return self._sampled(raw, batch)
+
+    async def step_async(self, batch: Batch) -> list[int]:
+        """The same step for an event loop: a backend with ``run_async`` (WebGPU in a worker,
+        whose readback is a promise) is awaited; otherwise the step runs inline."""
+        run_async = getattr(self.backend, "run_async", None)
+        if run_async is None:
+            return self.step(batch)
+        writes, dispatches, read = self._step_call(batch)
+        t0 = time.perf_counter()
+        (raw,) = await run_async(writes, dispatches, [read])
+        self.timings.backend_ms = (time.perf_counter() - t0) * 1e3
+        return self._sampled(raw, batch)
 
     def read_logits(self, batch: Batch) -> list[list[float]]:
         """Run ``forward`` only and return the logits rows (tests and perplexity; slow path)."""
