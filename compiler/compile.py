@@ -189,18 +189,22 @@ def compile_model(
     module = family.Model(cfg, quant, target, max_param_bytes=max_param_bytes)
     prefill_mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
     prefill_mod.update(_sampler_module(cfg.vocab_size))
-    decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(tokens="b")})
+    decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(n="b")})
+    decode1_mod, _ = module.export_tvm(spec={"decode1": module.forward_spec(n=1, b=1, b1=2)})
     report("build model", 1, 1)
 
-    report("lower (TVM)", 0, 2)
+    report("lower (TVM)", 0, 3)
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
     lowered = lower(prefill_mod, {"forward": bounds, "sample": {"b": max_batch_size}}, target,
                     schedule="prefill")
-    report("lower (TVM)", 1, 2)
+    report("lower (TVM)", 1, 3)
     decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
                    schedule="decode")
     lowered = merge(lowered, decode, prefix="decode_")
-    report("lower (TVM)", 2, 2)
+    report("lower (TVM)", 2, 3)
+    lowered = merge(lowered, lower(decode1_mod, {"decode1": {}}, target, schedule="decode"),
+                    prefix="decode1_")
+    report("lower (TVM)", 3, 3)
 
     converted = family.convert_weights(cfg, loaded.weights)
     names = [name for name, _ in named]

@@ -66,6 +66,8 @@ class Runner:
         self.forward = PlanFunction(plans["forward"], tir, self.kernels, backend, params)
         # one new token per sequence: GEMV-scheduled kernels instead of tiled GEMM
         self.decode = PlanFunction(plans["decode"], tir, self.kernels, backend, params)
+        # a single sequence decoding: static shapes, one GEMV workgroup per output row
+        self.decode1 = PlanFunction(plans["decode1"], tir, self.kernels, backend, params)
         self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
 
     # ------------------------------------------------------------------ loading
@@ -137,7 +139,7 @@ class Runner:
             inputs[name] = TensorRef(handle, 0, (len(values),), "int32")
         for i, pages in enumerate(self.kv_pages):
             inputs[f"kv_pages.{i}"] = pages
-        plan = self.decode if n == b else self.forward
+        plan = self.decode1 if n == b == 1 else self.decode if n == b else self.forward
         dispatches, (logits,) = plan(inputs)
         return writes, dispatches, logits
 

@@ -136,10 +136,12 @@ class LlamaForCausalLM(nn.Module):
         return op.astype(head(h), "float32")
 
     decode = forward  # the same step compiled for one token per sequence (n == b)
+    decode1 = forward  # ... and for a single sequence (static shapes: GEMV kernels)
 
-    def forward_spec(self, tokens: str = "n") -> dict[str, Any]:
-        """Input specs; ``tokens="b"`` gives the decode variant (one new token per sequence)."""
-        rename = {"n": tokens}
+    def forward_spec(self, **sizes: int | str) -> dict[str, Any]:
+        """Input specs of one step. ``n="b"`` gives the decode variant (one new token per
+        sequence); ``n=1, b=1, b1=2`` the single-sequence decode with static shapes."""
+        rename = sizes
         spec = {name: nn.spec.Tensor([rename.get(d, d) for d in shape], dtype)
                 for name, shape, dtype in STEP_INPUTS}
         spec["kv_pages"] = [self.attn.page_spec() for _ in range(self.config.num_hidden_layers)]

@@ -66,7 +66,7 @@ class StepRecord:
 @dataclass
 class Recorder:
     steps: list[StepRecord] = field(default_factory=list)
-    plans: list[str] = field(default_factory=list)  # "forward" | "decode", one per forward call
+    plans: list[str] = field(default_factory=list)  # "forward" | "decode" | "decode1", per call
 
     @property
     def max_batch(self) -> int:
@@ -82,8 +82,9 @@ def record(runner: Runner) -> Iterator[Recorder]:
     """Record every ``runner.step`` (batch shape and sampled tokens) and which compiled plan
     each forward pass used. Patches instance attributes only; restores them on exit."""
     rec = Recorder()
-    saved = {name: runner.__dict__.get(name, _MISSING) for name in ("step", "forward", "decode")}
-    step, forward, decode = runner.step, runner.forward, runner.decode
+    names = ("step", "forward", "decode", "decode1")
+    saved = {name: runner.__dict__.get(name, _MISSING) for name in names}
+    step = runner.step
 
     def recording_step(batch: Batch) -> list[int]:
         out = step(batch)
@@ -100,8 +101,8 @@ def record(runner: Runner) -> Iterator[Recorder]:
         return call
 
     runner.step = recording_step
-    runner.forward = spy("forward", forward)
-    runner.decode = spy("decode", decode)
+    for name in ("forward", "decode", "decode1"):
+        setattr(runner, name, spy(name, getattr(runner, name)))
     try:
         yield rec
     finally:
@@ -111,8 +112,8 @@ def record(runner: Runner) -> Iterator[Recorder]:
 @contextmanager
 def forward_plan_only(runner: Runner) -> Iterator[None]:
     """Run one-token-per-sequence batches through the prefill (``forward``) plan too."""
-    saved = {"decode": runner.__dict__.get("decode", _MISSING)}
-    runner.decode = runner.forward
+    saved = {name: runner.__dict__.get(name, _MISSING) for name in ("decode", "decode1")}
+    runner.decode = runner.decode1 = runner.forward
     try:
         yield
     finally:

@@ -84,9 +84,9 @@ def test_greedy_32_tokens_match_transformers(model):
     want = hf_greedy(hf, prompt, 32)
     assert got == want
     assert len(set(want)) > 4  # a real continuation, not one token repeated
-    # one prefill step, then 31 decode steps through the decode plan
+    # one prefill step, then 31 decode steps through the single-sequence decode plan
     assert [s.num_tokens for s in rec.steps] == [len(prompt)] + [1] * 31
-    assert rec.plans == ["forward"] + ["decode"] * 31
+    assert rec.plans == ["forward"] + ["decode1"] * 31
 
 
 def test_long_prompt_across_pages_and_page_boundaries(tiny_core, tiny_hf):
@@ -156,6 +156,12 @@ def test_decode_plan_matches_prefill_plan(model):
     assert diff < PLAN_TOL
     for i, p in enumerate(prompts):
         assert np.abs(dec[i] - hf_logits(hf, p)[-1]).max() < LOGIT_TOL
+    # one sequence alone decodes through the static-shape plan
+    for i, p in enumerate(prompts):
+        with record(core.runner) as rec:
+            (one,) = decode_logits(core.runner, [p])
+        assert rec.plans == ["forward", "decode1"]
+        assert np.abs(one - pre[i]).max() < PLAN_TOL
 
 
 @pytest.mark.parametrize("length", [128, 129, 300])
