@@ -67,7 +67,9 @@ class Runner:
         # one new token per sequence: GEMV-scheduled kernels instead of tiled GEMM
         self.decode = PlanFunction(plans["decode"], tir, self.kernels, backend, params)
         # a single sequence decoding: static shapes, one GEMV workgroup per output row
-        self.decode1 = PlanFunction(plans["decode1"], tir, self.kernels, backend, params)
+        # (artifacts compiled before this plan existed fall back to ``decode``)
+        self.decode1 = (PlanFunction(plans["decode1"], tir, self.kernels, backend, params)
+                        if "decode1" in plans else self.decode)
         self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
 
     # ------------------------------------------------------------------ loading

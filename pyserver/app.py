@@ -538,6 +538,28 @@ def create_app(
     async def index() -> Response:
         return FileResponse(STATIC / "index.html", headers=page_headers)
 
+    @app.get("/web/models.json", include_in_schema=False)
+    async def web_models() -> JSONResponse:
+        """The browser engine's index: artifacts this server hosts, by model and quantization;
+        ``served`` lists the models the server's own engines answer for."""
+        return JSONResponse({"data": artifacts.artifacts(), "served": list(pool.engines)},
+                            headers={"Cache-Control": "no-cache"})
+
+    # the browser engine's bundles (web/build.mjs writes them to static/web/) also at
+    # /static/wick.js and /static/wick-worker.js
+    def bundle_route(name: str) -> Callable[[], Response]:
+        def serve_bundle() -> Response:
+            path = STATIC / "web" / name
+            if not path.is_file():
+                raise StarletteHTTPException(404, f"{name} is not built: run `bash web/build.sh`")
+            return FileResponse(path, media_type="application/json" if name.endswith(".map")
+                                else "text/javascript", headers={"Cache-Control": "no-cache"})
+        return serve_bundle
+
+    for bundle in ("wick.js", "wick-worker.js", "wick.js.map", "wick-worker.js.map"):
+        app.add_api_route(f"/static/{bundle}", bundle_route(bundle), methods=["GET"],
+                          include_in_schema=False)
+
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     _install_error_handlers(app)

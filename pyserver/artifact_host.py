@@ -78,6 +78,27 @@ class ArtifactHost:
         self.extra[path.name] = path
         return path.name
 
+    def artifacts(self) -> list[dict]:
+        """Every servable artifact: ``{id, model, quantization, features}`` (the browser
+        engine's model index, ``GET /web/models.json``). Unreadable manifests are skipped."""
+        # the served models' artifacts first, then the newest compile first: the browser picks
+        # the first entry that matches a model and quantization
+        dirs: dict[str, Path] = dict(self.extra)
+        if self.root is not None and self.root.is_dir():
+            found = [d for d in self.root.iterdir()
+                     if d.is_dir() and ".tmp-" not in d.name and (d / MANIFEST_NAME).is_file()]
+            for d in sorted(found, key=lambda d: (d / MANIFEST_NAME).stat().st_mtime, reverse=True):
+                dirs.setdefault(d.name, d)
+        out = []
+        for name, d in dirs.items():
+            try:
+                m = json.loads((d / MANIFEST_NAME).read_text())
+                out.append({"id": name, "model": m["model_id"], "quantization": m["quantization"],
+                            "features": list(m.get("requires", {}).get("features", []))})
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return out
+
     def artifact_dir(self, artifact_id: str) -> Path | None:
         if artifact_id in self.extra:
             return self.extra[artifact_id]

@@ -1,7 +1,14 @@
-// The chat page: /v1/models for the picker, /v1/chat/completions streamed as server-sent events.
+// The chat page. Two engines: "browser" (default when WebGPU exists): wick's engine in a Web
+// Worker on this device's GPU (/static/wick.js, models from /web/models.json); "server": the
+// server's /v1/chat/completions streamed as server-sent events (models from /v1/models).
 const $ = (id) => document.getElementById(id);
 const history = []; // {role, content}
 let controller = null;
+let wick = null; // the /static/wick.js module, once imported
+let browserEngine = null; // {key, engine}
+let f16 = false;
+
+const mode = () => $("engine").value;
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -24,6 +31,61 @@ async function errorText(res) {
 }
 
 async function loadModels() {
+  return mode() === "browser" ? loadBrowserModels() : loadServerModels();
+}
+
+async function loadBrowserModels() {
+  $("key-label").hidden = true;
+  const res = await fetch("/web/models.json");
+  if (!res.ok) { $("status").textContent = await errorText(res); return; }
+  const { data } = await res.json();
+  // variants this device can run, f16 ones first when it has shader-f16
+  const usable = data.filter((m) => f16 || !m.features.includes("shader-f16"))
+    .sort((a, b) => Number(b.features.includes("shader-f16")) - Number(a.features.includes("shader-f16")));
+  $("model").replaceChildren(...usable.map((m) =>
+    new Option(`${m.model} (${m.quantization})`, JSON.stringify([m.model, m.quantization]))));
+  $("status").textContent = usable.length ? "" : "No model this device can run in the browser; switch to the server engine.";
+}
+
+async function browserEngineFor(key) {
+  if (browserEngine?.key === key) return browserEngine.engine;
+  if (browserEngine) { const old = browserEngine.engine; browserEngine = null; await old.unload(); }
+  const [model, quantization] = JSON.parse(key);
+  wick ??= await import("/static/wick.js");
+  const bar = $("progress");
+  bar.hidden = false;
+  try {
+    const engine = await wick.createEngine(model, {
+      quantization,
+      onProgress: (p) => {
+        if (p.total) { bar.max = p.total; bar.value = p.loaded; }
+        $("status").textContent = `${p.stage}: ${p.text}` +
+          (p.stage === "download" || p.stage === "upload" ? ` (${(p.loaded / 1048576).toFixed(1)} / ${(p.total / 1048576).toFixed(1)} MiB)` : "");
+      },
+    });
+    browserEngine = { key, engine };
+    $("status").textContent = `${engine.info.model} ${engine.info.quantization} on ${engine.info.device}`;
+    return engine;
+  } finally {
+    bar.hidden = true;
+  }
+}
+
+async function* browserChunks(body, signal) {
+  const engine = await browserEngineFor($("model").value);
+  yield* await engine.chat.completions.create({ ...body, model: undefined }, { signal });
+}
+
+async function* serverChunks(body, signal) {
+  const res = await fetch("/v1/chat/completions", {
+    method: "POST", headers: headers(), signal,
+    body: JSON.stringify({ ...body, model: $("model").value || undefined }),
+  });
+  if (!res.ok) throw new Error(await errorText(res));
+  yield* events(res.body);
+}
+
+async function loadServerModels() {
   const res = await fetch("/v1/models", { headers: headers() });
   if (res.status === 401) {
     $("key-label").hidden = false;
@@ -67,16 +129,12 @@ async function send(text) {
   const started = performance.now();
   let reply = "", usage = null, firstToken = null;
   try {
-    const res = await fetch("/v1/chat/completions", {
-      method: "POST", headers: headers(), signal: controller.signal,
-      body: JSON.stringify({
-        model: $("model").value || undefined, messages: history, stream: true,
-        stream_options: { include_usage: true },
-        temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value) || undefined,
-      }),
-    });
-    if (!res.ok) throw new Error(await errorText(res));
-    for await (const chunk of events(res.body)) {
+    const body = {
+      messages: history, stream: true, stream_options: { include_usage: true },
+      temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value) || undefined,
+    };
+    const chunks = mode() === "browser" ? browserChunks(body, controller.signal) : serverChunks(body, controller.signal);
+    for await (const chunk of chunks) {
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
       const piece = chunk.choices?.[0]?.delta?.content;
@@ -90,7 +148,7 @@ async function send(text) {
         `(${(usage.completion_tokens / secs).toFixed(1)} tok/s, first token ${ttft} s)`;
     }
   } catch (err) {
-    if (err.name === "AbortError") {
+    if (err.name === "AbortError" || err.name === "EngineAbortedError") {
       history.push({ role: "assistant", content: reply });
       $("status").textContent = "stopped";
     } else {
@@ -120,4 +178,19 @@ $("api-key").addEventListener("change", () => {
   localStorage.setItem("wick-api-key", $("api-key").value);
   loadModels();
 });
-loadModels();
+$("engine").addEventListener("change", () => {
+  localStorage.setItem("wick-engine", mode());
+  loadModels();
+});
+
+async function start() {
+  // the browser engine is the default where WebGPU has an adapter; the choice is remembered
+  let adapter = null;
+  try { adapter = await navigator.gpu?.requestAdapter(); } catch { adapter = null; }
+  f16 = Boolean(adapter?.features.has("shader-f16"));
+  const saved = localStorage.getItem("wick-engine");
+  $("engine").value = adapter ? (saved || "browser") : "server";
+  $("engine").options[0].disabled = !adapter;
+  await loadModels();
+}
+start();

@@ -401,6 +401,10 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server, engine, names):
 def test_disconnect_during_a_nonstream_request_aborts_it(server, engine, names):
     initial = engine.core.kv.free_pages
     recorder = StepRecorder(engine.core.runner)
+    # pace the steps (>= 20 ms each) so that 90 tokens cannot finish before the disconnect,
+    # however fast the device is
+    runner, recorded_step = engine.core.runner, engine.core.runner.step
+    runner.step = lambda batch: (time.sleep(0.02), recorded_step(batch))[1]
     body = {"model": names[0], "messages": HELLO, "max_tokens": 90, "ignore_eos": True}
     try:
         with pytest.raises(httpx.ReadTimeout):
@@ -409,6 +413,7 @@ def test_disconnect_during_a_nonstream_request_aborts_it(server, engine, names):
                   engine.core.kv.free_pages == initial)
         steps = len(recorder.sizes)
     finally:
+        runner.step = recorded_step
         recorder.restore()
     assert steps < 60, f"the request ran {steps} steps: it was not aborted"
 

@@ -1,0 +1,130 @@
+"""Browser tests: the wick engine in Pyodide in a Web Worker on WebGPU, driven by Playwright
+in headless Debian Chromium (SwiftShader WebGPU: f32 variants only, slow -- keep tests small).
+
+Skipped when Chromium or the playwright package is absent; the web bundle is built with
+``bash web/build.sh`` when it is missing and npm exists.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("WICK_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic", "--enable-unsafe-webgpu",
+]
+WINDOW = 128
+TEST_PAGE = "/__wick_test__.html"
+PAGE_HTML = "<!doctype html><html><head><meta charset=utf-8><title>wick test</title></head><body></body></html>"
+
+
+def _built() -> bool:
+    web = ROOT / "pyserver" / "static"
+    return (web / "web" / "wick.js").is_file() and (web / "wasm" / "manifest.json").is_file()
+
+
+@pytest.fixture(scope="session")
+def web_bundle() -> Path:
+    """The built bundle, never stale: the wheels are rebuilt from engine/ and wasm/wick_web/
+    every session (a second), the JS when web/src is newer than it."""
+    web, static = ROOT / "web", ROOT / "pyserver" / "static"
+    if (web / "node_modules" / "pyodide").is_dir():
+        bundle = static / "web" / "wick.js"
+        newest = max(p.stat().st_mtime for p in (web / "src").glob("*.ts"))
+        if not bundle.is_file() or bundle.stat().st_mtime < newest:
+            subprocess.run(["node", str(web / "build.mjs")], check=True)
+        subprocess.run([sys.executable, str(ROOT / "wasm" / "build.py")], check=True)
+    elif not _built():
+        if shutil.which("npm") is None:
+            pytest.skip("the web bundle is not built and npm is missing (bash web/build.sh)")
+        subprocess.run(["bash", str(web / "build.sh"), sys.executable], check=True)
+    return static
+
+
+@pytest.fixture(scope="session")
+def playwright():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright package is missing (pip install playwright)")
+    with sync_playwright() as pw:
+        yield pw
+
+
+@pytest.fixture(scope="session")
+def browser(playwright):
+    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tiny_llama_dir, compiled) -> Path:
+    return compiled(tiny_llama_dir, "q0f32", context_window=WINDOW, prefill_chunk_size=64,
+                    max_batch_size=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_f16_artifact(tiny_llama_dir, compiled) -> Path:
+    """The same model as q4f16_1: SwiftShader has no shader-f16, so the browser must refuse it."""
+    return compiled(tiny_llama_dir, "q4f16_1", context_window=WINDOW, prefill_chunk_size=64,
+                    max_batch_size=4)
+
+
+@pytest.fixture(scope="session")
+def web_server(web_bundle, tiny_artifact, tiny_f16_artifact):
+    from wick.server.app import ModelPool, create_app
+    from wick.server.artifact_host import ArtifactHost
+    from wick.server.serve import ServerThread
+
+    host = ArtifactHost()
+    host.add(tiny_artifact)
+    host.add(tiny_f16_artifact)
+    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
+    yield live
+    live.stop()
+
+
+class Page:
+    """A page on the server's origin with wick.js imported as ``window.wick``; records console
+    errors and every request the page and its workers make."""
+
+    def __init__(self, context, url: str) -> None:
+        self.context = context
+        self.url = url
+        self.page = context.new_page()
+        self.console_errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.console_errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.console_errors.append(str(e)))
+        context.on("request", lambda r: self.requests.append(r.url))
+        self.page.route(url + TEST_PAGE, lambda route: route.fulfill(
+            body=PAGE_HTML, content_type="text/html"))
+        self.page.goto(url + TEST_PAGE)
+        self.page.evaluate("async () => { window.wick = await import('/static/wick.js'); }")
+
+    def run(self, script: str, arg=None, timeout: float = 240_000):
+        self.page.set_default_timeout(timeout)
+        return self.page.evaluate(script, arg)
+
+
+@pytest.fixture(scope="module")
+def context(browser):
+    ctx = browser.new_context()
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def page(context, web_server) -> Page:
+    return Page(context, web_server.url)

@@ -1,0 +1,78 @@
+"""Pieces of the browser engine that need no browser: the wasm wheels, the glue's dispatch
+encoding, the model index and the bundle routes."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _build_module():
+    spec = importlib.util.spec_from_file_location("wick_wasm_build", ROOT / "wasm" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_engine_wheel_holds_only_the_engine():
+    name, data = _build_module().engine_wheel()
+    assert name == "wick-0.1.0-py3-none-any.whl"
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    code = [n for n in names if not n.startswith("wick-0.1.0.dist-info/")]
+    assert "wick/__init__.py" in code and "wick/engine/api.py" in code
+    assert all(n == "wick/__init__.py" or n.startswith("wick/engine/") for n in code), code
+    assert _build_module().engine_wheel() == (name, data)  # reproducible: same bytes, same hash
+
+
+def test_glue_encodes_a_step_as_flat_words():
+    sys.path.insert(0, str(ROOT / "wasm"))
+    try:
+        from wick_web.backend import encode_dispatches
+    finally:
+        sys.path.remove(str(ROOT / "wasm"))
+    from wick.engine.backend import BufferSlice, Dispatch
+
+    d1 = Dispatch(3, (BufferSlice(1, 0, 16), BufferSlice(2, 256, 8)), b"\x01\x00\x00\x00" * 2, (70000, 2, 1))
+    d2 = Dispatch(4, (BufferSlice(5, 0, 4),), b"", (1, 1, 1))
+    cache: dict = {}
+    words, uniforms = encode_dispatches([d1, d2], cache)
+    assert list(words) == [3, 2, 1, 0, 16, 2, 256, 8, 8, 70000, 2, 1, 4, 1, 5, 0, 4, 0, 1, 1, 1]
+    assert bytes(uniforms) == d1.uniform
+    assert encode_dispatches([d1, d2], cache)[0] == words  # cached per dispatch
+
+
+def test_model_index_and_bundle_routes(tmp_path):
+    from wick.server.app import ModelPool, create_app
+    from wick.server.artifact_host import ArtifactHost
+
+    for name, model, quant, feats, mtime in (("m-old", "m", "q0f32", [], 1000),
+                                              ("m-new", "m", "q0f32", [], 2000),
+                                              ("m-f16", "m", "q4f16_1", ["shader-f16"], 1500)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "wick-artifact.json").write_text(json.dumps(
+            {"model_id": model, "quantization": quant, "requires": {"features": feats}}))
+        os.utime(d / "wick-artifact.json", (mtime, mtime))
+    (tmp_path / "not-an-artifact").mkdir()
+    client = TestClient(create_app(ModelPool(state="ready"), artifacts=ArtifactHost(tmp_path)))
+    r = client.get("/web/models.json")
+    assert r.status_code == 200
+    assert [a["id"] for a in r.json()["data"]] == ["m-new", "m-f16", "m-old"]  # newest first
+    assert r.json()["data"][1] == {"id": "m-f16", "model": "m", "quantization": "q4f16_1",
+                                   "features": ["shader-f16"]}
+    built = (ROOT / "pyserver" / "static" / "web" / "wick.js").is_file()
+    r = client.get("/static/wick.js")
+    assert r.status_code == (200 if built else 404)
+    if built:
+        assert r.headers["content-type"].startswith("text/javascript")
+        assert "createEngine" in r.text
+    assert client.get("/static/wick.js?name=../../app.py").text == r.text  # no parameters

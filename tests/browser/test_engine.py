@@ -1,0 +1,201 @@
+"""The browser engine equals the native engine on the same artifact (tiny random Llama, q0f32):
+greedy chat and completion, streaming, errors across the worker boundary, concurrency,
+interrupt, the Cache API and a corrupted cached shard."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "user", "content": "hello there"}]
+PROMPT = "The quick brown fox"
+N = 8
+
+
+@pytest.fixture(scope="module")
+def native(tiny_artifact):
+    """Reference outputs of the native engine (wgpu) on the same artifact."""
+    from wick.server.local import Engine
+
+    eng = Engine(str(tiny_artifact))
+    chat = eng.chat.completions.create(messages=MESSAGES, max_tokens=N, temperature=0)
+    comp = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0)
+    comp2 = eng.completions.create(prompt="hello", max_tokens=N, temperature=0)
+    errors = {}
+    from wick.engine.errors import WickError
+
+    for name, body in {
+        "temperature": {"prompt": PROMPT, "temperature": 7},
+        "unknown": {"prompt": PROMPT, "frobnicate": 1},
+        "too_long": {"prompt": PROMPT, "max_tokens": 10_000},
+    }.items():
+        with pytest.raises(WickError) as info:
+            eng.completions.create(**body)
+        errors[name] = {**info.value.to_dict()["error"], "cls": type(info.value).__name__}
+    return {"chat": chat.to_dict(), "completion": comp.to_dict(), "completion2": comp2.to_dict(),
+            "errors": errors, "model": eng.core.info.model_id}
+
+
+@pytest.fixture(scope="module")
+def loaded(page, native):
+    """One engine in the page as window.engine; returns its info and the load's progress."""
+    return page.run("""async (model) => {
+        const progress = [];
+        window.engine = await wick.createEngine(model, {quantization: "q0f32",
+            onProgress: (p) => progress.push(p)});
+        return {info: window.engine.info, progress};
+    }""", native["model"])
+
+
+def test_greedy_chat_and_completion_equal_native(page, loaded, native):
+    assert loaded["info"]["quantization"] == "q0f32"
+    stages = {p["stage"] for p in loaded["progress"]}
+    assert {"download", "upload", "ready"} <= stages
+    dl = [p for p in loaded["progress"] if p["stage"] == "download"]
+    assert dl[-1]["loaded"] == dl[-1]["total"] > 0
+    out = page.run("""async ([messages, prompt, n]) => {
+        const chat = await engine.chat.completions.create({messages, max_tokens: n, temperature: 0});
+        const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+        return {chat, comp};
+    }""", [MESSAGES, PROMPT, N])
+    want_chat = native["chat"]["choices"][0]
+    got_chat = out["chat"]["choices"][0]
+    assert got_chat["message"]["content"] == want_chat["message"]["content"]
+    assert got_chat["finish_reason"] == want_chat["finish_reason"]
+    assert out["chat"]["usage"] == native["chat"]["usage"]
+    assert out["chat"]["object"] == "chat.completion"
+    assert out["comp"]["choices"][0]["text"] == native["completion"]["choices"][0]["text"]
+    assert out["comp"]["usage"] == native["completion"]["usage"]
+
+
+def test_stream_joins_to_non_stream_text(page, loaded, native):
+    out = page.run("""async ([messages, prompt, n]) => {
+        const chunks = [];
+        for await (const c of await engine.chat.completions.create(
+            {messages, max_tokens: n, temperature: 0, stream: true})) chunks.push(c);
+        const texts = [];
+        for await (const c of await engine.completions.create(
+            {prompt, max_tokens: n, temperature: 0, stream: true})) texts.push(c);
+        return {chunks, texts};
+    }""", [MESSAGES, PROMPT, N])
+    chat = "".join(c["choices"][0]["delta"].get("content") or "" for c in out["chunks"] if c["choices"])
+    assert chat == native["chat"]["choices"][0]["message"]["content"]
+    assert out["chunks"][0]["object"] == "chat.completion.chunk"
+    assert out["chunks"][-1]["choices"][0]["finish_reason"] == native["chat"]["choices"][0]["finish_reason"]
+    text = "".join(c["choices"][0]["text"] for c in out["texts"] if c["choices"])
+    assert text == native["completion"]["choices"][0]["text"]
+
+
+def test_errors_are_typed_with_the_python_messages(page, loaded, native):
+    out = page.run("""async (bodies) => {
+        const res = {};
+        for (const [name, body] of Object.entries(bodies)) {
+            try { await engine.completions.create(body); res[name] = null; }
+            catch (e) { res[name] = {cls: e.constructor.name, message: e.message, param: e.param,
+                code: e.code, type: e.type, isWick: e instanceof wick.WickError,
+                isInvalid: e instanceof wick.InvalidRequestError}; }
+        }
+        try { await wick.createEngine("no-such-model", {}); res.unknown_model = null; }
+        catch (e) { res.unknown_model = {cls: e.constructor.name, message: e.message, param: e.param,
+            code: e.code, isModelNotFound: e instanceof wick.ModelNotFoundError}; }
+        return res;
+    }""", {"temperature": {"prompt": PROMPT, "temperature": 7},
+           "unknown": {"prompt": PROMPT, "frobnicate": 1},
+           "too_long": {"prompt": PROMPT, "max_tokens": 10_000}})
+    for name, want in native["errors"].items():
+        got = out[name]
+        assert got is not None, name
+        assert got["isWick"] and got["isInvalid"], got
+        assert got["cls"] == want["cls"]
+        assert (got["message"], got["param"], got["code"], got["type"]) == (
+            want["message"], want["param"], want["code"], want["type"])
+    um = out["unknown_model"]
+    assert um["isModelNotFound"] and um["cls"] == "ModelNotFoundError"
+    assert um["message"].startswith("The model 'no-such-model' does not exist.")
+    assert um["param"] == "model" and um["code"] == "model_not_found"
+
+
+def test_f16_variant_without_shader_f16_names_the_working_variant(page, loaded, native):
+    out = page.run("""async (model) => {
+        try { await wick.createEngine(model, {quantization: "q4f16_1"}); return null; }
+        catch (e) { return {cls: e.constructor.name, message: e.message, code: e.code,
+            missing: e instanceof wick.MissingFeatureError, device: e instanceof wick.DeviceError}; }
+    }""", native["model"])
+    assert out is not None and out["missing"] and out["device"], out
+    assert out["code"] == "missing_device_feature"
+    assert out["message"] == (f"'{native['model']} q4f16_1' needs the WebGPU feature 'shader-f16', "
+                              "which this device lacks; use q0f32 instead.")
+
+
+def test_concurrent_creates_share_steps_and_equal_solo(page, loaded, native):
+    out = page.run("""async ([prompt, n]) => {
+        const before = (await engine.stats()).steps;
+        const [a, b] = await Promise.all([
+            engine.completions.create({prompt, max_tokens: n, temperature: 0}),
+            engine.completions.create({prompt: "hello", max_tokens: n, temperature: 0})]);
+        const after = (await engine.stats()).steps;
+        return {a, b, steps: after - before};
+    }""", [PROMPT, N])
+    assert out["a"]["choices"][0]["text"] == native["completion"]["choices"][0]["text"]
+    assert out["b"]["choices"][0]["text"] == native["completion2"]["choices"][0]["text"]
+    # solo they would take 2 * N steps (one prefill + N - 1 decodes each); shared, about N
+    assert out["steps"] < 2 * N, out["steps"]
+
+
+def test_interrupt_ends_with_abort_and_engine_stays_usable(page, loaded, native):
+    out = page.run("""async ([prompt, n]) => {
+        const chunks = [];
+        const stream = await engine.completions.create(
+            {prompt, max_tokens: 100, temperature: 0, ignore_eos: true, stream: true});
+        for await (const c of stream) {
+            chunks.push(c);
+            if (chunks.length === 2) engine.interrupt();
+        }
+        const after = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+        const ctl = new AbortController();
+        let aborted = null;
+        const p = engine.completions.create({prompt, max_tokens: 100, temperature: 0, ignore_eos: true},
+            {signal: ctl.signal});
+        setTimeout(() => ctl.abort(), 50);
+        try { await p; } catch (e) { aborted = e.constructor.name; }
+        const again = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+        return {chunks, after, aborted, again};
+    }""", [PROMPT, N])
+    finishes = [c["choices"][0]["finish_reason"] for c in out["chunks"] if c["choices"]]
+    assert finishes[-1] == "abort"
+    assert len(out["chunks"]) < 100
+    want = native["completion"]["choices"][0]["text"]
+    assert out["after"]["choices"][0]["text"] == want
+    assert out["aborted"] == "EngineAbortedError"
+    assert out["again"]["choices"][0]["text"] == want
+
+
+def test_reload_uses_cache_and_corrupt_shard_is_refetched(page, loaded, native):
+    out = page.run("""async ([model, prompt, n]) => {
+        await engine.unload();
+        const second = await wick.createEngine(model, {quantization: "q0f32"});
+        const info2 = second.info;
+        await second.unload();
+        // corrupt one cached shard
+        const cache = await caches.open("wick-artifacts-v1");
+        const keys = (await cache.keys()).map((r) => r.url).filter((u) => u.includes("/params/"));
+        await cache.put(keys[0], new Response(new Uint8Array(1024)));
+        const third = await wick.createEngine(model, {quantization: "q0f32"});
+        const comp = await third.completions.create({prompt, max_tokens: n, temperature: 0});
+        const info3 = third.info;
+        window.engine = third;
+        const fixed = await cache.match(keys[0]);
+        return {info2, info3, comp, fixedBytes: (await fixed.arrayBuffer()).byteLength, nshards: keys.length};
+    }""", [native["model"], PROMPT, N])
+    first = loaded["info"]
+    assert first["shardRequests"] == out["nshards"] and first["shardsFromCache"] == 0
+    assert out["info2"]["shardRequests"] == 0
+    assert out["info2"]["shardsFromCache"] == out["nshards"]
+    assert out["info3"]["shardsRefetched"] == 1 and out["info3"]["shardRequests"] == 1
+    assert out["fixedBytes"] > 1024
+    assert out["comp"]["choices"][0]["text"] == native["completion"]["choices"][0]["text"]
+
+
+def test_no_console_errors(page, loaded):
+    assert page.console_errors == []

@@ -1,0 +1,133 @@
+"""The worker's Python side: load an artifact into an ``AsyncEngineAPI`` on the WebGPU backend
+and answer create requests, posting results and stream chunks back to JavaScript as JSON.
+
+JS calls ``load(...)`` once, then ``host.start(rid, kind, body_json)`` per request (a task;
+concurrent requests share engine steps), ``host.cancel(rid)`` (AbortSignal) and
+``host.interrupt()`` (every request ends with finish_reason "abort"; the engine stays usable).
+Everything comes back through ``post(rid, kind, json)`` with kind "result" | "chunk" | "done" |
+"error"; errors carry the engine's own ``to_dict()`` plus status and class name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Callable
+
+from wick.engine import AsyncEngineAPI, EngineCore, ModelInfo
+from wick.engine.artifact import Artifact
+from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
+from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
+from wick.engine.runner import Runner
+
+from .backend import WebGPUBackend
+from .tokenizer import WebTokenizer
+
+DEFAULT_KV_BUDGET = 256 << 20
+
+
+def kv_pages_for(model: dict, budget_bytes: int, max_storage_binding: int) -> int:
+    """As ``wick.server.local.kv_pages_for``: pages in the budget, capped at what can be used."""
+    per_page = Runner.page_bytes(model)
+    per_layer = per_page // model["num_layers"]
+    useful = model["max_batch_size"] * -(-model["context_window"] // model["page_size"])
+    return max(1, min(budget_bytes // per_page, max_storage_binding // per_layer, useful))
+
+
+def error_payload(e: BaseException) -> str:
+    if not isinstance(e, WickError):
+        e = WickError(f"{type(e).__name__}: {e}")
+    return json.dumps({**e.to_dict(), "status": e.status, "class": type(e).__name__})
+
+
+class Host:
+    def __init__(self, api: AsyncEngineAPI, backend: WebGPUBackend, post: Callable) -> None:
+        self.api = api
+        self.backend = backend
+        self._post = post
+        self._tasks: dict[int, asyncio.Task] = {}
+
+    def info_json(self) -> str:
+        info = self.api.core.info
+        t = self.api.core.runner.timings
+        return json.dumps({"model": info.model_id, "quantization": info.quantization,
+                           "device": self.backend.name, "steps": self.backend.steps,
+                           "last_step": {"plan_ms": t.plan_ms, "backend_ms": t.backend_ms,
+                                         "engine_ms": self.api.core.stats.last_step_host_ms}})
+
+    def start(self, rid: int, kind: str, body_json: str) -> None:
+        self._tasks[rid] = asyncio.ensure_future(self._run(rid, kind, body_json))
+
+    async def _run(self, rid: int, kind: str, body_json: str) -> None:
+        stream = None
+        try:
+            body = json.loads(body_json)
+            ns = self.api.chat.completions if kind == "chat" else self.api.completions
+            if not isinstance(body, dict):  # as the server: the engine's own error for it
+                (ChatCompletionRequest if kind == "chat" else CompletionRequest).from_dict(body)
+                raise InvalidRequestError("The request body must be a JSON object.")
+            result = await ns.create(**body)
+            if body.get("stream") is True:
+                stream = result
+                async for chunk in stream:
+                    self._post(rid, "chunk", json.dumps(chunk.to_dict()))
+                self._post(rid, "done", "null")
+            else:
+                self._post(rid, "result", json.dumps(result.to_dict()))
+        except asyncio.CancelledError:
+            self._post(rid, "error", error_payload(EngineAbortedError("the request was aborted")))
+        except Exception as e:  # WickError and anything unexpected, typed for JS
+            self._post(rid, "error", error_payload(e))
+        finally:
+            if stream is not None:
+                await stream.aclose()
+            self._tasks.pop(rid, None)
+
+    def cancel(self, rid: int) -> None:
+        task = self._tasks.get(rid)
+        if task is not None:
+            task.cancel()
+
+    def interrupt(self) -> None:
+        """Abort every running request: streams end with finish_reason "abort"."""
+        self.api.core.abort_all()
+        wake = getattr(self.api, "_wakeup", None)
+        if wake is not None:
+            wake.set()
+
+    async def close(self) -> None:
+        for t in list(self._tasks.values()):
+            t.cancel()
+        await self.api.aclose()
+
+
+async def load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
+               kv_cache_bytes: int = 0, progress: Callable | None = None) -> Host:
+    """``get_file(path)`` -> Uint8Array | None of the (already verified) artifact files.
+
+    A failure raises RuntimeError whose message is the error payload's JSON (the worker
+    rebuilds the typed JS error from it)."""
+    try:
+        return await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes, progress)
+    except Exception as e:
+        raise RuntimeError(error_payload(e)) from None
+
+
+async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
+                kv_cache_bytes: int, progress: Callable | None) -> Host:
+
+    def read(path: str) -> bytes:
+        data = get_file(path)
+        if data is None:
+            raise FileNotFoundError(path)
+        return data.to_bytes()
+
+    art = Artifact.load(read, "artifact")
+    backend = WebGPUBackend(executor)
+    pages = kv_pages_for(art.model, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
+    report = (lambda stage, done, total: progress(stage, done, total)) if progress else None
+    runner = Runner(art, backend, num_pages=pages, progress=report)
+    await backend.check()
+    tokenizer = WebTokenizer(js_tokenizer, art.tokenizer_json())
+    core = EngineCore(runner, tokenizer, ModelInfo.from_manifest(art.manifest), num_pages=pages)
+    return Host(AsyncEngineAPI(core), backend, post)

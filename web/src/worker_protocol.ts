@@ -1,0 +1,40 @@
+/** The typed messages between the page (client.ts) and the engine's worker (worker.ts):
+ * tagged unions on `kind`, every message carries the `id` of the call it belongs to. */
+
+import type { ErrorPayload } from "./errors.js";
+
+export interface Progress {
+  stage: "boot" | "download" | "cache" | "upload" | "ready";
+  loaded: number; // bytes (download/upload) or steps done
+  total: number;
+  text: string;
+}
+
+export interface EngineInfo {
+  model: string;
+  quantization: string;
+  artifactId: string;
+  device: string;
+  features: string[];
+  shardRequests: number; // shards fetched over the network by this load
+  shardsFromCache: number;
+  shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
+}
+
+export type ToWorker =
+  | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
+      kvCacheBytes?: number; cache?: boolean }
+  | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
+  | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired
+  | { kind: "interrupt"; id: number }
+  | { kind: "stats"; id: number }
+  | { kind: "unload"; id: number };
+
+export type FromWorker =
+  | { kind: "progress"; id: number; progress: Progress }
+  | { kind: "loaded"; id: number; info: EngineInfo }
+  | { kind: "result"; id: number; data: string } // JSON of a ChatCompletion / Completion
+  | { kind: "chunk"; id: number; data: string } // JSON of one chunk
+  | { kind: "done"; id: number }
+  | { kind: "ok"; id: number; data?: string }
+  | { kind: "error"; id: number; error: ErrorPayload };
