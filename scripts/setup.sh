@@ -33,7 +33,7 @@ echo "setup: installing wick${extras} into .venv" >&2
 # when npm is available (the server and the Python engine work without them).
 if command -v npm >/dev/null 2>&1; then
   echo "setup: building the browser engine (web/build.sh)" >&2
-  bash web/build.sh .venv/bin/python || echo "setup: the browser engine build failed (bash web/build.sh); the server works without it" >&2
+  bash web/build.sh "$PWD/.venv/bin/python" || echo "setup: the browser engine build failed (bash web/build.sh); the server works without it" >&2
 else
   echo "setup: npm not found; skipping the browser engine build (bash web/build.sh)" >&2
 fi

@@ -49,7 +49,9 @@ def web_bundle() -> Path:
     return static
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: playwright's sync API keeps an asyncio loop running on the main
+# thread while it is started, which would break every later test that calls asyncio.run().
+@pytest.fixture(scope="module")
 def playwright():
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
@@ -61,7 +63,7 @@ def playwright():
         yield pw
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright):
     b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
     yield b
