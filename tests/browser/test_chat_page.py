@@ -9,7 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, TEST_PAGE, Page
+from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page
 
 pytestmark = pytest.mark.slow
 
