@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -340,8 +341,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_vulkan_loader() -> None:
+    """Mesa's Vulkan loader prints "error: XDG_RUNTIME_DIR is invalid" when the variable is unset
+    (containers, CI): give this process a private one so that wick's own errors stand out."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        from ..compiler.paths import wick_home
+
+        run_dir = wick_home() / "run"
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _quiet_vulkan_loader()
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
