@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 from .errors import ArtifactError
 
@@ -81,10 +81,13 @@ class Artifact:
     def required_features(self) -> list[str]:
         return list(self.manifest.get("requires", {}).get("features", []))
 
-    def kernels(self) -> list[dict]:
-        """Kernel metadata with the WGSL source filled in (``wgsl``), verified by sha256."""
+    def kernels(self, names: Collection[str] | None = None) -> list[dict]:
+        """Kernel metadata with the WGSL source filled in (``wgsl``), verified by sha256;
+        only those in ``names`` when given."""
         out = []
         for k in self.manifest["kernels"]:
+            if names is not None and k["name"] not in names:
+                continue
             src = self.read_verified(k["file"], k["sha256"])
             out.append({**k, "wgsl": src.decode("utf-8")})
         return out

@@ -39,7 +39,10 @@ class StepTimings:
 
 class Runner:
     def __init__(self, artifact: Artifact, backend: Backend, *, num_pages: int,
-                 progress: Callable[[str, int, int], None] | None = None) -> None:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 batched_decode: bool = True) -> None:
+        """``batched_decode=False`` leaves the ``decode`` plan and its kernels unloaded (steps of
+        one token per sequence, b > 1, then run ``forward``)."""
         missing = [f for f in artifact.required_features if f not in backend.features]
         if missing:
             raise MissingFeatureError(missing[0], ["q4f32_1", "q0f32"],
@@ -54,18 +57,22 @@ class Runner:
         self.timings = StepTimings()
         report = progress or (lambda stage, done, total: None)
 
-        kernels = artifact.kernels()
-        self.kernels = KernelTable(kernels, backend)
+        plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
+        entries = [e for e in ("forward", "decode", "decode1", "sample")
+                   if e in plans and (batched_decode or e != "decode")]
+        used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
+                if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
+        self.kernels = KernelTable(artifact.kernels(used), backend)
         params = self._upload_params(artifact, report)
         self.kv_pages = self._alloc_pages(artifact)
         bounds = {"n": self.max_tokens, "b": self.max_batch, "b1": self.max_batch + 1,
                   "p": num_pages}
         self.inputs = {name: backend.alloc(4 * bounds[b]) for name, b in _STEP_BOUNDS.items()}
         self.sample_inputs = {name: backend.alloc(4 * self.max_batch) for name, _, _ in _SAMPLE_INPUTS}
-        plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
         self.forward = PlanFunction(plans["forward"], tir, self.kernels, backend, params)
         # one new token per sequence: GEMV-scheduled kernels instead of tiled GEMM
-        self.decode = PlanFunction(plans["decode"], tir, self.kernels, backend, params)
+        self.decode = (PlanFunction(plans["decode"], tir, self.kernels, backend, params)
+                       if "decode" in entries else self.forward)
         # a single sequence decoding: static shapes, one GEMV workgroup per output row
         # (artifacts compiled before this plan existed fall back to ``decode``)
         self.decode1 = (PlanFunction(plans["decode1"], tir, self.kernels, backend, params)

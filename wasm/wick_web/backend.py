@@ -65,6 +65,7 @@ class WebGPUBackend:
         self._x = executor
         info = json.loads(executor.infoJson())
         self.name: str = info["name"]
+        self.software: bool = bool(info.get("fallback"))  # e.g. SwiftShader
         self.features = frozenset(info["features"])
         self.max_storage_binding: int = info["maxStorageBufferBindingSize"]
         self.max_buffer_size: int = info["maxBufferSize"]

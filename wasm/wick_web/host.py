@@ -126,7 +126,10 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
     backend = WebGPUBackend(executor)
     pages = kv_pages_for(art.model, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
     report = (lambda stage, done, total: progress(stage, done, total)) if progress else None
-    runner = Runner(art, backend, num_pages=pages, progress=report)
+    # SwiftShader loses the device compiling some batched-decode GEMV kernels (SmolLM2's
+    # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
+    runner = Runner(art, backend, num_pages=pages, progress=report,
+                    batched_decode=not backend.software)
     await backend.check()
     tokenizer = WebTokenizer(js_tokenizer, art.tokenizer_json())
     core = EngineCore(runner, tokenizer, ModelInfo.from_manifest(art.manifest), num_pages=pages)

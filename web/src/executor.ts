@@ -108,13 +108,20 @@ export class Executor {
     const info = adapter.info;
     const name = `webgpu: ${info?.description || info?.device || info?.vendor || "adapter"}` +
       `${info?.architecture ? ` (${info.architecture})` : ""}`;
-    return new Executor(device, name);
+    const ex = new Executor(device, name);
+    // a CPU implementation (SwiftShader): some large kernels are better left unloaded there
+    ex.fallback = Boolean((info as { isFallbackAdapter?: boolean } | undefined)?.isFallbackAdapter ??
+      (adapter as unknown as { isFallbackAdapter?: boolean }).isFallbackAdapter);
+    return ex;
   }
+
+  fallback = false;
 
   infoJson(): string {
     const l = this.device.limits;
     return JSON.stringify({
       name: this.name,
+      fallback: this.fallback,
       features: this.features,
       maxStorageBufferBindingSize: l.maxStorageBufferBindingSize,
       maxBufferSize: l.maxBufferSize,
