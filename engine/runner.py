@@ -29,6 +29,17 @@ _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
                   ("top_k", "int32", "i"), ("uniform", "float32", "f"))
 
 
+DEFAULT_KV_BUDGET = 256 << 20  # bytes of KV pages when the caller does not say
+
+
+def kv_pages_for(model: dict, budget_bytes: int, max_storage_binding: int) -> int:
+    """How many KV pages fit the budget, capped at what the compiled bounds can ever use."""
+    per_page = Runner.page_bytes(model)
+    per_layer = per_page // model["num_layers"]
+    useful = model["max_batch_size"] * -(-model["context_window"] // model["page_size"])
+    return max(1, min(budget_bytes // per_page, max_storage_binding // per_layer, useful))
+
+
 @dataclass(slots=True)
 class StepTimings:
     """Host-side milliseconds of the last step, split by who spent them."""

@@ -15,10 +15,9 @@ import asyncio
 from ..engine import AsyncEngineAPI, EngineAPI, EngineCore, ModelInfo
 from ..engine.artifact import MANIFEST_NAME, Artifact
 from ..engine.errors import InvalidRequestError, MissingFeatureError, ModelNotFoundError
-from ..engine.runner import Runner
+from ..engine.runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
 
 Progress = Callable[[str, int, int], None]
-DEFAULT_KV_BUDGET = 256 << 20  # bytes of KV pages when the caller does not say
 
 
 def pick_quantization(features: frozenset[str] | set[str]) -> str:
@@ -48,14 +47,6 @@ def load_artifact(model: str, quantization: str | None, features, progress: Prog
     _check_feature(quant, features)
     out = compile_model(model, quant, progress=progress)
     return Artifact.load(lambda p: (out / p).read_bytes(), str(out))
-
-
-def kv_pages_for(model: dict, budget_bytes: int, max_storage_binding: int) -> int:
-    """How many KV pages fit the budget, capped at what the compiled bounds can ever use."""
-    per_page = Runner.page_bytes(model)
-    per_layer = per_page // model["num_layers"]
-    useful = model["max_batch_size"] * -(-model["context_window"] // model["page_size"])
-    return max(1, min(budget_bytes // per_page, max_storage_binding // per_layer, useful))
 
 
 class NativeRunner(Runner):

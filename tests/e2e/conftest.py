@@ -51,7 +51,7 @@ def smollm2_hf(smollm2_path):
 @pytest.fixture(scope="session")
 def smollm2_core(compiled, backend):  # backend: only its storage limit
     """smollm2_core(quantization) -> EngineCore (default compile options), cached."""
-    from wick.server.local import DEFAULT_KV_BUDGET, kv_pages_for
+    from wick.engine.runner import DEFAULT_KV_BUDGET, kv_pages_for
     from tests.e2e.helpers import load_artifact
 
     cores = {}

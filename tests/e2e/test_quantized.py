@@ -117,6 +117,15 @@ def ids_of(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
 
 
+def worst_logit_diff(runner, ref, prompts):
+    """Prefill-plan and decode-plan logits, and their largest difference from ``ref``."""
+    pre = prefill_logits(runner, prompts)
+    dec = decode_logits(runner, prompts)
+    worst = max(max(np.abs(pre[i] - (want := hf_logits(ref, p)[-1])).max(),
+                    np.abs(dec[i] - want).max()) for i, p in enumerate(prompts))
+    return pre, dec, worst
+
+
 def test_tiny_q4_artifact_is_packed(tiny_q4):
     _, _, art = tiny_q4
     by_name = {p.name: p for p in art.params}
@@ -131,12 +140,7 @@ def test_tiny_q4_artifact_is_packed(tiny_q4):
 def test_tiny_q4_logits_equal_dequantized_transformers(tiny_q4, tiny_hf):
     core, ref, _ = tiny_q4
     prompts = [ids_of(n, 30 + n) for n in (3, 16, 17, 40)]
-    pre = prefill_logits(core.runner, prompts)
-    dec = decode_logits(core.runner, prompts)
-    worst = 0.0
-    for i, p in enumerate(prompts):
-        want = hf_logits(ref, p)[-1]
-        worst = max(worst, np.abs(pre[i] - want).max(), np.abs(dec[i] - want).max())
+    pre, dec, worst = worst_logit_diff(core.runner, ref, prompts)
     print(f"tiny q4f32_1 vs transformers(dequantize_q4 weights): max logit diff {worst:.2e}")
     assert worst < 1e-3
     # the quantization is real: the q4 logits are not those of the float model
@@ -163,12 +167,7 @@ def test_tiny_f16_variants_track_their_reference(quant, tiny_llama_dir, tiny_hf,
     core = make_core(art_dir, num_pages=64)
     ref = hf_model_from_artifact(art, tiny_hf)
     prompts = [ids_of(n, 80 + n) for n in (3, 16, 17, 40)]
-    pre = prefill_logits(core.runner, prompts)
-    dec = decode_logits(core.runner, prompts)
-    worst = 0.0
-    for i, p in enumerate(prompts):
-        want = hf_logits(ref, p)[-1]
-        worst = max(worst, np.abs(pre[i] - want).max(), np.abs(dec[i] - want).max())
+    pre, dec, worst = worst_logit_diff(core.runner, ref, prompts)
     print(f"tiny {quant}: max logit diff {worst:.2e}")
     assert worst < 0.1
     assert np.abs(pre - dec).max() < 0.1

@@ -18,21 +18,10 @@ from wick.engine import AsyncEngineAPI, EngineCore, ModelInfo
 from wick.engine.artifact import Artifact
 from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
-from wick.engine.runner import Runner
+from wick.engine.runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
 
 from .backend import WebGPUBackend
 from .tokenizer import WebTokenizer
-
-DEFAULT_KV_BUDGET = 256 << 20
-
-
-def kv_pages_for(model: dict, budget_bytes: int, max_storage_binding: int) -> int:
-    """As ``wick.server.local.kv_pages_for``: pages in the budget, capped at what can be used."""
-    per_page = Runner.page_bytes(model)
-    per_layer = per_page // model["num_layers"]
-    useful = model["max_batch_size"] * -(-model["context_window"] // model["page_size"])
-    return max(1, min(budget_bytes // per_page, max_storage_binding // per_layer, useful))
-
 
 def error_payload(e: BaseException) -> str:
     if not isinstance(e, WickError):
