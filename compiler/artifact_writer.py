@@ -26,15 +26,16 @@ def _sha256(data: bytes) -> str:
 
 
 class _ShardWriter:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_bytes: int = SHARD_MAX_BYTES) -> None:
         self.root = root
+        self.max_bytes = max_bytes
         (root / "params").mkdir(parents=True, exist_ok=True)
         self.shards: list[dict] = []
         self.current = bytearray()
 
     def add(self, data: bytes) -> tuple[int, int]:
         pad = (-len(self.current)) % PARAM_ALIGN
-        if self.current and len(self.current) + pad + len(data) > SHARD_MAX_BYTES:
+        if self.current and len(self.current) + pad + len(data) > self.max_bytes:
             self.flush()
             pad = 0
         self.current += b"\0" * pad
@@ -61,9 +62,11 @@ def write_artifact(
     num_params: int,
     tokenizer_json: str,
     progress: Progress | None = None,
+    shard_max_bytes: int = SHARD_MAX_BYTES,
 ) -> Path:
     """Write everything under ``out_dir`` (replaced atomically). ``header`` holds model_id,
-    quantization, model, requires, source and compiler fields of the manifest."""
+    quantization, model, requires, source and compiler fields of the manifest. A parameter
+    bigger than ``shard_max_bytes`` gets a shard of its own."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -75,7 +78,7 @@ def write_artifact(
         (tmp / rel).write_bytes(src)
         kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
                         "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
-    shards = _ShardWriter(tmp)
+    shards = _ShardWriter(tmp, shard_max_bytes)
     index = []
     for i, (name, array) in enumerate(params):
         spec = lowered.param_specs.get(name)

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .. import __version__ as WICK_VERSION
-from ..engine.artifact import MANIFEST_NAME
+from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES
 from . import paths
 from .artifact_writer import write_artifact
 from .lower import lower, merge, webgpu_target
@@ -154,10 +154,13 @@ def compile_model(
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK,
     max_batch_size: int = DEFAULT_MAX_BATCH,
     max_param_bytes: int = MAX_BINDING_BYTES,
+    shard_max_bytes: int = SHARD_MAX_BYTES,
     force: bool = False,
     progress: Progress | None = None,
 ) -> Path:
-    """Compile ``model`` (built-in name, HF dir or .gguf) and return the artifact directory."""
+    """Compile ``model`` (built-in name, HF dir or .gguf) and return the artifact directory.
+    ``shard_max_bytes`` bounds the weight files (the unit a browser downloads, verifies and
+    caches)."""
     from .sources import resolve_source
 
     report = progress or (lambda stage, done, total: None)
@@ -166,7 +169,8 @@ def compile_model(
     source = resolve_source(model, progress=progress)
     report("resolve source", 1, 1)
     options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
-               "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes}
+               "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes,
+               "shard_max_bytes": shard_max_bytes}
     key = cache_key(source.content_hash(), quant.name, options)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.name).name.removesuffix(".gguf"))
     out = Path(output) if output else paths.artifacts_dir() / f"{slug}-{quant.name}-{key}"
@@ -222,4 +226,5 @@ def compile_model(
                      "target": TARGET},
     }
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
-                          num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress)
+                          num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
+                          shard_max_bytes=shard_max_bytes)

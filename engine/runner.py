@@ -40,6 +40,17 @@ def kv_pages_for(model: dict, budget_bytes: int, max_storage_binding: int) -> in
     return max(1, min(budget_bytes // per_page, max_storage_binding // per_layer, useful))
 
 
+@dataclass(frozen=True, slots=True)
+class WeightPlacement:
+    """Where one parameter's bytes go: ``nbytes`` from ``offset`` of shard ``shard`` into
+    device buffer ``buffer`` at 0."""
+
+    shard: int
+    offset: int
+    nbytes: int
+    buffer: int
+
+
 @dataclass(slots=True)
 class StepTimings:
     """Host-side milliseconds of the last step, split by who spent them."""
@@ -51,9 +62,13 @@ class StepTimings:
 class Runner:
     def __init__(self, artifact: Artifact, backend: Backend, *, num_pages: int,
                  progress: Callable[[str, int, int], None] | None = None,
-                 batched_decode: bool = True) -> None:
+                 batched_decode: bool = True, upload_weights: bool = True) -> None:
         """``batched_decode=False`` leaves the ``decode`` plan and its kernels unloaded (steps of
-        one token per sequence, b > 1, then run ``forward``)."""
+        one token per sequence, b > 1, then run ``forward``).
+
+        ``upload_weights=False`` only allocates the weight buffers: the caller fills them as
+        ``weight_placements`` say before the first step (the browser streams verified shards
+        straight into them, so weights never pass through Python)."""
         missing = [f for f in artifact.required_features if f not in backend.features]
         if missing:
             raise MissingFeatureError(missing[0], ["q4f32_1", "q0f32"],
@@ -74,7 +89,9 @@ class Runner:
         used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
                 if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
         self.kernels = KernelTable(artifact.kernels(used), backend)
-        params = self._upload_params(artifact, report)
+        params, self.weight_placements = self._alloc_params(artifact)
+        if upload_weights:
+            self._write_weights(artifact, report)
         self.kv_pages = self._alloc_pages(artifact)
         bounds = {"n": self.max_tokens, "b": self.max_batch, "b1": self.max_batch + 1,
                   "p": num_pages}
@@ -92,27 +109,33 @@ class Runner:
 
     # ------------------------------------------------------------------ loading
 
-    def _upload_params(self, artifact: Artifact, report) -> dict[str, TensorRef]:
-        by_shard: dict[int, list] = {}
-        for p in artifact.params:
-            by_shard.setdefault(p.shard, []).append(p)
-        total = sum(p.nbytes for p in artifact.params)
-        done = 0
+    def _alloc_params(self, artifact: Artifact) -> tuple[dict[str, TensorRef], list[WeightPlacement]]:
+        """One zero-filled device buffer per parameter, and where its bytes come from."""
         params: dict[str, TensorRef] = {}
+        placements = []
+        for p in artifact.params:
+            if p.nbytes > self.backend.max_storage_binding:
+                raise ArtifactError(
+                    f"parameter {p.name} is {p.nbytes} bytes, over this device's storage "
+                    f"binding limit of {self.backend.max_storage_binding}"
+                )
+            handle = self.backend.alloc(p.nbytes)
+            params[p.name] = TensorRef(handle, 0, p.shape, p.dtype)
+            placements.append(WeightPlacement(p.shard, p.offset, p.nbytes, handle))
+        return params, placements
+
+    def _write_weights(self, artifact: Artifact, report) -> None:
+        by_shard: dict[int, list[WeightPlacement]] = {}
+        for w in self.weight_placements:
+            by_shard.setdefault(w.shard, []).append(w)
+        total = sum(w.nbytes for w in self.weight_placements)
+        done = 0
         for shard, data in artifact.shard_bytes():
             view = memoryview(data)
-            for p in by_shard.get(shard, []):
-                if p.nbytes > self.backend.max_storage_binding:
-                    raise ArtifactError(
-                        f"parameter {p.name} is {p.nbytes} bytes, over this device's storage "
-                        f"binding limit of {self.backend.max_storage_binding}"
-                    )
-                handle = self.backend.alloc(p.nbytes)
-                self.backend.write(handle, 0, view[p.offset:p.offset + p.nbytes])
-                params[p.name] = TensorRef(handle, 0, p.shape, p.dtype)
-                done += p.nbytes
+            for w in by_shard.get(shard, []):
+                self.backend.write(w.buffer, 0, view[w.offset:w.offset + w.nbytes])
+                done += w.nbytes
                 report("upload weights", done, total)
-        return params
 
     def _alloc_pages(self, artifact: Artifact) -> list[TensorRef]:
         m = artifact.model

@@ -60,7 +60,7 @@ async function browserEngineFor(key) {
       onProgress: (p) => {
         if (p.total) { bar.max = p.total; bar.value = p.loaded; }
         $("status").textContent = `${p.stage}: ${p.text}` +
-          (p.stage === "download" || p.stage === "upload" ? ` (${(p.loaded / 1048576).toFixed(1)} / ${(p.total / 1048576).toFixed(1)} MiB)` : "");
+          (p.stage === "download" ? ` (${(p.loaded / 1048576).toFixed(1)} / ${(p.total / 1048576).toFixed(1)} MiB)` : "");
       },
     });
     browserEngine = { key, engine };

@@ -70,10 +70,13 @@ def browser(playwright):
     b.close()
 
 
+TINY_SHARD_BYTES = 96 << 10  # several shards, so that per-shard caching and resuming show
+
+
 @pytest.fixture(scope="session")
 def tiny_artifact(tiny_llama_dir, compiled) -> Path:
     return compiled(tiny_llama_dir, "q0f32", context_window=WINDOW, prefill_chunk_size=64,
-                    max_batch_size=4)
+                    max_batch_size=4, shard_max_bytes=TINY_SHARD_BYTES)
 
 
 @pytest.fixture(scope="session")

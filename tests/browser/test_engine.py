@@ -51,7 +51,7 @@ def loaded(page, native):
 def test_greedy_chat_and_completion_equal_native(page, loaded, native):
     assert loaded["info"]["quantization"] == "q0f32"
     stages = {p["stage"] for p in loaded["progress"]}
-    assert {"download", "upload", "ready"} <= stages
+    assert {"boot", "compile", "download", "ready"} <= stages
     dl = [p for p in loaded["progress"] if p["stage"] == "download"]
     assert dl[-1]["loaded"] == dl[-1]["total"] > 0
     out = page.run("""async ([messages, prompt, n]) => {

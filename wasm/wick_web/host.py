@@ -36,6 +36,19 @@ class Host:
         self._post = post
         self._tasks: dict[int, asyncio.Task] = {}
 
+    def placements_json(self) -> str:
+        """Where the weight bytes go, ``[[shard, offset, nbytes, buffer], ...]``: the worker
+        streams each verified shard straight into these buffers (no weights through Python)."""
+        return json.dumps([[w.shard, w.offset, w.nbytes, w.buffer]
+                           for w in self.api.core.runner.weight_placements])
+
+    async def ready(self) -> None:
+        """After the weights are written: raise the first WebGPU error so far, typed for JS."""
+        try:
+            await self.backend.check()
+        except Exception as e:
+            raise RuntimeError(error_payload(e)) from None
+
     def info_json(self) -> str:
         info = self.api.core.info
         t = self.api.core.runner.timings
@@ -91,19 +104,21 @@ class Host:
 
 
 async def load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-               kv_cache_bytes: int = 0, progress: Callable | None = None) -> Host:
-    """``get_file(path)`` -> Uint8Array | None of the (already verified) artifact files.
+               kv_cache_bytes: int = 0) -> Host:
+    """``get_file(path)`` -> Uint8Array | None of the (already verified) small artifact files
+    (tokenizer, kernels). The weight buffers are only allocated: the caller fills them as
+    ``Host.placements_json()`` says, then awaits ``Host.ready()``.
 
     A failure raises RuntimeError whose message is the error payload's JSON (the worker
     rebuilds the typed JS error from it)."""
     try:
-        return await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes, progress)
+        return await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes)
     except Exception as e:
         raise RuntimeError(error_payload(e)) from None
 
 
 async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-                kv_cache_bytes: int, progress: Callable | None) -> Host:
+                kv_cache_bytes: int) -> Host:
 
     def read(path: str) -> bytes:
         data = get_file(path)
@@ -114,11 +129,10 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
     art = Artifact.load(read, "artifact")
     backend = WebGPUBackend(executor)
     pages = kv_pages_for(art.model, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
-    report = (lambda stage, done, total: progress(stage, done, total)) if progress else None
     # SwiftShader loses the device compiling some batched-decode GEMV kernels (SmolLM2's
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
-    runner = Runner(art, backend, num_pages=pages, progress=report,
-                    batched_decode=not backend.software)
+    runner = Runner(art, backend, num_pages=pages,
+                    batched_decode=not backend.software, upload_weights=False)
     await backend.check()
     tokenizer = WebTokenizer(js_tokenizer, art.tokenizer_json())
     core = EngineCore(runner, tokenizer, ModelInfo.from_manifest(art.manifest), num_pages=pages)

@@ -133,6 +133,9 @@ class ChunkStream<T> implements AsyncIterable<T> {
 
 export class Engine {
   readonly info: EngineInfo;
+  /** Why the browser cache could not keep this model's files (e.g. a CacheQuotaError when its
+   * quota is exceeded), or null. The engine works either way; the next load downloads again. */
+  readonly cacheError: WickError | null;
   readonly chat: { completions: { create: Engine["createChat"] } };
   readonly completions: { create: Engine["createCompletion"] };
   private worker: Worker | null;
@@ -143,6 +146,7 @@ export class Engine {
   constructor(worker: Worker, info: EngineInfo, listeners: Map<number, Listener>, nextId: () => number) {
     this.worker = worker;
     this.info = info;
+    this.cacheError = info.cacheError ? errorFromPayload(info.cacheError) : null;
     this.listeners = listeners;
     this.nextId = nextId;
     this.chat = { completions: { create: this.createChat.bind(this) } };

@@ -211,6 +211,12 @@ export class Executor {
     this.writeBytes(handle, offset, data);
   }
 
+  /** Resolves once the device has taken every write so far (bounds memory while loading). */
+  async drain(): Promise<void> {
+    await this.device.queue.onSubmittedWorkDone();
+    if (this.lost) throw new Error(this.lost);
+  }
+
   private writeBytes(handle: number, offset: number, data: Uint8Array): void {
     const buf = this.buffers.get(handle);
     if (!buf) throw new Error(`write to buffer ${handle}: not allocated`);

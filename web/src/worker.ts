@@ -1,8 +1,9 @@
 /**
  * The engine's dedicated Web Worker: boots Pyodide (from wick's own origin, no CDN), installs
  * the engine wheel and its pure-Python dependencies offline, opens WebGPU (executor.ts), loads
- * the artifact (manifest, then every file verified by sha256 with crypto.subtle, cached with the
- * Cache API) and runs the SAME Python engine (wick.engine) with wasm/wick_web as glue.
+ * the artifact (loader.ts: manifest, kernels and tokenizer, then the engine allocates the weight
+ * buffers and the verified shards stream into them) and runs the SAME Python engine
+ * (wick.engine) with wasm/wick_web as glue.
  * It answers the typed protocol of worker_protocol.ts.
  */
 
@@ -10,9 +11,9 @@ import { Executor } from "./executor.js";
 import {
   ErrorPayload, WickError, missingFeature, modelNotFound, payload,
 } from "./errors.js";
+import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
-const CACHE_NAME = "wick-artifacts-v1";
 const MANIFEST = "wick-artifact.json";
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -24,12 +25,6 @@ const send = (m: FromWorker) => scope.postMessage(m);
 let host: Any = null; // wick_web.host.Host (a PyProxy)
 let executor: Executor | null = null;
 let pyodide: Any = null;
-
-class Failure extends Error {
-  constructor(readonly p: ErrorPayload) {
-    super(p.error.message);
-  }
-}
 
 function toPayload(e: unknown): ErrorPayload {
   if (e instanceof Failure) return e.p;
@@ -43,26 +38,6 @@ function toPayload(e: unknown): ErrorPayload {
   const msg = err?.message ?? String(e);
   // a Python exception that escaped the host's own handling
   return payload("WickError", msg, "internal_error", null, 500);
-}
-
-async function sha256Hex(data: Uint8Array | ArrayBuffer): Promise<string> {
-  const d = await crypto.subtle.digest("SHA-256", data as BufferSource);
-  return Array.from(new Uint8Array(d), (b) => b.toString(16).padStart(2, "0")).join("");
-}
-
-async function fetchOk(url: string, what: string, init?: RequestInit): Promise<Response> {
-  let r: Response;
-  try {
-    r = await fetch(url, init);
-  } catch (e) {
-    throw new Failure(payload("LoadError", `${what}: could not fetch ${url}: ${(e as Error).message}`,
-      "load_error", "network_error", 503));
-  }
-  if (!r.ok) {
-    throw new Failure(payload("LoadError", `${what}: GET ${url} answered ${r.status}`, "load_error",
-      "network_error", r.status));
-  }
-  return r;
 }
 
 // ------------------------------------------------------------------------ boot
@@ -128,73 +103,6 @@ function pickModel(models: ModelEntry[], model: string, quantization: string | u
   return runnable.sort((a, b) => rank(a) - rank(b))[0];
 }
 
-// ------------------------------------------------------------------------ artifact files
-
-interface FileSpec { file: string; sha256: string; nbytes?: number; shard?: boolean }
-
-interface LoadStats { shardRequests: number; shardsFromCache: number; shardsRefetched: number }
-
-async function loadFiles(root: string, specs: FileSpec[], useCache: boolean, stats: LoadStats,
-                         progress: (p: Progress) => void): Promise<Map<string, Uint8Array>> {
-  const cache = useCache && "caches" in self ? await caches.open(CACHE_NAME) : null;
-  const total = specs.reduce((s, f) => s + (f.nbytes ?? 0), 0);
-  let loaded = 0;
-  const files = new Map<string, Uint8Array>();
-  let quotaWarned = false;
-  const report = (text: string) => progress({ stage: "download", loaded, total, text });
-  // a few files at a time: shards are large, kernels many and small
-  const queue = [...specs];
-  const worker = async () => {
-    for (let spec = queue.shift(); spec; spec = queue.shift()) {
-      const url = `${root}/${spec.file}`;
-      let data: Uint8Array | null = null;
-      if (cache) {
-        const hit = await cache.match(url);
-        if (hit) {
-          const buf = new Uint8Array(await hit.arrayBuffer());
-          if ((await sha256Hex(buf)) === spec.sha256) {
-            data = buf;
-            if (spec.shard) stats.shardsFromCache++;
-          } else {
-            await cache.delete(url); // corrupt entry: drop it and download again
-            if (spec.shard) stats.shardsRefetched++;
-            progress({ stage: "cache", loaded, total, text: `${spec.file}: cached copy is corrupt, downloading it again` });
-          }
-        }
-      }
-      if (!data) {
-        if (spec.shard) stats.shardRequests++;
-        const r = await fetchOk(url, spec.file);
-        const buf = new Uint8Array(await r.arrayBuffer());
-        if ((await sha256Hex(buf)) !== spec.sha256) {
-          throw new Failure(payload("ArtifactError",
-            `${root}/${spec.file}: corrupt (sha256 mismatch): re-download or recompile it`,
-            "artifact_error", "artifact_corrupt", 500));
-        }
-        data = buf;
-        if (cache) {
-          try { // only verified bytes are ever cached: an interrupted load leaves no bad entry
-            await cache.put(url, new Response(buf, { headers: { "Content-Type": "application/octet-stream" } }));
-          } catch (e) {
-            const name = (e as Error).name;
-            if (!quotaWarned) {
-              quotaWarned = true;
-              progress({ stage: "cache", loaded, total, text: name === "QuotaExceededError"
-                ? `cache quota exceeded: ${spec.file} and later files are not cached (${(e as Error).message})`
-                : `could not cache ${spec.file}: ${(e as Error).message}` });
-            }
-          }
-        }
-      }
-      files.set(spec.file, data);
-      loaded += spec.nbytes ?? 0; // total counts the weight shards (the bytes that matter)
-      report(spec.file);
-    }
-  };
-  await Promise.all(Array.from({ length: 4 }, worker));
-  return files;
-}
-
 // ------------------------------------------------------------------------ load
 
 async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInfo> {
@@ -210,13 +118,12 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
   const root = `${base}/artifacts/${encodeURIComponent(entry.id)}`;
   const manBytes = new Uint8Array(await (await fetchOk(`${root}/${MANIFEST}`, MANIFEST, { cache: "no-cache" })).arrayBuffer());
   const manifest = JSON.parse(new TextDecoder().decode(manBytes));
-  const specs: FileSpec[] = [
+  const stats = newStats();
+  const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress);
+  const files = await loader.files([
     { file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 },
     ...manifest.kernels.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
-    ...manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes, shard: true })),
-  ];
-  const stats: LoadStats = { shardRequests: 0, shardsFromCache: 0, shardsRefetched: 0 };
-  const files = await loadFiles(root, specs, msg.cache !== false, stats, progress);
+  ]);
   files.set(MANIFEST, manBytes);
 
   const tokenizers = (globalThis as Any).tokenizers;
@@ -226,26 +133,50 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
     encodeCsv: (text: string) => Array.from(tk.encode(text) as Int32Array).join(","),
     decodeCsv: (csv: string) => tk.decode(Int32Array.from(csv.split(",").map(Number))),
   };
-  const shardFiles = new Set(manifest.shards.map((s: Any) => s.file));
-  const getFile = (path: string) => {
-    const f = files.get(path);
-    if (f && shardFiles.has(path)) files.delete(path); // uploaded once: let it go
-    return f ?? null;
-  };
   const post = (rid: number, kind: string, data: string) => {
     if (kind === "error") send({ kind: "error", id: rid, error: JSON.parse(data) });
     else if (kind === "done") send({ kind: "done", id: rid });
     else send({ kind: kind as "result" | "chunk", id: rid, data });
   };
-  const onUpload = (stage: string, done: number, total: number) =>
-    progress({ stage: "upload", loaded: done, total, text: stage });
+  progress({ stage: "compile", loaded: 0, total: manifest.kernels.length, text: "compiling kernels" });
   const mod = pyodide.pyimport("wick_web.host");
   try {
-    host = await mod.load(exe, jsTokenizer, getFile, post, msg.kvCacheBytes ?? 0, onUpload);
+    // kernels compiled, weight buffers allocated (empty), tokenizer and engine built
+    host = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
+      msg.kvCacheBytes ?? 0);
   } catch (e) {
     throw new Failure(pythonError(e));
   } finally {
     mod.destroy();
+  }
+  files.clear();
+  try {
+    // weights: each verified shard straight into the buffers the engine allocated
+    const byShard = new Map<number, number[][]>();
+    for (const w of JSON.parse(host.placements_json()) as number[][]) {
+      if (!byShard.has(w[0])) byShard.set(w[0], []);
+      byShard.get(w[0])!.push(w);
+    }
+    await loader.shards(manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes })),
+      async (i, data) => {
+        for (const [, offset, nbytes, buffer] of byShard.get(i) ?? []) {
+          exe.write(buffer, 0, data.subarray(offset, offset + nbytes));
+        }
+        await exe.drain(); // let the device take the bytes before the next shard arrives
+      });
+    try {
+      await host.ready();
+    } catch (e) {
+      throw new Failure(pythonError(e));
+    }
+  } catch (e) {
+    // a half-loaded model is of no use: drop it, and the device with its buffers
+    await host.close();
+    host.destroy();
+    host = null;
+    exe.destroy();
+    executor = null;
+    throw e;
   }
   progress({ stage: "ready", loaded: 1, total: 1, text: "ready" });
   return { model: manifest.model_id, quantization: manifest.quantization, artifactId: entry.id,

@@ -4,8 +4,10 @@
 import type { ErrorPayload } from "./errors.js";
 
 export interface Progress {
-  stage: "boot" | "download" | "cache" | "upload" | "ready";
-  loaded: number; // bytes (download/upload) or steps done
+  // boot: Pyodide and the engine; compile: kernels into pipelines; download: weight bytes
+  // (from the network or the cache) into GPU buffers; cache: a note on the browser cache
+  stage: "boot" | "compile" | "download" | "cache" | "ready";
+  loaded: number; // bytes (download) or steps done
   total: number;
   text: string;
 }
@@ -19,6 +21,8 @@ export interface EngineInfo {
   shardRequests: number; // shards fetched over the network by this load
   shardsFromCache: number;
   shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
+  resumedRequests: number; // Range requests that continued a cut-off download
+  cacheError: ErrorPayload | null; // the cache could not keep the files, e.g. its quota is exceeded
 }
 
 export type ToWorker =

@@ -1,0 +1,113 @@
+"""Artifact loading in the browser (web/src/loader.ts) against a network that misbehaves: a
+shard download cut off midway resumes with a Range request; a load that fails leaves its
+finished shards cached and the next load downloads only the rest; a full cache quota is
+reported as a CacheQuotaError while the model still loads. Each test has a fresh browser
+context (its own empty Cache API) and the page comes through tests/browser/proxy.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import Page
+from .proxy import CuttingProxy
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The quick brown fox"
+N = 6
+LOAD = """async ([model, prompt, n]) => {
+    const progress = [];
+    const engine = await wick.createEngine(model, {quantization: "q0f32",
+        onProgress: (p) => progress.push(p)});
+    const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+    const out = {info: engine.info, progress, text: comp.choices[0].text,
+                 cacheError: engine.cacheError && {name: engine.cacheError.name,
+                     code: engine.cacheError.code, message: engine.cacheError.message}};
+    await engine.unload();
+    return out;
+}"""
+CACHED_SHARDS = """async () => {
+    const cache = await caches.open("wick-artifacts-v1");
+    return (await cache.keys()).map((r) => r.url).filter((u) => u.includes("/params/")).length;
+}"""
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_artifact):
+    from wick.server.local import Engine
+
+    eng = Engine(str(tiny_artifact))
+    text = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0).choices[0].text
+    manifest = json.loads((tiny_artifact / "wick-artifact.json").read_text())
+    return {"text": text, "model": manifest["model_id"], "shards": manifest["shards"]}
+
+
+@pytest.fixture
+def proxy(web_server):
+    p = CuttingProxy(web_server.url)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def fresh(browser, proxy):
+    """A page in a new browser context (empty caches) on the proxy's origin."""
+    ctx = browser.new_context()
+    yield Page(ctx, proxy.url)
+    ctx.close()
+
+
+def test_cut_off_shard_download_resumes_with_range(fresh, proxy, reference):
+    assert len(reference["shards"]) >= 3, "the test artifact should have several shards"
+    target = reference["shards"][1]
+    proxy.cut[target["file"]] = 1
+    out = fresh.run(LOAD, [reference["model"], PROMPT, N])
+    assert out["text"] == reference["text"]
+    assert out["info"]["resumedRequests"] == 1
+    assert out["info"]["shardRequests"] == len(reference["shards"])
+    (first, _), (rng, status) = proxy.requests_for(target["file"])
+    assert first is None
+    half = target["nbytes"] // 2
+    assert rng == f"bytes={half}-" and status == 206  # continued from the cut, not from 0
+    dl = [p for p in out["progress"] if p["stage"] == "download"]
+    assert dl[-1]["loaded"] == dl[-1]["total"] == sum(s["nbytes"] for s in reference["shards"])
+    assert all(p["loaded"] <= p["total"] for p in dl)
+    assert fresh.console_errors == []
+
+
+def test_failed_load_keeps_finished_shards_and_next_load_fetches_the_rest(fresh, proxy, reference):
+    shards = reference["shards"]
+    last = shards[-1]["file"]
+    proxy.fail.add(last)
+    err = fresh.run("""async ([model]) => {
+        try { await wick.createEngine(model, {quantization: "q0f32"}); return null; }
+        catch (e) { return {name: e.name, code: e.code, message: e.message,
+                            typed: e instanceof wick.LoadError}; }
+    }""", [reference["model"]])
+    assert err is not None and err["typed"] and err["name"] == "LoadError"
+    assert err["code"] == "network_error" and last in err["message"] and "503" in err["message"]
+    assert len(proxy.requests_for(last)) == 5  # the first try and four retries
+    cached = fresh.run(CACHED_SHARDS)
+    assert 1 <= cached < len(shards)
+
+    proxy.fail.clear()
+    out = fresh.run(LOAD, [reference["model"], PROMPT, N])
+    assert out["text"] == reference["text"]
+    assert out["info"]["shardsFromCache"] == cached
+    assert out["info"]["shardRequests"] == len(shards) - cached
+    assert fresh.run(CACHED_SHARDS) == len(shards)
+
+
+def test_cache_quota_exceeded_is_reported_and_the_model_still_loads(fresh, proxy, reference):
+    cdp = fresh.context.new_cdp_session(fresh.page)
+    cdp.send("Storage.overrideQuotaForOrigin", {"origin": proxy.url, "quotaSize": 64 * 1024})
+    out = fresh.run(LOAD, [reference["model"], PROMPT, N])
+    assert out["text"] == reference["text"]
+    assert out["cacheError"]["name"] == "CacheQuotaError"
+    assert out["cacheError"]["code"] == "cache_quota_exceeded"
+    assert "quota" in out["cacheError"]["message"]
+    notes = [p["text"] for p in out["progress"] if p["stage"] == "cache"]
+    assert any("quota" in t for t in notes)
+    assert out["info"]["shardRequests"] == len(reference["shards"])

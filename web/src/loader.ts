@@ -1,0 +1,248 @@
+/**
+ * The artifact loader of the worker: every file of an artifact verified by sha256 before use,
+ * cached with the browser Cache API, weight shards streamed one by one into GPU buffers.
+ *
+ * - Small files (tokenizer, kernels) come back as bytes for the Python engine.
+ * - Shards are downloaded a few at a time, each straight into a buffer of its manifest size; a
+ *   download cut off midway resumes with an HTTP Range request from the last byte received
+ *   (the wick host answers 206), a few times with backoff; a sha256 mismatch is downloaded once
+ *   more from scratch, then named as corrupt. Each verified shard goes to the `sink` (the GPU
+ *   upload) and the cache, then is let go: the whole model is never in memory at once.
+ * - Only verified bytes are cached, so an interrupted load leaves no bad entry; the shards that
+ *   did finish stay cached, so the next load downloads only the rest. A cached copy that fails
+ *   sha256 is dropped and downloaded again.
+ * - A full cache (QuotaExceededError) does not fail the load: it is reported as a typed
+ *   CacheQuotaError payload (`stats.cacheError`, and an onProgress "cache" event), and later
+ *   files are not offered to the cache.
+ */
+
+import { ErrorPayload, payload } from "./errors.js";
+import type { Progress } from "./worker_protocol.js";
+
+export const CACHE_NAME = "wick-artifacts-v1";
+const PARALLEL_SHARDS = 3;
+const PARALLEL_FILES = 8;
+const RETRIES = 4; // further attempts after a network failure, per file
+const BACKOFF_MS = 250;
+
+export class Failure extends Error {
+  constructor(readonly p: ErrorPayload) {
+    super(p.error.message);
+  }
+}
+
+export interface FileSpec { file: string; sha256: string; nbytes?: number }
+
+export interface LoadStats {
+  shardRequests: number; // shards downloaded (not from the cache) by this load
+  shardsFromCache: number;
+  shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
+  resumedRequests: number; // Range requests that continued a cut-off download
+  cacheError: ErrorPayload | null; // e.g. the cache quota was exceeded
+}
+
+export const newStats = (): LoadStats => ({
+  shardRequests: 0, shardsFromCache: 0, shardsRefetched: 0, resumedRequests: 0, cacheError: null,
+});
+
+export async function sha256Hex(data: Uint8Array | ArrayBuffer): Promise<string> {
+  const d = await crypto.subtle.digest("SHA-256", data as BufferSource);
+  return Array.from(new Uint8Array(d), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function loadError(message: string, code: string, status = 503): Failure {
+  return new Failure(payload("LoadError", message, "load_error", code, status));
+}
+
+/** fetch that names what failed; a non-2xx answer is a Failure, with `retry` set when trying
+ * again may help (5xx, 408, 429). */
+export async function fetchOk(url: string, what: string, init?: RequestInit): Promise<Response> {
+  let r: Response;
+  try {
+    r = await fetch(url, init);
+  } catch (e) {
+    throw Object.assign(loadError(`${what}: could not fetch ${url}: ${(e as Error).message}`,
+      "network_error"), { retry: true });
+  }
+  if (!r.ok) {
+    throw Object.assign(loadError(`${what}: GET ${url} answered ${r.status}`, "network_error", r.status),
+      { retry: r.status >= 500 || r.status === 408 || r.status === 429 });
+  }
+  return r;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export class ArtifactLoader {
+  private cache: Cache | null = null;
+  private cacheWritable = true;
+  private loaded = 0;
+  private total = 0;
+  private lastReport = 0;
+
+  constructor(private readonly root: string, private readonly useCache: boolean,
+              readonly stats: LoadStats, private readonly progress: (p: Progress) => void) {}
+
+  private async openCache(): Promise<Cache | null> {
+    if (!this.cache && this.useCache && "caches" in self) {
+      try {
+        this.cache = await caches.open(CACHE_NAME);
+      } catch (e) { // e.g. an opaque origin: no cache, the load still works
+        this.cacheWritable = false;
+        this.stats.cacheError = payload("ArtifactError", `the browser cache is unavailable: ${(e as Error).message}`,
+          "artifact_error", "cache_unavailable", 500);
+      }
+    }
+    return this.cache;
+  }
+
+  /** The small files, verified, by path. */
+  async files(specs: FileSpec[]): Promise<Map<string, Uint8Array>> {
+    const out = new Map<string, Uint8Array>();
+    const queue = [...specs];
+    const worker = async () => {
+      for (let s = queue.shift(); s; s = queue.shift()) out.set(s.file, await this.get(s, false));
+    };
+    await Promise.all(Array.from({ length: PARALLEL_FILES }, worker));
+    return out;
+  }
+
+  /** Every shard, verified, handed to `sink(index, bytes)` (awaited) then dropped. On a
+   * failure, the shards already under way still finish (and are cached) before it is thrown. */
+  async shards(specs: FileSpec[], sink: (index: number, data: Uint8Array) => Promise<void>): Promise<void> {
+    this.total = specs.reduce((s, f) => s + (f.nbytes ?? 0), 0);
+    this.loaded = 0;
+    const queue = specs.map((s, i) => [i, s] as const);
+    let failure: unknown = null;
+    const worker = async () => {
+      for (let item = queue.shift(); item && !failure; item = queue.shift()) {
+        try {
+          await sink(item[0], await this.get(item[1], true));
+        } catch (e) {
+          failure ??= e;
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: PARALLEL_SHARDS }, worker));
+    if (failure) throw failure;
+    this.report("weights loaded", true);
+  }
+
+  private report(text: string, force = false, stage: Progress["stage"] = "download") {
+    const now = Date.now();
+    if (!force && now - this.lastReport < 100) return; // at most ~10 messages a second
+    this.lastReport = now;
+    this.progress({ stage, loaded: this.loaded, total: this.total, text });
+  }
+
+  private count(n: number, text: string) {
+    this.loaded += n;
+    this.report(text);
+  }
+
+  /** One file: the cache if its copy verifies, else the network (then cached). */
+  private async get(spec: FileSpec, shard: boolean): Promise<Uint8Array> {
+    const url = `${this.root}/${spec.file}`;
+    const cache = await this.openCache();
+    if (cache) {
+      const hit = await cache.match(url);
+      if (hit) {
+        const buf = new Uint8Array(await hit.arrayBuffer());
+        if ((await sha256Hex(buf)) === spec.sha256) {
+          if (shard) {
+            this.stats.shardsFromCache++;
+            this.count(buf.byteLength, `${spec.file} (cached)`);
+          }
+          return buf;
+        }
+        await cache.delete(url); // a corrupt entry: drop it and download again
+        if (shard) this.stats.shardsRefetched++;
+        this.report(`${spec.file}: the cached copy is corrupt, downloading it again`, true, "cache");
+      }
+    }
+    if (shard) this.stats.shardRequests++;
+    let data = await this.download(url, spec, shard);
+    if ((await sha256Hex(data)) !== spec.sha256) {
+      if (shard) this.loaded -= data.byteLength;
+      data = await this.download(url, spec, shard); // a transfer can go bad once: try again
+      if ((await sha256Hex(data)) !== spec.sha256) {
+        throw new Failure(payload("ArtifactError",
+          `${url}: corrupt (sha256 mismatch after two downloads): re-download or recompile it`,
+          "artifact_error", "artifact_corrupt", 500));
+      }
+    }
+    await this.put(url, data);
+    return data;
+  }
+
+  private async put(url: string, data: Uint8Array): Promise<void> {
+    if (!this.cache || !this.cacheWritable) return;
+    try {
+      await this.cache.put(url, new Response(data as BufferSource,
+        { headers: { "Content-Type": "application/octet-stream" } }));
+    } catch (e) {
+      this.cacheWritable = false; // the rest would fail the same way
+      const err = e as Error;
+      const quota = err.name === "QuotaExceededError";
+      this.stats.cacheError = quota
+        ? payload("CacheQuotaError", `the browser cache quota is exceeded: ${url} and later files are ` +
+            `not cached and will be downloaded again next time (${err.message})`,
+            "artifact_error", "cache_quota_exceeded", 507)
+        : payload("ArtifactError", `could not cache ${url}: ${err.message}`, "artifact_error",
+            "cache_write_failed", 500);
+      this.report(this.stats.cacheError.error.message, true, "cache");
+      console.warn(`wick: ${this.stats.cacheError.error.message}`);
+    }
+  }
+
+  /** The bytes at `url`: with a known size, read into one buffer and resumed with Range
+   * requests after a cut; a network failure is retried with backoff. */
+  private async download(url: string, spec: FileSpec, shard: boolean): Promise<Uint8Array> {
+    const size = spec.nbytes;
+    const buf = size !== undefined ? new Uint8Array(size) : null;
+    let got = 0;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const resume = buf !== null && got > 0;
+        // no-store: the Cache API keeps the verified copy; the HTTP cache would keep a second one
+        const r = await fetchOk(url, spec.file, resume
+          ? { cache: "no-store", headers: { Range: `bytes=${got}-` } } : { cache: "no-store" });
+        if (!buf) return new Uint8Array(await r.arrayBuffer());
+        if (resume) {
+          this.stats.resumedRequests++;
+          if (r.status !== 206) { // the server sent it all again: start over
+            if (shard) this.loaded -= got;
+            got = 0;
+          }
+        }
+        if (!r.body) throw loadError(`${spec.file}: empty response body`, "network_error");
+        const reader = r.body.getReader();
+        for (;;) {
+          let chunk: ReadableStreamReadResult<Uint8Array>;
+          try {
+            chunk = await reader.read();
+          } catch (e) {
+            throw Object.assign(loadError(`${spec.file}: the download broke off after ${got} of ${size} ` +
+              `bytes: ${(e as Error).message}`, "network_error"), { retry: true });
+          }
+          if (chunk.done) break;
+          if (got + chunk.value.byteLength > buf.byteLength) {
+            throw new Failure(payload("ArtifactError", `${url}: longer than the ${size} bytes the ` +
+              "manifest says: re-download or recompile it", "artifact_error", "artifact_corrupt", 500));
+          }
+          buf.set(chunk.value, got);
+          got += chunk.value.byteLength;
+          if (shard) this.count(chunk.value.byteLength, spec.file);
+        }
+        if (got === buf.byteLength) return buf;
+        throw Object.assign(loadError(`${spec.file}: the download ended after ${got} of ${size} bytes`,
+          "network_error"), { retry: true });
+      } catch (e) {
+        if (!(e as { retry?: boolean }).retry || attempt >= RETRIES) throw e;
+        this.report(`${(e as Error).message}; retrying` +
+          (got ? ` from byte ${got}` : ""), true);
+        await sleep(BACKOFF_MS * 2 ** attempt);
+      }
+    }
+  }
+}
