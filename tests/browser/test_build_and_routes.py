@@ -76,3 +76,41 @@ def test_model_index_and_bundle_routes(tmp_path):
         assert r.headers["content-type"].startswith("text/javascript")
         assert "createEngine" in r.text
     assert client.get("/static/wick.js?name=../../app.py").text == r.text  # no parameters
+
+
+def test_wheel_ships_the_browser_engine_and_serves_it(web_bundle, tmp_path):
+    """`pip wheel .` carries the built web/ and wasm/ assets (setup.py builds them when absent);
+    installed from that wheel alone, the server serves every file the worker will ask for."""
+    import subprocess
+
+    out = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+                   check=True)
+    (wheel,) = out.glob("wick-*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel: unpacking is installing
+    check = r"""
+import hashlib, json, sys
+import wick.server.app as app
+from fastapi.testclient import TestClient
+from wick.server.app import ModelPool, create_app
+assert app.__file__.startswith(sys.argv[1]), app.__file__
+c = TestClient(create_app(ModelPool(state="ready")))
+for path in ("/static/wick.js", "/static/wick-worker.js", "/static/web/wick.js", "/"):
+    r = c.get(path)
+    assert r.status_code == 200 and r.content, path
+assert b"createEngine" in c.get("/static/wick.js").content
+man = c.get("/static/wasm/manifest.json").json()
+for w in man["wheels"]:
+    r = c.get("/static/wasm/" + w["file"])
+    assert r.status_code == 200 and hashlib.sha256(r.content).hexdigest() == w["sha256"], w
+for f in ("pyodide.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json"):
+    assert c.get("/static/wasm/" + man["pyodide"] + f).status_code == 200, f
+assert c.get("/static/wasm/" + man["tokenizers"]).status_code == 200
+print("served", len(man["wheels"]), "wheels")
+"""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = subprocess.run([sys.executable, "-c", check, str(site)], env=env, capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "served 4 wheels" in r.stdout

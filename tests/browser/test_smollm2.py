@@ -1,5 +1,6 @@
-"""SmolLM2-135M-Instruct (the bundled GGUF, q4f32_1: SwiftShader has no shader-f16) in the
-browser equals the native engine on the same artifact: greedy chat, token for token."""
+"""SmolLM2-135M-Instruct (the bundled GGUF) in q0f32 -- SwiftShader has no shader-f16 -- in the
+browser equals the native engine on the same artifact: greedy chat and completion token for
+token, and the streamed chunks join to the non-stream text."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from .conftest import Page
 pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The three primary colors are"
 N = 8
 
 
 @pytest.fixture(scope="module")
 def smol_artifact(compiled):
-    return compiled("smollm2-135m-instruct", "q4f32_1")
+    return compiled("smollm2-135m-instruct", "q0f32")
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +33,35 @@ def smol_server(web_bundle, smol_artifact):
     live.stop()
 
 
-def test_smollm2_greedy_chat_equals_native(context, smol_server, smol_artifact):
+def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact):
     from wick.server.local import Engine
 
-    native = Engine(str(smol_artifact)).chat.completions.create(
-        messages=MESSAGES, max_tokens=N, temperature=0).to_dict()
+    eng = Engine(str(smol_artifact))
+    chat = eng.chat.completions.create(messages=MESSAGES, max_tokens=N, temperature=0).to_dict()
+    comp = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0).to_dict()
+    del eng
     page = Page(context, smol_server.url)
-    out = page.run("""async ([messages, n]) => {
-        const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q4f32_1"});
-        const r = await engine.chat.completions.create({messages, max_tokens: n, temperature: 0});
+    out = page.run("""async ([messages, prompt, n]) => {
+        const t0 = performance.now();
+        const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32"});
+        const loadMs = performance.now() - t0;
+        const chat = await engine.chat.completions.create({messages, max_tokens: n, temperature: 0});
+        const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+        const parts = [];
+        for await (const c of await engine.chat.completions.create(
+                {messages, max_tokens: n, temperature: 0, stream: true})) {
+            parts.push(c.choices.length ? (c.choices[0].delta.content ?? "") : "");
+        }
         await engine.unload();
-        return r;
-    }""", [MESSAGES, N], timeout=600_000)
-    assert out["choices"][0]["message"]["content"] == native["choices"][0]["message"]["content"]
-    assert out["usage"] == native["usage"]
-    assert "Paris" in out["choices"][0]["message"]["content"]
+        return {chat, comp, streamed: parts.join(""), loadMs, info: engine.info};
+    }""", [MESSAGES, PROMPT, N], timeout=900_000)
+    print(f"SmolLM2 q0f32 in Chromium: load {out['loadMs'] / 1e3:.1f} s")
+    assert out["info"]["quantization"] == "q0f32"
+    text = out["chat"]["choices"][0]["message"]["content"]
+    assert text == chat["choices"][0]["message"]["content"]
+    assert "Paris" in text
+    assert out["chat"]["usage"] == chat["usage"]
+    assert out["comp"]["choices"][0]["text"] == comp["choices"][0]["text"]
+    assert out["comp"]["usage"] == comp["usage"]
+    assert out["streamed"] == text
     assert not page.console_errors

@@ -1,0 +1,32 @@
+"""Everything declarative lives in pyproject.toml. This file only adds one build step: a wheel
+(or a non-editable install) ships the browser engine -- the JS bundles in wick/server/static/web/
+and the Pyodide assets in wick/server/static/wasm/ -- so that `wick serve` serves them with no
+extra step. They are built by web/build.sh (node + npm) when the tree does not have them yet.
+Editable installs read them from the source tree and skip this step."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+STATIC = ROOT / "pyserver" / "static"
+BUILT = (STATIC / "web" / "wick.js", STATIC / "web" / "wick-worker.js", STATIC / "wasm" / "manifest.json")
+
+
+class BuildPyWithBrowserEngine(build_py):
+    def run(self):
+        if not getattr(self, "editable_mode", False) and not all(p.is_file() for p in BUILT):
+            if shutil.which("npm") is None:
+                raise SystemExit(
+                    "wick: building a wheel needs the browser engine (web/build.sh), which needs "
+                    "node and npm: install them (apt-get install -y nodejs npm) or run "
+                    "`bash web/build.sh` first")
+            subprocess.run(["bash", str(ROOT / "web" / "build.sh"), sys.executable], check=True)
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithBrowserEngine})
