@@ -23,6 +23,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -81,8 +82,11 @@ def glue_wheel() -> tuple[str, bytes]:
 
 
 def _pip_download(spec: str, dest: Path, *extra: str) -> Path:
+    # Inside pip's isolated wheel build (setup.py runs this), PYTHONPATH/PYTHONNOUSERSITE hide
+    # the interpreter's own site-packages and with them pip: drop them for this one call.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest),
-                    *extra, spec], check=True)
+                    *extra, spec], check=True, env=env)
     name = spec.split("==")[0].lower()
     (found,) = [p for p in dest.iterdir() if p.name.lower().startswith(name)]
     return found
