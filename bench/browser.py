@@ -5,10 +5,14 @@ against the native engine (wgpu) on the same artifact.
                             [--quantization q0f32] [--tokens 32] [--batch 1,4] [--prompt TEXT]
                             [--chromium /usr/bin/chromium] [--headed] [--skip-native]
 
-Prints: load time cold (download + verify + upload, empty Cache API) and warm (from the cache),
-then for each batch size the prefill time (first token) and decode tokens/s of ``--tokens``
-greedy tokens (EOS ignored) per request, batch requests issued together so their decodes share
-steps; the same for the native engine. Headless Chromium's WebGPU here is SwiftShader (CPU):
+Prints: cold (empty Cache API) and warm (from the cache) loads split into Pyodide boot, kernel
+compilation and weights (download or cache read, verify, upload), and the time to the first token
+of a first request after each; then for each batch size the first-token time and decode tokens/s
+of ``--tokens`` greedy tokens (EOS ignored) per request, batch requests issued together so their
+decodes share steps, and host-side ms per step: the Python engine (scheduling and
+postprocessing), building the dispatch lists (plan) and the backend call, split in the browser
+into JS encoding and waiting for the device + readback. The same for the native engine (wgpu)
+on the same artifact, and the decode ratio. Headless Chromium's WebGPU here is SwiftShader (CPU):
 numbers describe the host, not a GPU. Needs ``bash web/build.sh`` first.
 """
 
@@ -30,48 +34,72 @@ PAGE = "/__wick_bench__.html"
 
 RUN = """async ([model, quantization, prompt, tokens, batches]) => {
   const wick = await import('/static/wick.js');
-  const out = {};
-  let t = performance.now();
-  let engine = await wick.createEngine(model, {quantization});
-  out.load_cold_s = (performance.now() - t) / 1000;
-  out.info = engine.info;
-  await engine.unload();
-  t = performance.now();
-  engine = await wick.createEngine(model, {quantization});
-  out.load_warm_s = (performance.now() - t) / 1000;
-  out.warm_shard_requests = engine.info.shardRequests;
   const body = {prompt, max_tokens: tokens, temperature: 0, ignore_eos: true, stream: true,
                 stream_options: {include_usage: true}};
-  await engine.completions.create({prompt, max_tokens: 2, temperature: 0});  // warm-up
+  // one streamed request: seconds to its first token, decode tok/s after it, tokens
+  const one = async (engine) => {
+    const t0 = performance.now(); let first = null; let n = 0;
+    for await (const c of await engine.completions.create(body)) {
+      if (c.choices.length && c.choices[0].text) { first ??= performance.now(); }
+      if (c.usage) n = c.usage.completion_tokens;
+    }
+    const t1 = performance.now();
+    return {first_s: (first - t0) / 1000, decode_tok_s: (n - 1) / ((t1 - first) / 1000), n};
+  };
+  // a load, split by its progress events, then the first token of a first request
+  const load = async () => {
+    const marks = {};
+    const t0 = performance.now();
+    const mark = (p) => {
+      const t = (performance.now() - t0) / 1000;
+      if (p.stage === "boot" && p.loaded === 2) marks.boot = t;
+      if (p.stage === "compile") marks.compile ??= t;
+      if (p.stage === "download") marks.download ??= t;
+    };
+    const engine = await wick.createEngine(model, {quantization, onProgress: mark});
+    const load_s = (performance.now() - t0) / 1000;
+    const first = await one(engine);
+    return {engine, load_s, boot_s: marks.boot ?? 0,
+            kernels_s: (marks.download ?? load_s) - (marks.compile ?? 0),
+            weights_s: load_s - (marks.download ?? load_s), first_token_s: first.first_s,
+            ttft_s: load_s + first.first_s, info: engine.info};
+  };
+  const out = {};
+  let l = await load();
+  out.cold = {...l, engine: undefined};
+  await l.engine.unload();
+  l = await load();
+  out.warm = {...l, engine: undefined};
+  const engine = l.engine;
   out.runs = [];
   for (const b of batches) {
-    const one = async () => {
-      const t0 = performance.now(); let first = null; let n = 0;
-      for await (const c of await engine.completions.create(body)) {
-        if (c.choices.length && c.choices[0].text) { first ??= performance.now(); }
-        if (c.usage) n = c.usage.completion_tokens;
-      }
-      const t1 = performance.now();
-      return {first_s: (first - t0) / 1000, decode_tok_s: (n - 1) / ((t1 - first) / 1000), n};
-    };
+    const s0 = (await engine.stats()).totals;
     const t0 = performance.now();
-    const rs = await Promise.all(Array.from({length: b}, one));
+    const rs = await Promise.all(Array.from({length: b}, () => one(engine)));
     const wall = (performance.now() - t0) / 1000;
+    const s1 = (await engine.stats()).totals;
+    const steps = s1.steps - s0.steps;
+    const per = (k) => (s1[k] - s0[k]) / steps;
     out.runs.push({batch: b, wall_s: wall, total_tok_s: rs.reduce((s, r) => s + r.n, 0) / wall,
                    first_s: Math.max(...rs.map((r) => r.first_s)),
-                   decode_tok_s_per_request: rs.reduce((s, r) => s + r.decode_tok_s, 0) / b});
+                   decode_tok_s_per_request: rs.reduce((s, r) => s + r.decode_tok_s, 0) / b,
+                   steps, engine_ms: per("engine_ms"), plan_ms: per("plan_ms"),
+                   backend_ms: per("backend_ms"), js_encode_ms: per("js_encode_ms"),
+                   device_wait_ms: per("device_wait_ms")});
   }
   await engine.unload();
   return out;
 }"""
 
 
-def native_runs(artifact: Path, prompt: str, tokens: int, batches: list[int]) -> list[dict]:
+def native_runs(artifact: Path, prompt: str, tokens: int, batches: list[int]) -> dict:
     import asyncio
 
     from wick.server.local import AsyncEngine
 
+    t0 = time.perf_counter()
     eng = AsyncEngine(str(artifact))
+    load_s = time.perf_counter() - t0
 
     async def one() -> dict:
         t0 = time.perf_counter()
@@ -87,27 +115,50 @@ def native_runs(artifact: Path, prompt: str, tokens: int, batches: list[int]) ->
         t1 = time.perf_counter()
         return {"first_s": first - t0, "decode_tok_s": (n - 1) / (t1 - first), "n": n}
 
-    async def main() -> list[dict]:
-        await eng.completions.create(prompt=prompt, max_tokens=2, temperature=0)
+    def totals() -> dict:
+        t, s = eng.core.runner.timings, eng.core.stats
+        return {"steps": t.steps, "engine_ms": s.total_host_ms, "plan_ms": t.plan_ms_total,
+                "backend_ms": t.backend_ms_total}
+
+    async def main() -> dict:
+        first = await one()
         runs = []
         for b in batches:
+            s0 = totals()
             t0 = time.perf_counter()
             rs = await asyncio.gather(*(one() for _ in range(b)))
             wall = time.perf_counter() - t0
+            s1 = totals()
+            steps = s1["steps"] - s0["steps"]
             runs.append({"batch": b, "wall_s": wall, "total_tok_s": sum(r["n"] for r in rs) / wall,
                          "first_s": max(r["first_s"] for r in rs),
-                         "decode_tok_s_per_request": sum(r["decode_tok_s"] for r in rs) / b})
+                         "decode_tok_s_per_request": sum(r["decode_tok_s"] for r in rs) / b,
+                         "steps": steps,
+                         **{k: (s1[k] - s0[k]) / steps for k in ("engine_ms", "plan_ms", "backend_ms")}})
         await eng.aclose()
-        return runs
+        return {"load_s": load_s, "first_token_s": first["first_s"],
+                "ttft_s": load_s + first["first_s"], "runs": runs}
 
     return asyncio.run(main())
 
 
 def table(name: str, runs: list[dict]) -> None:
     for r in runs:
+        split = (f"JS encode {r['js_encode_ms']:.2f} + device/readback {r['device_wait_ms']:.1f}"
+                 if "js_encode_ms" in r else "")
         print(f"{name:8s} batch {r['batch']:2d}: first token {r['first_s']:6.2f} s, decode "
               f"{r['decode_tok_s_per_request']:7.1f} tok/s per request, "
               f"{r['total_tok_s']:7.1f} tok/s total")
+        print(f"{'':8s}   host ms/step over {r['steps']} steps: engine {r['engine_ms']:.2f}, "
+              f"plan {r['plan_ms']:.2f}, backend call {r['backend_ms']:.1f}"
+              + (f" ({split})" if split else ""))
+
+
+def load_line(name: str, l: dict) -> None:
+    parts = (f" (boot {l['boot_s']:.2f} s, kernels {l['kernels_s']:.2f} s, weights {l['weights_s']:.2f} s)"
+             if "boot_s" in l else "")
+    print(f"{name:15s} load {l['load_s']:6.2f} s{parts}, first token {l['first_token_s']:.2f} s "
+          f"-> time to first token {l['ttft_s']:.2f} s")
 
 
 def main() -> None:
@@ -153,15 +204,22 @@ def main() -> None:
             browser.close()
     finally:
         server.stop()
-    info = out["info"]
+    info = out["cold"]["info"]
     size = sum(s["nbytes"] for s in art.manifest["shards"]) / 2**20
-    print(f"{info['model']} {info['quantization']} ({size:.1f} MiB of weights) on {info['device']}")
-    print(f"load: cold {out['load_cold_s']:.2f} s, warm (Cache API) {out['load_warm_s']:.2f} s "
-          f"({out['warm_shard_requests']} shard requests)")
+    print(f"{info['model']} {info['quantization']} ({size:.1f} MiB of weights), prompt of "
+          f"{len(args.prompt)} chars, {args.tokens} tokens per request")
+    print(f"browser: {info['device']} (headless Chromium, Pyodide worker)")
+    load_line("browser cold", out["cold"])
+    load_line("browser warm", out["warm"])
+    print(f"{'':15s} warm load made {out['warm']['info']['shardRequests']} shard requests")
     table("browser", out["runs"])
     if not args.skip_native:
-        table("native", native_runs(artifact, args.prompt, args.tokens, batches))
-
+        native = native_runs(artifact, args.prompt, args.tokens, batches)
+        load_line("native", native)
+        table("native", native["runs"])
+        for b, n in zip(out["runs"], native["runs"]):
+            print(f"batch {b['batch']:2d}: browser / native decode = "
+                  f"{b['decode_tok_s_per_request'] / n['decode_tok_s_per_request']:.2f}x")
 
 if __name__ == "__main__":
     main()

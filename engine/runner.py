@@ -57,6 +57,15 @@ class StepTimings:
 
     plan_ms: float = 0.0  # building inputs and dispatch lists
     backend_ms: float = 0.0  # encode + submit + wait + read back
+    steps: int = 0  # and the sums over every step so far
+    plan_ms_total: float = 0.0
+    backend_ms_total: float = 0.0
+
+    def record(self, plan_ms: float, backend_ms: float) -> None:
+        self.plan_ms, self.backend_ms = plan_ms, backend_ms
+        self.steps += 1
+        self.plan_ms_total += plan_ms
+        self.backend_ms_total += backend_ms
 
 
 class Runner:
@@ -81,6 +90,7 @@ class Runner:
         self.max_batch = m["max_batch_size"]
         self.vocab_size = m["vocab_size"]
         self.timings = StepTimings()
+        self._plan_ms = 0.0
         report = progress or (lambda stage, done, total: None)
 
         plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
@@ -206,7 +216,7 @@ class Runner:
             writes.append(Write(handle, 0, array(code, columns[name]).tobytes()))
             sample_inputs[name] = TensorRef(handle, 0, (b,), dtype)
         sample_dispatches, (tokens,) = self.sample(sample_inputs)
-        self.timings.plan_ms = (time.perf_counter() - t0) * 1e3
+        self._plan_ms = (time.perf_counter() - t0) * 1e3
         return writes, dispatches + sample_dispatches, Read(tokens.buffer, tokens.offset, 4 * b)
 
     @staticmethod
@@ -219,7 +229,7 @@ class Runner:
         writes, dispatches, read = self._step_call(batch)
         t0 = time.perf_counter()
         (raw,) = self.backend.run(writes, dispatches, [read])
-        self.timings.backend_ms = (time.perf_counter() - t0) * 1e3
+        self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
         return self._sampled(raw, batch)
 
     async def step_async(self, batch: Batch) -> list[int]:
@@ -231,7 +241,7 @@ class Runner:
         writes, dispatches, read = self._step_call(batch)
         t0 = time.perf_counter()
         (raw,) = await run_async(writes, dispatches, [read])
-        self.timings.backend_ms = (time.perf_counter() - t0) * 1e3
+        self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
         return self._sampled(raw, batch)
 
     def read_logits(self, batch: Batch) -> list[list[float]]:

@@ -73,6 +73,14 @@ class WebGPUBackend:
         self._encoded: dict[int, tuple[Dispatch, array]] = {}
         self.steps = 0
 
+    @property
+    def js_encode_ms(self) -> float:
+        return self._x.encodeMs
+
+    @property
+    def device_wait_ms(self) -> float:
+        return self._x.waitMs
+
     def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
         payload = json.dumps([
             {"name": k.name, "wgsl": k.wgsl, "entry_point": k.entry_point,

@@ -50,12 +50,21 @@ class Host:
             raise RuntimeError(error_payload(e)) from None
 
     def info_json(self) -> str:
+        """The model, the device and host-side step timings: the last step's and the sums over
+        all steps, split into the Python engine (scheduling, postprocessing), building the
+        dispatch lists (plan), and the backend call, itself split by the executor into JS
+        encoding and waiting for the device + readback."""
         info = self.api.core.info
         t = self.api.core.runner.timings
+        stats = self.api.core.stats
         return json.dumps({"model": info.model_id, "quantization": info.quantization,
                            "device": self.backend.name, "steps": self.backend.steps,
                            "last_step": {"plan_ms": t.plan_ms, "backend_ms": t.backend_ms,
-                                         "engine_ms": self.api.core.stats.last_step_host_ms}})
+                                         "engine_ms": stats.last_step_host_ms},
+                           "totals": {"steps": t.steps, "engine_ms": stats.total_host_ms,
+                                      "plan_ms": t.plan_ms_total, "backend_ms": t.backend_ms_total,
+                                      "js_encode_ms": float(self.backend.js_encode_ms),
+                                      "device_wait_ms": float(self.backend.device_wait_ms)}})
 
     def start(self, rid: int, kind: str, body_json: str) -> None:
         self._tasks[rid] = asyncio.ensure_future(self._run(rid, kind, body_json))

@@ -88,6 +88,16 @@ export interface CreateEngineOptions {
   workerUrl?: string | URL;
 }
 
+export interface EngineStats {
+  model: string;
+  quantization: string;
+  device: string;
+  steps: number;
+  last_step: { plan_ms: number; backend_ms: number; engine_ms: number };
+  totals: { steps: number; engine_ms: number; plan_ms: number; backend_ms: number;
+    js_encode_ms: number; device_wait_ms: number };
+}
+
 type Listener = (m: FromWorker) => void;
 
 /** An async iterable of chunks fed by worker messages. */
@@ -231,9 +241,10 @@ export class Engine {
     this.live().postMessage({ kind: "interrupt", id: this.nextId() } satisfies ToWorker);
   }
 
-  /** Engine statistics from the worker (model, device, steps run so far). */
-  stats(): Promise<{ model: string; quantization: string; device: string; steps: number;
-    last_step: { plan_ms: number; backend_ms: number; engine_ms: number } }> {
+  /** Engine statistics from the worker: model, device, steps run so far, and host-side
+   * milliseconds of the last step and summed over all steps (Python engine, plan building,
+   * the backend call; the latter split into JS encoding and waiting for the device). */
+  stats(): Promise<EngineStats> {
     return this.call({ kind: "stats", id: this.nextId() }).then((d) => JSON.parse(d ?? "{}"));
   }
 

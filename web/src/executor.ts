@@ -67,6 +67,10 @@ export class Executor {
   private errors: { kernel: string; scope: Promise<GPUError | null> }[] = [];
   private lost: string | null = null;
   steps = 0;
+  // host-side milliseconds summed over steps: JS encoding (runStep up to submit) and waiting
+  // for the device and the readback (submit to mapped bytes)
+  encodeMs = 0;
+  waitMs = 0;
 
   private constructor(device: GPUDevice, name: string) {
     this.device = device;
@@ -238,6 +242,7 @@ export class Executor {
   async runStep(writeMeta: Int32Array, writeData: Uint8Array, dispatches: Int32Array,
                 uniforms: Uint8Array, reads: Int32Array): Promise<Uint8Array> {
     if (this.lost) throw new Error(this.lost);
+    const t0 = performance.now();
     let pos = 0;
     for (let i = 0; i < writeMeta.length; i += 3) {
       const n = writeMeta[i + 2];
@@ -312,6 +317,8 @@ export class Executor {
     }
     dev.queue.submit([encoder.finish()]);
     this.steps++;
+    const t1 = performance.now();
+    this.encodeMs += t1 - t0;
     if (!rtotal) return new Uint8Array(0);
     const staging = this.staging!;
     await staging.mapAsync(GPUMapMode.READ, 0, rtotal);
@@ -319,6 +326,7 @@ export class Executor {
       return new Uint8Array(staging.getMappedRange(0, rtotal).slice(0));
     } finally {
       staging.unmap();
+      this.waitMs += performance.now() - t1;
     }
   }
 
