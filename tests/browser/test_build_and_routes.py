@@ -87,6 +87,9 @@ def test_wheel_ships_the_browser_engine_and_serves_it(web_bundle, tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
                    check=True)
     (wheel,) = out.glob("wick-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "wick/server/static/web/wick.d.ts" in names  # the public API's types
+    assert "wick/server/static/web/types/client.d.ts" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel: unpacking is installing
     check = r"""
