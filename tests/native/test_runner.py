@@ -75,3 +75,35 @@ def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_llama_dir
     assert all(n > 10 for n in runs)
     # steps of the same shape reuse the dispatch list built the first time
     assert len(runner.decode._cache) <= 2 and len(runner.forward._cache) == 1
+
+
+def test_deferred_weights_filled_from_placements_equal_uploaded(tiny_llama_dir, compiled, backend):
+    """upload_weights=False (the browser's path) writes nothing: the placements cover every
+    parameter byte once, and filling them from the shard files gives the uploaded runner's tokens."""
+    path = compiled(tiny_llama_dir, "q0f32", prefill_chunk_size=64, max_batch_size=4,
+                    shard_max_bytes=96 << 10)
+    art = _artifact(path)
+    assert len(art.manifest["shards"]) > 1
+
+    def generate(runner: Runner) -> list[int]:
+        api = EngineAPI.from_runner(runner, HFTokenizer(art.tokenizer_json()),
+                                    ModelInfo.from_manifest(art.manifest), num_pages=16)
+        return api.completions.create(prompt="hello world", max_tokens=6, temperature=0).choices[0].text
+
+    uploaded = Runner(art, backend, num_pages=16)
+    writes = []
+    real_write = backend.write
+    backend.write = lambda buffer, offset, data: writes.append(buffer) or real_write(buffer, offset, data)
+    try:
+        deferred = Runner(art, backend, num_pages=16, upload_weights=False)
+    finally:
+        backend.write = real_write
+    assert writes == []  # no weight passed through the engine
+    placements = deferred.weight_placements
+    assert sorted((w.shard, w.offset, w.nbytes) for w in placements) == sorted(
+        (p.shard, p.offset, p.nbytes) for p in art.params)
+    assert len({w.buffer for w in placements}) == len(art.params)
+    for w in placements:
+        shard = (path / art.manifest["shards"][w.shard]["file"]).read_bytes()
+        backend.write(w.buffer, 0, shard[w.offset:w.offset + w.nbytes])
+    assert generate(deferred) == generate(uploaded)

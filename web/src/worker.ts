@@ -171,8 +171,10 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
     }
   } catch (e) {
     // a half-loaded model is of no use: drop it, and the device with its buffers
-    await host.close();
-    host.destroy();
+    try {
+      await host.close();
+      host.destroy();
+    } catch { /* the error that brought us here is the one to report */ }
     host = null;
     exe.destroy();
     executor = null;
