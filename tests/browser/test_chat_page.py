@@ -66,3 +66,37 @@ def test_no_webgpu_adapter_is_a_typed_error(playwright, web_server):
     assert out["cls"] == "WebGPUUnavailableError"
     assert out["code"] in ("no_adapter", "no_webgpu")
     assert "q4f32_1" in out["message"] and "q0f32" in out["message"]
+
+
+def test_chat_page_switches_to_the_server_engine(browser, web_bundle, tiny_artifact):
+    """Switched to "server", the page streams the same answer from /v1/chat/completions."""
+    from wick.server.app import ModelPool, create_app
+    from wick.server.local import AsyncEngine, Engine
+    from wick.server.serve import ServerThread
+
+    messages = [{"role": "user", "content": "hi server"}]
+    want = Engine(str(tiny_artifact)).chat.completions.create(
+        messages=messages, max_tokens=8, temperature=0).choices[0].message.content
+    live = ServerThread(create_app(ModelPool.of(AsyncEngine(str(tiny_artifact)))))
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.set_default_timeout(120_000)
+        page.goto(live.url + "/")
+        page.locator("#engine").select_option("server")
+        expect(page.locator("#model option")).to_have_text(["tiny-llama0"])
+        page.fill("#temperature", "0")
+        page.fill("#max-tokens", "8")
+        page.fill("#input", messages[0]["content"])
+        page.click("#send")
+        expect(page.locator("#status")).to_have_text(re.compile("tokens in"))
+        assert page.eval_on_selector(".msg.assistant", "e => e.textContent") == want
+        page.reload()  # the choice is remembered
+        expect(page.locator("#model option")).to_have_text(["tiny-llama0"])
+        assert page.eval_on_selector("#engine", "e => e.value") == "server"
+        assert errors == []
+    finally:
+        ctx.close()
+        live.stop()
