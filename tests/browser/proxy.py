@@ -74,3 +74,31 @@ class CuttingProxy:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class PageServer:
+    """Serves one HTML page at every path: a real loopback origin of its own (Chromium lets a
+    loopback page reach another loopback origin; a page fulfilled by a route counts as public)."""
+
+    def __init__(self, html: str) -> None:
+        body = html.encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

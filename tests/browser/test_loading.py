@@ -11,7 +11,7 @@ import json
 import pytest
 
 from .conftest import Page
-from .proxy import CuttingProxy
+from .proxy import CuttingProxy, PageServer
 
 pytestmark = pytest.mark.slow
 
@@ -111,3 +111,41 @@ def test_cache_quota_exceeded_is_reported_and_the_model_still_loads(fresh, proxy
     notes = [p["text"] for p in out["progress"] if p["stage"] == "cache"]
     assert any("quota" in t for t in notes)
     assert out["info"]["shardRequests"] == len(reference["shards"])
+
+
+def test_page_on_another_origin_uses_a_cors_wick_host(browser, web_bundle, tiny_artifact, reference):
+    """A page on another origin imports wick.js from a wick host started with --cors-origin for
+    it; the worker (started through a same-origin shim) loads Pyodide, the engine and the
+    artifact from that host and answers like the native engine."""
+    from wick.server.app import ModelPool, create_app
+    from wick.server.artifact_host import ArtifactHost
+    from wick.server.serve import ServerThread
+
+    app = PageServer("<!doctype html><title>app</title>")
+    app_origin = app.url
+    host = ArtifactHost()
+    host.add(tiny_artifact)
+    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host, cors_origins=[app_origin]))
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.goto(app_origin + "/")
+        page.set_default_timeout(240_000)
+        out = page.evaluate("""async ([wickHost, model, prompt, n]) => {
+            const wick = await import(wickHost + "/static/wick.js");
+            const engine = await wick.createEngine(model, {quantization: "q0f32", baseUrl: wickHost});
+            const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+            const info = engine.info;
+            await engine.unload();
+            return {text: comp.choices[0].text, info, origin: location.origin};
+        }""", [live.url, reference["model"], PROMPT, N])
+        assert out["origin"] == app_origin
+        assert out["text"] == reference["text"]
+        assert out["info"]["shardRequests"] == len(reference["shards"])
+        assert errors == []
+    finally:
+        ctx.close()
+        live.stop()
+        app.stop()

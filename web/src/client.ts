@@ -293,6 +293,19 @@ function aborted(signal: AbortSignal): Error {
   return err;
 }
 
+/** A module Worker running `url`. A Worker's script must have the page's origin: when wick.js
+ * was imported from another origin (a wick host started with --cors-origin for this page), a
+ * same-origin blob module imports the real worker script, which then loads everything from
+ * the wick host with CORS. */
+function spawnWorker(url: URL): Worker {
+  if (url.origin === globalThis.location?.origin) return new Worker(url, { type: "module" });
+  const shim = URL.createObjectURL(new Blob([`import ${JSON.stringify(url.href)};\n`],
+    { type: "text/javascript" }));
+  const worker = new Worker(shim, { type: "module" });
+  worker.addEventListener("message", () => URL.revokeObjectURL(shim), { once: true });
+  return worker;
+}
+
 /** Load `model` (a served model id, `id-quantization`, or artifact id) into a new worker. */
 export async function createEngine(model: string, options: CreateEngineOptions = {}): Promise<Engine> {
   if (!(globalThis.navigator as Navigator | undefined)?.gpu) {
@@ -303,7 +316,7 @@ export async function createEngine(model: string, options: CreateEngineOptions =
   }
   const here = new URL(import.meta.url);
   const baseUrl = (options.baseUrl ?? here.origin).replace(/\/$/, "");
-  const worker = new Worker(options.workerUrl ?? new URL("./wick-worker.js", import.meta.url), { type: "module" });
+  const worker = spawnWorker(new URL(options.workerUrl ?? "./wick-worker.js", import.meta.url));
   const listeners = new Map<number, Listener>();
   let counter = 0;
   const nextId = () => ++counter;

@@ -207,7 +207,14 @@ export class ArtifactLoader {
         // no-store: the Cache API keeps the verified copy; the HTTP cache would keep a second one
         const r = await fetchOk(url, spec.file, resume
           ? { cache: "no-store", headers: { Range: `bytes=${got}-` } } : { cache: "no-store" });
-        if (!buf) return new Uint8Array(await r.arrayBuffer());
+        if (!buf) {
+          try {
+            return new Uint8Array(await r.arrayBuffer());
+          } catch (e) {
+            throw Object.assign(loadError(`${spec.file}: the download broke off: ${(e as Error).message}`,
+              "network_error"), { retry: true });
+          }
+        }
         if (resume) {
           this.stats.resumedRequests++;
           if (r.status !== 206) { // the server sent it all again: start over
