@@ -1,8 +1,9 @@
 """Everything declarative lives in pyproject.toml. This file only adds one build step: a wheel
 (or a non-editable install) ships the browser engine -- the JS bundles in wick/server/static/web/
 and the Pyodide assets in wick/server/static/wasm/ -- so that `wick serve` serves them with no
-extra step. They are built by web/build.sh (node + npm) when the tree does not have them yet.
-Editable installs read them from the source tree and skip this step."""
+extra step. They are built by web/build.sh (node + npm) every time (without npm, the ones
+already built in the tree are shipped). Editable installs read them from the source tree and
+skip this step."""
 
 import shutil
 import subprocess
@@ -19,13 +20,18 @@ BUILT = (STATIC / "web" / "wick.js", STATIC / "web" / "wick-worker.js", STATIC /
 
 class BuildPyWithBrowserEngine(build_py):
     def run(self):
-        if not getattr(self, "editable_mode", False) and not all(p.is_file() for p in BUILT):
-            if shutil.which("npm") is None:
+        if not getattr(self, "editable_mode", False):
+            if shutil.which("npm") is not None:
+                # always rebuilt: assets from an older tree would ship a stale engine copy
+                subprocess.run(["bash", str(ROOT / "web" / "build.sh"), sys.executable], check=True)
+            elif all(p.is_file() for p in BUILT):
+                print("wick: npm not found; shipping the browser engine already built in "
+                      "pyserver/static/ (web/build.sh)", file=sys.stderr)
+            else:
                 raise SystemExit(
                     "wick: building a wheel needs the browser engine (web/build.sh), which needs "
                     "node and npm: install them (apt-get install -y nodejs npm) or run "
                     "`bash web/build.sh` first")
-            subprocess.run(["bash", str(ROOT / "web" / "build.sh"), sys.executable], check=True)
         super().run()
 
 

@@ -54,7 +54,7 @@ RUN = """async ([model, quantization, prompt, tokens, batches]) => {
       const t = (performance.now() - t0) / 1000;
       if (p.stage === "boot" && p.loaded === 2) marks.boot = t;
       if (p.stage === "compile") marks.compile ??= t;
-      if (p.stage === "download") marks.download ??= t;
+      if (p.stage === "download" && p.total > 0) marks.download ??= t;  // weights begin
     };
     const engine = await wick.createEngine(model, {quantization, onProgress: mark});
     const load_s = (performance.now() - t0) / 1000;
@@ -79,7 +79,7 @@ RUN = """async ([model, quantization, prompt, tokens, batches]) => {
     const wall = (performance.now() - t0) / 1000;
     const s1 = (await engine.stats()).totals;
     const steps = s1.steps - s0.steps;
-    const per = (k) => (s1[k] - s0[k]) / steps;
+    const per = (k) => (s1[k] - s0[k]) / Math.max(steps, 1);
     out.runs.push({batch: b, wall_s: wall, total_tok_s: rs.reduce((s, r) => s + r.n, 0) / wall,
                    first_s: Math.max(...rs.map((r) => r.first_s)),
                    decode_tok_s_per_request: rs.reduce((s, r) => s + r.decode_tok_s, 0) / b,
@@ -134,7 +134,8 @@ def native_runs(artifact: Path, prompt: str, tokens: int, batches: list[int]) ->
                          "first_s": max(r["first_s"] for r in rs),
                          "decode_tok_s_per_request": sum(r["decode_tok_s"] for r in rs) / b,
                          "steps": steps,
-                         **{k: (s1[k] - s0[k]) / steps for k in ("engine_ms", "plan_ms", "backend_ms")}})
+                         **{k: (s1[k] - s0[k]) / max(steps, 1)
+                            for k in ("engine_ms", "plan_ms", "backend_ms")}})
         await eng.aclose()
         return {"load_s": load_s, "first_token_s": first["first_s"],
                 "ttft_s": load_s + first["first_s"], "runs": runs}
@@ -155,8 +156,11 @@ def table(name: str, runs: list[dict]) -> None:
 
 
 def load_line(name: str, l: dict) -> None:
-    parts = (f" (boot {l['boot_s']:.2f} s, kernels {l['kernels_s']:.2f} s, weights {l['weights_s']:.2f} s)"
-             if "boot_s" in l else "")
+    parts = ""
+    if "boot_s" in l:  # "other": model index, manifest, tokenizer and kernel files, overlaps
+        other = l["load_s"] - l["boot_s"] - l["kernels_s"] - l["weights_s"]
+        parts = (f" (boot {l['boot_s']:.2f} s, kernels {l['kernels_s']:.2f} s, weights "
+                 f"{l['weights_s']:.2f} s, other {other:.2f} s)")
     print(f"{name:15s} load {l['load_s']:6.2f} s{parts}, first token {l['first_token_s']:.2f} s "
           f"-> time to first token {l['ttft_s']:.2f} s")
 

@@ -566,7 +566,7 @@ def create_app(
     if cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "Range", "If-None-Match"],
+            allow_headers=["Authorization", "Content-Type", "Range", "If-Range", "If-None-Match"],
             expose_headers=["ETag", "Content-Range", "Accept-Ranges", "Content-Length"],
         )
 

@@ -8,8 +8,4 @@ PY="${1:-${PYTHON:-python3}}"
 if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi
 npx --no-install tsc --noEmit -p .
 node build.mjs
-# the public API's types beside the bundle: /static/web/wick.d.ts (-> types/client.d.ts)
-rm -rf ../pyserver/static/web/types
-npx --no-install tsc -p . --noEmit false --declaration --emitDeclarationOnly --outDir ../pyserver/static/web/types
-echo 'export * from "./types/client.js";' > ../pyserver/static/web/wick.d.ts
 "$PY" ../wasm/build.py

@@ -87,7 +87,14 @@ def tiny_f16_artifact(tiny_llama_dir, compiled) -> Path:
 
 
 @pytest.fixture(scope="session")
-def web_server(web_bundle, tiny_artifact, tiny_f16_artifact):
+def tiny_q4_artifact(tiny_llama_dir, compiled) -> Path:
+    """The same model as q4f32_1: the 4-bit dequantizing kernels without shader-f16."""
+    return compiled(tiny_llama_dir, "q4f32_1", context_window=WINDOW, prefill_chunk_size=64,
+                    max_batch_size=4)
+
+
+@pytest.fixture(scope="session")
+def web_server(web_bundle, tiny_artifact, tiny_f16_artifact, tiny_q4_artifact):
     from wick.server.app import ModelPool, create_app
     from wick.server.artifact_host import ArtifactHost
     from wick.server.serve import ServerThread
@@ -95,6 +102,7 @@ def web_server(web_bundle, tiny_artifact, tiny_f16_artifact):
     host = ArtifactHost()
     host.add(tiny_artifact)
     host.add(tiny_f16_artifact)
+    host.add(tiny_q4_artifact)
     live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
     yield live
     live.stop()

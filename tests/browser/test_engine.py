@@ -125,7 +125,23 @@ def test_f16_variant_without_shader_f16_names_the_working_variant(page, loaded, 
     assert out is not None and out["missing"] and out["device"], out
     assert out["code"] == "missing_device_feature"
     assert out["message"] == (f"'{native['model']} q4f16_1' needs the WebGPU feature 'shader-f16', "
-                              "which this device lacks; use q0f32 instead.")
+                              "which this device lacks; use q4f32_1 or q0f32 instead.")
+
+
+def test_q4f32_1_variant_equals_native(page, loaded, tiny_q4_artifact):
+    """The 4-bit (q4f32_1) kernels in the browser give the native engine's tokens."""
+    from wick.server.local import Engine
+
+    eng = Engine(str(tiny_q4_artifact))
+    want = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0).choices[0].text
+    out = page.run("""async ([model, prompt, n]) => {
+        const q4 = await wick.createEngine(model, {quantization: "q4f32_1"});
+        const r = await q4.completions.create({prompt, max_tokens: n, temperature: 0});
+        const info = q4.info;
+        await q4.unload();
+        return {text: r.choices[0].text, quantization: info.quantization};
+    }""", [eng.core.info.model_id, PROMPT, N])
+    assert out == {"text": want, "quantization": "q4f32_1"}
 
 
 def test_concurrent_creates_share_steps_and_equal_solo(page, loaded, native):
@@ -172,14 +188,15 @@ def test_interrupt_ends_with_abort_and_engine_stays_usable(page, loaded, native)
 
 
 def test_reload_uses_cache_and_corrupt_shard_is_refetched(page, loaded, native):
-    out = page.run("""async ([model, prompt, n]) => {
+    out = page.run("""async ([model, prompt, n, first]) => {
         await engine.unload();
         const second = await wick.createEngine(model, {quantization: "q0f32"});
         const info2 = second.info;
         await second.unload();
         // corrupt one cached shard
         const cache = await caches.open("wick-artifacts-v1");
-        const keys = (await cache.keys()).map((r) => r.url).filter((u) => u.includes("/params/"));
+        const keys = (await cache.keys()).map((r) => r.url)
+            .filter((u) => u.includes(`/${first.artifactId}/params/`));
         await cache.put(keys[0], new Response(new Uint8Array(1024)));
         const third = await wick.createEngine(model, {quantization: "q0f32"});
         const comp = await third.completions.create({prompt, max_tokens: n, temperature: 0});
@@ -187,7 +204,7 @@ def test_reload_uses_cache_and_corrupt_shard_is_refetched(page, loaded, native):
         window.engine = third;
         const fixed = await cache.match(keys[0]);
         return {info2, info3, comp, fixedBytes: (await fixed.arrayBuffer()).byteLength, nshards: keys.length};
-    }""", [native["model"], PROMPT, N])
+    }""", [native["model"], PROMPT, N, loaded["info"]])
     first = loaded["info"]
     assert first["shardRequests"] == out["nshards"] and first["shardsFromCache"] == 0
     assert out["info2"]["shardRequests"] == 0

@@ -69,8 +69,9 @@ def test_cut_off_shard_download_resumes_with_range(fresh, proxy, reference):
     assert out["info"]["shardRequests"] == len(reference["shards"])
     (first, _), (rng, status) = proxy.requests_for(target["file"])
     assert first is None
-    half = target["nbytes"] // 2
-    assert rng == f"bytes={half}-" and status == 206  # continued from the cut, not from 0
+    # continued from (at most) the cut, not from 0: the proxy sent half the body before the drop
+    start = int(rng.removeprefix("bytes=").removesuffix("-"))
+    assert 0 < start <= target["nbytes"] // 2 and status == 206
     dl = [p for p in out["progress"] if p["stage"] == "download"]
     assert dl[-1]["loaded"] == dl[-1]["total"] == sum(s["nbytes"] for s in reference["shards"])
     assert all(p["loaded"] <= p["total"] for p in dl)
@@ -90,7 +91,7 @@ def test_failed_load_keeps_finished_shards_and_next_load_fetches_the_rest(fresh,
     assert err["code"] == "network_error" and last in err["message"] and "503" in err["message"]
     assert len(proxy.requests_for(last)) == 5  # the first try and four retries
     cached = fresh.run(CACHED_SHARDS)
-    assert 1 <= cached < len(shards)
+    assert cached == len(shards) - 1  # every shard but the failing one was verified and kept
 
     proxy.fail.clear()
     out = fresh.run(LOAD, [reference["model"], PROMPT, N])

@@ -302,7 +302,9 @@ function spawnWorker(url: URL): Worker {
   const shim = URL.createObjectURL(new Blob([`import ${JSON.stringify(url.href)};\n`],
     { type: "text/javascript" }));
   const worker = new Worker(shim, { type: "module" });
-  worker.addEventListener("message", () => URL.revokeObjectURL(shim), { once: true });
+  const revoke = () => URL.revokeObjectURL(shim);
+  worker.addEventListener("message", revoke, { once: true });
+  worker.addEventListener("error", revoke, { once: true });
   return worker;
 }
 

@@ -64,7 +64,9 @@ export class Executor {
   private uniformCap = 0;
   private staging: GPUBuffer | null = null;
   private stagingCap = 0;
-  private errors: { kernel: string; scope: Promise<GPUError | null> }[] = [];
+  // error scopes of load-time work (kernel compiles, allocations, weight writes), popped by
+  // popErrors(): what failed, and its scope
+  private errors: { what: string; scope: Promise<GPUError | null> }[] = [];
   private lost: string | null = null;
   steps = 0;
   // host-side milliseconds summed over steps: JS encoding (runStep up to submit) and waiting
@@ -164,7 +166,7 @@ export class Executor {
       });
       this.programs.push({ name: spec.name, pipeline, layout, nstorage: spec.storage_access.length,
         uniformSize: usize });
-      this.errors.push({ kernel: spec.name, scope: dev.popErrorScope() });
+      this.errors.push({ what: `kernel ${spec.name}`, scope: dev.popErrorScope() });
     }
     return base;
   }
@@ -172,17 +174,30 @@ export class Executor {
   /** The first asynchronous WebGPU error so far (kernel compile/validation), as text, or "". */
   async popErrors(): Promise<string> {
     const pending = this.errors.splice(0);
-    for (const { kernel, scope } of pending) {
+    for (const { what, scope } of pending) {
       let err: GPUError | null;
       try {
         err = await scope;
-      } catch (e) { // the device is gone (e.g. the GPU process crashed compiling this kernel)
-        return `the WebGPU device was lost while compiling kernel ${kernel} ` +
-          `(${this.lost ?? (e as Error).message})`;
+      } catch (e) { // the device is gone (e.g. the GPU process crashed compiling a kernel)
+        return `the WebGPU device was lost during ${what} (${this.lost ?? (e as Error).message})`;
       }
-      if (err) return `kernel ${kernel}: ${err.message}`;
+      if (err) return `${what}: ${err.message}`;
     }
     return this.lost ?? "";
+  }
+
+  /** Run `f` inside validation and out-of-memory error scopes, kept for popErrors(). */
+  private scoped<T>(what: string, f: () => T): T {
+    const dev = this.device;
+    dev.pushErrorScope("out-of-memory");
+    dev.pushErrorScope("validation");
+    try {
+      return f();
+    } finally {
+      const validation = dev.popErrorScope();
+      const oom = dev.popErrorScope();
+      this.errors.push({ what, scope: validation }, { what, scope: oom });
+    }
   }
 
   // ------------------------------------------------------------------ allocator
@@ -192,10 +207,10 @@ export class Executor {
     if (size > this.device.limits.maxBufferSize) {
       throw new Error(`buffer of ${nbytes} bytes exceeds maxBufferSize ${this.device.limits.maxBufferSize}`);
     }
-    const buf = this.device.createBuffer({
+    const buf = this.scoped(`allocating ${nbytes} bytes`, () => this.device.createBuffer({
       size,
       usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-    });
+    }));
     const h = this.nextHandle++;
     this.buffers.set(h, buf);
     return h;
@@ -211,8 +226,10 @@ export class Executor {
     buf.destroy();
   }
 
+  /** A load-time upload (weights): its errors surface through popErrors(). */
   write(handle: number, offset: number, data: Uint8Array): void {
-    this.writeBytes(handle, offset, data);
+    this.scoped(`writing ${data.byteLength} bytes to buffer ${handle}`,
+      () => this.writeBytes(handle, offset, data));
   }
 
   /** Resolves once the device has taken every write so far (bounds memory while loading). */

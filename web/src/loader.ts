@@ -24,6 +24,7 @@ const PARALLEL_SHARDS = 3;
 const PARALLEL_FILES = 8;
 const RETRIES = 4; // further attempts after a network failure, per file
 const BACKOFF_MS = 250;
+const STALL_MS = 30_000; // a download that sends nothing for this long is cut and resumed
 
 export class Failure extends Error {
   constructor(readonly p: ErrorPayload) {
@@ -164,6 +165,7 @@ export class ArtifactLoader {
     let data = await this.download(url, spec, shard);
     if ((await sha256Hex(data)) !== spec.sha256) {
       if (shard) this.loaded -= data.byteLength;
+      data = new Uint8Array(0); // let the bad copy go before the next one is allocated
       data = await this.download(url, spec, shard); // a transfer can go bad once: try again
       if ((await sha256Hex(data)) !== spec.sha256) {
         throw new Failure(payload("ArtifactError",
@@ -182,6 +184,7 @@ export class ArtifactLoader {
         { headers: { "Content-Type": "application/octet-stream" } }));
     } catch (e) {
       this.cacheWritable = false; // the rest would fail the same way
+      if (this.stats.cacheError) return; // a put already under way failed first: say it once
       const err = e as Error;
       const quota = err.name === "QuotaExceededError";
       this.stats.cacheError = quota
@@ -196,30 +199,59 @@ export class ArtifactLoader {
   }
 
   /** The bytes at `url`: with a known size, read into one buffer and resumed with Range
-   * requests after a cut; a network failure is retried with backoff. */
+   * requests after a cut; a network failure, or no data for STALL_MS, is retried with backoff. */
   private async download(url: string, spec: FileSpec, shard: boolean): Promise<Uint8Array> {
     const size = spec.nbytes;
     const buf = size !== undefined ? new Uint8Array(size) : null;
     let got = 0;
+    let etag: string | null = null;
+    const restart = () => {
+      if (shard) this.loaded -= got;
+      got = 0;
+    };
     for (let attempt = 0; ; attempt++) {
+      const abort = new AbortController();
+      let timer = 0;
+      const watch = () => {
+        clearTimeout(timer);
+        timer = setTimeout(() => abort.abort(), STALL_MS) as unknown as number;
+      };
+      const stalled = (e: unknown) => (abort.signal.aborted
+        ? `no data for ${STALL_MS / 1000} s` : (e as Error).message);
       try {
+        watch();
         const resume = buf !== null && got > 0;
         // no-store: the Cache API keeps the verified copy; the HTTP cache would keep a second one
-        const r = await fetchOk(url, spec.file, resume
-          ? { cache: "no-store", headers: { Range: `bytes=${got}-` } } : { cache: "no-store" });
+        const headers: Record<string, string> = resume ? { Range: `bytes=${got}-` } : {};
+        if (resume && etag) headers["If-Range"] = etag; // a changed file comes back whole
+        let r: Response;
+        try {
+          r = await fetchOk(url, spec.file, { cache: "no-store", headers, signal: abort.signal });
+        } catch (e) {
+          if (abort.signal.aborted) {
+            throw Object.assign(loadError(`${spec.file}: ${stalled(e)}`, "network_error"), { retry: true });
+          }
+          throw e;
+        }
+        etag ??= r.headers.get("ETag");
         if (!buf) {
           try {
             return new Uint8Array(await r.arrayBuffer());
           } catch (e) {
-            throw Object.assign(loadError(`${spec.file}: the download broke off: ${(e as Error).message}`,
+            throw Object.assign(loadError(`${spec.file}: the download broke off: ${stalled(e)}`,
               "network_error"), { retry: true });
           }
         }
         if (resume) {
-          this.stats.resumedRequests++;
-          if (r.status !== 206) { // the server sent it all again: start over
-            if (shard) this.loaded -= got;
-            got = 0;
+          const start = /^bytes (\d+)-/.exec(r.headers.get("Content-Range") ?? "");
+          if (r.status === 206 && start && Number(start[1]) === got) {
+            this.stats.resumedRequests++;
+          } else if (r.status === 206) { // a range we did not ask for: ask again from 0
+            restart();
+            throw Object.assign(loadError(`${spec.file}: the server answered another range`,
+              "network_error"), { retry: true });
+          } else {
+            restart(); // the server sent it all again: start over with this body
           }
         }
         if (!r.body) throw loadError(`${spec.file}: empty response body`, "network_error");
@@ -230,10 +262,12 @@ export class ArtifactLoader {
             chunk = await reader.read();
           } catch (e) {
             throw Object.assign(loadError(`${spec.file}: the download broke off after ${got} of ${size} ` +
-              `bytes: ${(e as Error).message}`, "network_error"), { retry: true });
+              `bytes: ${stalled(e)}`, "network_error"), { retry: true });
           }
           if (chunk.done) break;
+          watch();
           if (got + chunk.value.byteLength > buf.byteLength) {
+            abort.abort();
             throw new Failure(payload("ArtifactError", `${url}: longer than the ${size} bytes the ` +
               "manifest says: re-download or recompile it", "artifact_error", "artifact_corrupt", 500));
           }
@@ -249,6 +283,8 @@ export class ArtifactLoader {
         this.report(`${(e as Error).message}; retrying` +
           (got ? ` from byte ${got}` : ""), true);
         await sleep(BACKOFF_MS * 2 ** attempt);
+      } finally {
+        clearTimeout(timer);
       }
     }
   }

@@ -139,18 +139,18 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
     else send({ kind: kind as "result" | "chunk", id: rid, data });
   };
   progress({ stage: "compile", loaded: 0, total: manifest.kernels.length, text: "compiling kernels" });
-  const mod = pyodide.pyimport("wick_web.host");
   try {
-    // kernels compiled, weight buffers allocated (empty), tokenizer and engine built
-    host = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
-      msg.kvCacheBytes ?? 0);
-  } catch (e) {
-    throw new Failure(pythonError(e));
-  } finally {
-    mod.destroy();
-  }
-  files.clear();
-  try {
+    const mod = pyodide.pyimport("wick_web.host");
+    try {
+      // kernels compiled, weight buffers allocated (empty), tokenizer and engine built
+      host = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
+        msg.kvCacheBytes ?? 0);
+    } catch (e) {
+      throw new Failure(pythonError(e));
+    } finally {
+      mod.destroy();
+      files.clear();
+    }
     // weights: each verified shard straight into the buffers the engine allocated
     const byShard = new Map<number, number[][]>();
     for (const w of JSON.parse(host.placements_json()) as number[][]) {
@@ -165,17 +165,20 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
         await exe.drain(); // let the device take the bytes before the next shard arrives
       });
     try {
-      await host.ready();
+      await host.ready(); // the first error of compiling, allocating or writing, typed
     } catch (e) {
       throw new Failure(pythonError(e));
     }
   } catch (e) {
     // a half-loaded model is of no use: drop it, and the device with its buffers
-    try {
-      await host.close();
-      host.destroy();
-    } catch { /* the error that brought us here is the one to report */ }
-    host = null;
+    if (host) {
+      try {
+        await host.close();
+      } catch { /* the error that brought us here is the one to report */ } finally {
+        host.destroy();
+        host = null;
+      }
+    }
     exe.destroy();
     executor = null;
     throw e;
