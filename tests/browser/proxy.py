@@ -1,6 +1,7 @@
 """A small HTTP proxy in front of the wick server for loader tests: it forwards every GET
 (Range included) and can cut a chosen response off midway (the connection drops after half
-the body, as a flaky network does) or answer 503 for a chosen path."""
+the body, as a flaky network does, optionally after going silent for a while) or answer 503
+for a chosen path."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class CuttingProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.cut: dict[str, int] = {}  # path suffix -> responses still to cut off midway
+        self.stall_s = 0.0  # > 0: a cut response first goes silent for this long
         self.fail: set[str] = set()  # path suffixes answered with 503
         self.log: list[tuple[str, str | None, int]] = []  # (path, Range header, status)
         proxy = self
@@ -58,7 +60,7 @@ class CuttingProxy:
                 proxy.cut[cut] -= 1
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()
-                time.sleep(0.5)  # the browser has read the first half before the drop
+                time.sleep(max(0.5, proxy.stall_s))  # the browser reads the first half first
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
 

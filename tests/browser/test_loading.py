@@ -7,6 +7,7 @@ context (its own empty Cache API) and the page comes through tests/browser/proxy
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -150,3 +151,26 @@ def test_page_on_another_origin_uses_a_cors_wick_host(browser, web_bundle, tiny_
         ctx.close()
         live.stop()
         app.stop()
+
+
+def test_stalled_shard_download_is_cut_and_resumed(fresh, proxy, reference):
+    """A response that goes silent midway is abandoned after stallTimeoutMs and resumed with a
+    Range request, long before the server would drop it."""
+    target = reference["shards"][2]
+    proxy.cut[target["file"]] = 1
+    proxy.stall_s = 20.0
+    t0 = time.monotonic()
+    out = fresh.run("""async ([model, prompt, n]) => {
+        const progress = [];
+        const engine = await wick.createEngine(model, {quantization: "q0f32", stallTimeoutMs: 1000,
+            onProgress: (p) => progress.push(p)});
+        const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+        await engine.unload();
+        return {text: comp.choices[0].text, info: engine.info, progress};
+    }""", [reference["model"], PROMPT, N])
+    assert time.monotonic() - t0 < 15.0  # did not wait for the silent response to end
+    assert out["text"] == reference["text"]
+    assert out["info"]["resumedRequests"] == 1
+    (_, _), (rng, status) = proxy.requests_for(target["file"])
+    assert rng.startswith("bytes=") and rng != "bytes=0-" and status == 206
+    assert any("no data for 1 s" in p["text"] for p in out["progress"])

@@ -84,6 +84,8 @@ export interface CreateEngineOptions {
   kvCacheBytes?: number;
   /** Use the browser Cache API for artifact files (default true). */
   cache?: boolean;
+  /** A weight download that receives nothing for this long is cut and resumed (default 30000). */
+  stallTimeoutMs?: number;
   /** URL of wick-worker.js (default: next to wick.js). */
   workerUrl?: string | URL;
 }
@@ -334,7 +336,8 @@ export async function createEngine(model: string, options: CreateEngineOptions =
         else if (m.kind === "error") { listeners.delete(id); reject(errorFromPayload(m.error as ErrorPayload)); }
       });
       worker.postMessage({ kind: "load", id, model, quantization: options.quantization, baseUrl,
-        kvCacheBytes: options.kvCacheBytes, cache: options.cache } satisfies ToWorker);
+        kvCacheBytes: options.kvCacheBytes, cache: options.cache,
+        stallTimeoutMs: options.stallTimeoutMs } satisfies ToWorker);
     });
     worker.onerror = null;
     return new Engine(worker, info, listeners, nextId);

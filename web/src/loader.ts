@@ -24,7 +24,7 @@ const PARALLEL_SHARDS = 3;
 const PARALLEL_FILES = 8;
 const RETRIES = 4; // further attempts after a network failure, per file
 const BACKOFF_MS = 250;
-const STALL_MS = 30_000; // a download that sends nothing for this long is cut and resumed
+export const STALL_MS = 30_000; // default: a download that sends nothing this long is cut and resumed
 
 export class Failure extends Error {
   constructor(readonly p: ErrorPayload) {
@@ -82,7 +82,8 @@ export class ArtifactLoader {
   private lastReport = 0;
 
   constructor(private readonly root: string, private readonly useCache: boolean,
-              readonly stats: LoadStats, private readonly progress: (p: Progress) => void) {}
+              readonly stats: LoadStats, private readonly progress: (p: Progress) => void,
+              private readonly stallMs: number = STALL_MS) {}
 
   private async openCache(): Promise<Cache | null> {
     if (!this.cache && this.useCache && "caches" in self) {
@@ -199,7 +200,7 @@ export class ArtifactLoader {
   }
 
   /** The bytes at `url`: with a known size, read into one buffer and resumed with Range
-   * requests after a cut; a network failure, or no data for STALL_MS, is retried with backoff. */
+   * requests after a cut; a network failure, or no data for `stallMs`, is retried with backoff. */
   private async download(url: string, spec: FileSpec, shard: boolean): Promise<Uint8Array> {
     const size = spec.nbytes;
     const buf = size !== undefined ? new Uint8Array(size) : null;
@@ -214,10 +215,10 @@ export class ArtifactLoader {
       let timer = 0;
       const watch = () => {
         clearTimeout(timer);
-        timer = setTimeout(() => abort.abort(), STALL_MS) as unknown as number;
+        timer = setTimeout(() => abort.abort(), this.stallMs) as unknown as number;
       };
       const stalled = (e: unknown) => (abort.signal.aborted
-        ? `no data for ${STALL_MS / 1000} s` : (e as Error).message);
+        ? `no data for ${this.stallMs / 1000} s` : (e as Error).message);
       try {
         watch();
         const resume = buf !== null && got > 0;

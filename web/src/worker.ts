@@ -119,7 +119,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
   const manBytes = new Uint8Array(await (await fetchOk(`${root}/${MANIFEST}`, MANIFEST, { cache: "no-cache" })).arrayBuffer());
   const manifest = JSON.parse(new TextDecoder().decode(manBytes));
   const stats = newStats();
-  const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress);
+  const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs);
   const files = await loader.files([
     { file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 },
     ...manifest.kernels.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),

@@ -27,7 +27,7 @@ export interface EngineInfo {
 
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
-      kvCacheBytes?: number; cache?: boolean }
+      kvCacheBytes?: number; cache?: boolean; stallTimeoutMs?: number }
   | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
   | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired
   | { kind: "interrupt"; id: number }
