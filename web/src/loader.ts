@@ -55,6 +55,16 @@ function loadError(message: string, code: string, status = 503): Failure {
   return new Failure(payload("LoadError", message, "load_error", code, status));
 }
 
+/** A network failure that trying again may cure (the download loop retries these). */
+function retryable(message: string): Failure {
+  return Object.assign(loadError(message, "network_error"), { retry: true });
+}
+
+function corrupt(url: string, why: string): Failure {
+  return new Failure(payload("ArtifactError", `${url}: ${why}: re-download or recompile it`,
+    "artifact_error", "artifact_corrupt", 500));
+}
+
 /** fetch that names what failed; a non-2xx answer is a Failure, with `retry` set when trying
  * again may help (5xx, 408, 429). */
 export async function fetchOk(url: string, what: string, init?: RequestInit): Promise<Response> {
@@ -62,8 +72,7 @@ export async function fetchOk(url: string, what: string, init?: RequestInit): Pr
   try {
     r = await fetch(url, init);
   } catch (e) {
-    throw Object.assign(loadError(`${what}: could not fetch ${url}: ${(e as Error).message}`,
-      "network_error"), { retry: true });
+    throw retryable(`${what}: could not fetch ${url}: ${(e as Error).message}`);
   }
   if (!r.ok) {
     throw Object.assign(loadError(`${what}: GET ${url} answered ${r.status}`, "network_error", r.status),
@@ -169,9 +178,7 @@ export class ArtifactLoader {
       data = new Uint8Array(0); // let the bad copy go before the next one is allocated
       data = await this.download(url, spec, shard); // a transfer can go bad once: try again
       if ((await sha256Hex(data)) !== spec.sha256) {
-        throw new Failure(payload("ArtifactError",
-          `${url}: corrupt (sha256 mismatch after two downloads): re-download or recompile it`,
-          "artifact_error", "artifact_corrupt", 500));
+        throw corrupt(url, "corrupt (sha256 mismatch after two downloads)");
       }
     }
     await this.put(url, data);
@@ -230,7 +237,7 @@ export class ArtifactLoader {
           r = await fetchOk(url, spec.file, { cache: "no-store", headers, signal: abort.signal });
         } catch (e) {
           if (abort.signal.aborted) {
-            throw Object.assign(loadError(`${spec.file}: ${stalled(e)}`, "network_error"), { retry: true });
+            throw retryable(`${spec.file}: ${stalled(e)}`);
           }
           throw e;
         }
@@ -239,8 +246,7 @@ export class ArtifactLoader {
           try {
             return new Uint8Array(await r.arrayBuffer());
           } catch (e) {
-            throw Object.assign(loadError(`${spec.file}: the download broke off: ${stalled(e)}`,
-              "network_error"), { retry: true });
+            throw retryable(`${spec.file}: the download broke off: ${stalled(e)}`);
           }
         }
         if (resume) {
@@ -249,8 +255,7 @@ export class ArtifactLoader {
             this.stats.resumedRequests++;
           } else if (r.status === 206) { // a range we did not ask for: ask again from 0
             restart();
-            throw Object.assign(loadError(`${spec.file}: the server answered another range`,
-              "network_error"), { retry: true });
+            throw retryable(`${spec.file}: the server answered another range`);
           } else {
             restart(); // the server sent it all again: start over with this body
           }
@@ -262,23 +267,21 @@ export class ArtifactLoader {
           try {
             chunk = await reader.read();
           } catch (e) {
-            throw Object.assign(loadError(`${spec.file}: the download broke off after ${got} of ${size} ` +
-              `bytes: ${stalled(e)}`, "network_error"), { retry: true });
+            throw retryable(`${spec.file}: the download broke off after ${got} of ${size} bytes: ` +
+              stalled(e));
           }
           if (chunk.done) break;
           watch();
           if (got + chunk.value.byteLength > buf.byteLength) {
             abort.abort();
-            throw new Failure(payload("ArtifactError", `${url}: longer than the ${size} bytes the ` +
-              "manifest says: re-download or recompile it", "artifact_error", "artifact_corrupt", 500));
+            throw corrupt(url, `longer than the ${size} bytes the manifest says`);
           }
           buf.set(chunk.value, got);
           got += chunk.value.byteLength;
           if (shard) this.count(chunk.value.byteLength, spec.file);
         }
         if (got === buf.byteLength) return buf;
-        throw Object.assign(loadError(`${spec.file}: the download ended after ${got} of ${size} bytes`,
-          "network_error"), { retry: true });
+        throw retryable(`${spec.file}: the download ended after ${got} of ${size} bytes`);
       } catch (e) {
         if (!(e as { retry?: boolean }).retry || attempt >= RETRIES) throw e;
         this.report(`${(e as Error).message}; retrying` +
