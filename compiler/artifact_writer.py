@@ -15,7 +15,13 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..engine.artifact import FORMAT_VERSION, MANIFEST_NAME, PARAM_ALIGN, SHARD_MAX_BYTES
+from ..engine.artifact import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    PARAM_ALIGN,
+    SHARD_MAX_BYTES,
+    VERIFY_MARKER,
+)
 from .lower import Lowered
 
 Progress = Callable[[str, int, int], None]
@@ -68,8 +74,22 @@ def write_artifact(
     quantization, model, requires, source and compiler fields of the manifest. A parameter
     bigger than ``shard_max_bytes`` gets a shard of its own."""
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    tmp = out_dir.with_name(out_dir.name + f"{TMP_INFIX}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(tmp, header=header, lowered=lowered, params=params, num_params=num_params,
+               tokenizer_json=tokenizer_json, progress=progress, shard_max_bytes=shard_max_bytes)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+    except BaseException:  # a failed or interrupted build leaves nothing behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[str, np.ndarray]],
+           num_params: int, tokenizer_json: str, progress: Progress | None,
+           shard_max_bytes: int) -> None:
     (tmp / "kernels" / "webgpu").mkdir(parents=True)
     kernels = []
     for k in lowered.kernels:
@@ -110,6 +130,73 @@ def write_artifact(
         "shards": shards.shards,
     }
     (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Builds in progress, and checking a finished artifact before reusing it
+
+TMP_INFIX = ".tmp-"  # "<artifact>.tmp-<pid>": a build in progress (never served or listed)
+
+
+def sweep_stale_builds(root: Path) -> list[Path]:
+    """Remove the ``*.tmp-PID`` build directories under ``root`` whose process is gone (a
+    compile that was killed); returns what was removed."""
+    removed = []
+    try:
+        entries = list(Path(root).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        name, _, pid = entry.name.rpartition(TMP_INFIX)
+        if not name or not pid.isdigit() or not entry.is_dir() or _alive(int(pid)):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else
+        return True
+    return True
+
+
+def artifact_problems(out_dir: Path, *, hashes: bool = False) -> list[str]:
+    """What is wrong with a finished artifact, cheaply: every listed file present, kernels and
+    tokenizer matching their sha256 (small), shards of their listed size; with ``hashes`` (or
+    when a load left ``VERIFY_MARKER``) every shard's sha256 too. Empty: reuse it."""
+    out_dir = Path(out_dir)
+    hashes = hashes or (out_dir / VERIFY_MARKER).exists()
+    try:
+        manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
+        small = [manifest["tokenizer"], *manifest["kernels"]]
+        shards = list(manifest["shards"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return [f"{MANIFEST_NAME}: unreadable ({err})"]
+    problems = []
+    for entry, hash_it in [(e, True) for e in small] + [(e, hashes) for e in shards]:
+        path = out_dir / entry["file"]
+        try:
+            size = path.stat().st_size
+            if "nbytes" in entry and size != entry["nbytes"]:
+                problems.append(f"{entry['file']}: {size} bytes, the manifest says "
+                                f"{entry['nbytes']}")
+            elif hash_it and _file_sha256(path) != entry["sha256"]:
+                problems.append(f"{entry['file']}: sha256 mismatch")
+        except OSError as err:
+            problems.append(f"{entry['file']}: {err.strerror or err}")
+    return problems
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import re
 from pathlib import Path
 from typing import Callable, Iterator
@@ -17,9 +19,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .. import __version__ as WICK_VERSION
-from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES
+from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from . import paths
-from .artifact_writer import write_artifact
+from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
 from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, row_splits
@@ -33,6 +35,7 @@ DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MAX_BATCH = 32
 
 Progress = Callable[[str, int, int], None]
+log = logging.getLogger("wick.compiler")
 
 
 def _tvm_version() -> str:
@@ -145,6 +148,58 @@ def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window:
     }
 
 
+def _reusable(out: Path, key: str) -> bool:
+    """Whether ``out`` holds an intact artifact for ``key`` (see ``artifact_problems``)."""
+    try:
+        if json.loads((out / MANIFEST_NAME).read_text()).get("cache_key") != key:
+            return False
+    except (OSError, ValueError, AttributeError):
+        return False  # none yet, or an unreadable manifest: build it
+    problems = artifact_problems(out)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        log.warning("the cached artifact %s is damaged (%s%s): rebuilding it", out.name,
+                    problems[0], more)
+        return False
+    (out / VERIFY_MARKER).unlink(missing_ok=True)  # every hash checked out
+    return True
+
+
+def _note_source(out: Path, model: str) -> None:
+    """Keep ``source.model`` at the source's latest location: the same weights compiled from
+    another path (a moved or re-created directory) reuse the artifact, and whoever builds a
+    sibling variant from it (``wick serve``'s browser twin) must find the source."""
+    path = out / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    if manifest.get("source", {}).get("model") == model:
+        return
+    manifest.setdefault("source", {})["model"] = model
+    partial = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}")
+    partial.write_text(json.dumps(manifest, indent=1))
+    os.replace(partial, path)
+
+
+def _check_weights(named: list, converted: dict[str, np.ndarray], quant: Quantization,
+                   max_bytes: int) -> None:
+    """Every parameter of the built model has a source weight of its shape, checked before the
+    (slow) lowering: a file declaring other shapes than its config fails here, by name."""
+    from .quantization import VALUES_PER_WORD
+
+    for name, param in named:
+        if name.endswith((".weight_scale", ".weight_min")):
+            continue
+        want = [int(d) for d in param.shape]
+        if name.endswith(".weight_q"):
+            want[-1] *= VALUES_PER_WORD
+        try:
+            got = list(_weight_for(name, converted, quant, max_bytes).shape)
+        except KeyError:
+            raise ValueError(f"no weight for {name}") from None
+        if got != want:
+            raise ValueError(f"weight {name.removesuffix('_q')} has shape {tuple(got)}; the "
+                             f"model's config needs {tuple(want)}")
+
+
 def compile_model(
     model: str,
     quantization: str,
@@ -161,31 +216,37 @@ def compile_model(
     """Compile ``model`` (built-in name, HF dir or .gguf) and return the artifact directory.
     ``shard_max_bytes`` bounds the weight files (the unit a browser downloads, verifies and
     caches)."""
-    from .sources import resolve_source
+    from .sources import builtin_models, reading, resolve_source
 
     report = progress or (lambda stage, done, total: None)
     quant = get_quantization(quantization)
+    sweep_stale_builds(paths.artifacts_dir())
+    if output is not None:
+        sweep_stale_builds(Path(output).parent)
     report("resolve source", 0, 1)
     source = resolve_source(model, progress=progress)
+    with reading(source.path):
+        source_hash = source.content_hash()
     report("resolve source", 1, 1)
     options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
                "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes,
                "shard_max_bytes": shard_max_bytes}
-    key = cache_key(source.content_hash(), quant.name, options)
+    key = cache_key(source_hash, quant.name, options)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.name).name.removesuffix(".gguf"))
     out = Path(output) if output else paths.artifacts_dir() / f"{slug}-{quant.name}-{key}"
-    if not force and (out / MANIFEST_NAME).exists():
-        try:
-            if json.loads((out / MANIFEST_NAME).read_text()).get("cache_key") == key:
-                report("cached", 1, 1)
-                return out
-        except ValueError:
-            pass  # unreadable manifest: rebuild it
+    # where to find the source again (a sibling variant is built from it): a path, absolute
+    origin = model if model in builtin_models() else str(Path(model).expanduser().resolve())
+    if not force and _reusable(out, key):
+        _note_source(out, origin)
+        report("cached", 1, 1)
+        return out
 
-    loaded = source.load(progress=progress)
-    hf = loaded.config
-    family = family_for(hf.get("model_type", "llama"))
-    cfg = family.Config.from_hf(hf)
+    with reading(source.path):
+        loaded = source.load(progress=progress)
+        hf = loaded.config
+        family = family_for(hf.get("model_type", "llama"))
+        cfg = family.Config.from_hf(hf)
+        converted = family.convert_weights(cfg, loaded.weights)
     window = min(context_window or cfg.context_window, cfg.context_window)
 
     report("build model", 0, 1)
@@ -195,6 +256,8 @@ def compile_model(
     prefill_mod.update(_sampler_module(cfg.vocab_size))
     decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(n="b")})
     decode1_mod, _ = module.export_tvm(spec={"decode1": module.forward_spec(n=1, b=1, b1=2)})
+    with reading(source.path):
+        _check_weights(named, converted, quant, max_param_bytes)
     report("build model", 1, 1)
 
     report("lower (TVM)", 0, 3)
@@ -210,7 +273,6 @@ def compile_model(
                     prefix="decode1_")
     report("lower (TVM)", 3, 3)
 
-    converted = family.convert_weights(cfg, loaded.weights)
     names = [name for name, _ in named]
     header = {
         "model_id": source.name,
@@ -220,7 +282,8 @@ def compile_model(
                                 context_window=window, prefill_chunk=prefill_chunk_size,
                                 max_batch=max_batch_size, quant=quant),
         "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},
-        "source": {"model": model, "sha256": source.content_hash()},
+        "source": {"model": origin, "sha256": source_hash},
+        "compile_options": options,  # what `wick serve` reuses to build a sibling variant
         "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION,
                      "digest": compiler_digest(), "tvm": _tvm_version(),
                      "target": TARGET},

@@ -39,6 +39,16 @@ QUANTIZATIONS = {
 }
 
 
+def f32_twin(name: str) -> str | None:
+    """The variant with the same weights in float32 activations (runs without shader-f16), or
+    None when ``name`` is already one."""
+    quant = get_quantization(name)
+    if not quant.needs_f16:
+        return None
+    return next(q.name for q in QUANTIZATIONS.values()
+                if q.weight_bits == quant.weight_bits and not q.needs_f16)
+
+
 def get_quantization(name: str) -> Quantization:
     try:
         return QUANTIZATIONS[name]

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -43,6 +44,33 @@ class ModelFetchError(WickError):
     default_status = 502
     default_type = "model_fetch_error"
     default_code = "registry_unreachable"
+
+
+class ModelSourceError(WickError):
+    """A model file is damaged or not what it claims to be (bad magic, truncated, a header that
+    does not parse, shapes that do not add up); the message names the file."""
+
+    default_status = 400
+    default_type = "invalid_request_error"
+    default_code = "invalid_model_file"
+
+
+@contextmanager
+def reading(path: Path):
+    """Turn a reader library's low-level failure (ValueError, OSError, struct.error, a
+    safetensors or numpy error, ...) while reading ``path`` into one ``ModelSourceError``
+    naming the file; wick's own errors already say what is wrong and pass unchanged."""
+    try:
+        yield
+    except WickError:
+        raise
+    except MemoryError:
+        raise ModelSourceError(f"{path}: the file declares tensors too large to load; it is "
+                               "damaged or not a model file") from None
+    except Exception as err:  # noqa: BLE001 - any reader failure means an unreadable file
+        what = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelSourceError(f"{path}: cannot read this model file ({what}); it is damaged, "
+                               "truncated or not a model file") from err
 
 
 @dataclass(slots=True)

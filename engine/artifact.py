@@ -25,6 +25,9 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "wick-artifact.json"
 SHARD_MAX_BYTES = 32 << 20
 PARAM_ALIGN = 256  # parameter offsets inside a shard
+# Left in an artifact directory by a host whose load found a corrupt file: the next compile of
+# the same model checks every hash (not only sizes) before reusing it, and rebuilds it if broken.
+VERIFY_MARKER = ".verify-hashes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,8 @@ class Artifact:
     def read_verified(self, path: str, sha256: str) -> bytes:
         data = self.read(path)
         if hashlib.sha256(data).hexdigest() != sha256:
-            raise ArtifactError("corrupt (sha256 mismatch): re-download or recompile it",
+            raise ArtifactError("corrupt (sha256 mismatch): download it again, or compile the "
+                                "model again (`wick compile` rebuilds a corrupt artifact)",
                                 path=f"{self.location}/{path}", code="artifact_corrupt")
         return data
 
