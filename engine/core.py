@@ -116,8 +116,12 @@ class EngineCore:
         num_pages: int,
         max_batch_size: int | None = None,
         prefill_chunk_size: int | None = None,
+        batch_invariant: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``batch_invariant``: never mix prompt and decode work in a step, so that with a
+        runner in the same mode (``Runner(batch_invariant=True)``) a request's tokens do not
+        depend on what else runs."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
         for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),
                                    ("prefill_chunk_size", prefill_chunk_size,
@@ -132,6 +136,7 @@ class EngineCore:
             self.kv,
             max_batch_size=max_batch_size or info.max_batch_size,
             token_budget=prefill_chunk_size or info.prefill_chunk_size,
+            separate_prefill=batch_invariant,
         )
         self.stats = EngineStats()
         self._clock = clock
@@ -203,6 +208,7 @@ class EngineCore:
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n", code="invalid_value")
         max_output = self._check_length(len(prompt), params.max_tokens, prompt_param)
+        self._check_choices(n, len(prompt), params.max_tokens)
         rid = request_id or uuid.uuid4().hex
         if rid in self._requests:
             raise InvalidRequestError(f"Request id {rid!r} is already in use.",
@@ -239,6 +245,24 @@ class EngineCore:
             )
         return max_tokens if max_tokens is not None else self.max_total_tokens - num_prompt
 
+    def _check_choices(self, n: int, num_prompt: int, max_tokens: int | None) -> None:
+        """One request's choices must be able to run side by side: at most one step's worth
+        of sequences, and all their prompts (plus the tokens asked for) in the KV pool at
+        once. Otherwise one request would hold the engine for everyone, thrashing by
+        preemption."""
+        most = self.scheduler.max_batch_size
+        if n > most:
+            raise InvalidRequestError(
+                f"Invalid value for 'n': {n}; this engine runs at most {most} sequences at "
+                "once, so n must be at most that. Send several requests instead.",
+                param="n", code="invalid_value")
+        need = n * (num_prompt + (max_tokens if max_tokens is not None else 1))
+        if n > 1 and need > self.kv.capacity_tokens:
+            raise InvalidRequestError(
+                f"n={n} choices of a {num_prompt}-token prompt need {need} tokens of KV cache "
+                f"at once; it holds {self.kv.capacity_tokens}. Lower n or max_tokens.",
+                param="n", code="invalid_value")
+
     def abort(self, request_id: str) -> None:
         """Stop a request; its pages are freed at the start of the next step. Idempotent."""
         if request_id in self._requests and request_id not in self._aborts:
@@ -250,6 +274,9 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
+
+    def num_unfinished(self) -> int:
+        return len(self._requests)
 
     def is_unfinished(self, request_id: str) -> bool:
         return request_id in self._requests

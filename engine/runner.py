@@ -71,9 +71,19 @@ class StepTimings:
 class Runner:
     def __init__(self, artifact: Artifact, backend: Backend, *, num_pages: int,
                  progress: Callable[[str, int, int], None] | None = None,
-                 batched_decode: bool = True, upload_weights: bool = True) -> None:
+                 batched_decode: bool = True, upload_weights: bool = True,
+                 batch_invariant: bool = False) -> None:
         """``batched_decode=False`` leaves the ``decode`` plan and its kernels unloaded (steps of
         one token per sequence, b > 1, then run ``forward``).
+
+        ``batch_invariant=True``: a sequence's tokens come out the same whatever runs beside
+        it. The kernels of ``decode1`` (GEMV), ``decode`` (batched GEMV) and ``forward``
+        (tiled GEMM) sum in different orders, and in f16 variants those orders round apart
+        now and then; so every decode step runs ``decode`` whatever its size (its rows do not
+        depend on each other) and every prompt step ``forward``, and the scheduler must not
+        mix them (``Scheduler(separate_prefill=True)``, which marks ``Batch.decode_only``).
+        It costs the single-sequence ``decode1`` plan (on lavapipe 2.1x slower decode steps
+        for SmolLM2 at batch 1).
 
         ``upload_weights=False`` only allocates the weight buffers: the caller fills them as
         ``weight_placements`` say before the first step (the browser streams verified shards
@@ -89,13 +99,15 @@ class Runner:
         self.max_tokens = m["prefill_chunk_size"]
         self.max_batch = m["max_batch_size"]
         self.vocab_size = m["vocab_size"]
+        self.batch_invariant = batch_invariant
         self.timings = StepTimings()
         self._plan_ms = 0.0
         report = progress or (lambda stage, done, total: None)
 
         plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
         entries = [e for e in ("forward", "decode", "decode1", "sample")
-                   if e in plans and (batched_decode or e != "decode")]
+                   if e in plans and (batched_decode or e != "decode")
+                   and not (batch_invariant and e == "decode1")]
         used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
                 if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
         self.kernels = KernelTable(artifact.kernels(used), backend)
@@ -114,7 +126,7 @@ class Runner:
         # a single sequence decoding: static shapes, one GEMV workgroup per output row
         # (artifacts compiled before this plan existed fall back to ``decode``)
         self.decode1 = (PlanFunction(plans["decode1"], tir, self.kernels, backend, params)
-                        if "decode1" in plans else self.decode)
+                        if "decode1" in entries else self.decode)
         self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
 
     # ------------------------------------------------------------------ loading
@@ -192,7 +204,10 @@ class Runner:
             inputs[name] = TensorRef(handle, 0, (len(values),), "int32")
         for i, pages in enumerate(self.kv_pages):
             inputs[f"kv_pages.{i}"] = pages
-        plan = self.decode1 if n == b == 1 else self.decode if n == b else self.forward
+        if self.batch_invariant:
+            plan = self.decode if batch.decode_only else self.forward
+        else:
+            plan = self.decode1 if n == b == 1 else self.decode if n == b else self.forward
         dispatches, (logits,) = plan(inputs)
         return writes, dispatches, logits
 

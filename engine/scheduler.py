@@ -11,6 +11,11 @@ It never touches the GPU; its output is a ``Batch`` (``batch.py``). Policy, in t
 
 Mixed prefill + decode batches are the normal case. A sequence samples in a step only when its
 chunk reaches the end of its known tokens; a prompt chunk that is not the last samples nothing.
+
+``separate_prefill=True`` (batch-invariant mode) never mixes them: a step is either prompt work
+only, or one new token for each generating sequence only (``Batch.decode_only``); when both
+wait, they take turns. Then a generating sequence's tokens always run through the same
+kernels, whatever else is scheduled.
 """
 
 from __future__ import annotations
@@ -24,16 +29,19 @@ from .sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, kv: KVCache, *, max_batch_size: int, token_budget: int) -> None:
+    def __init__(self, kv: KVCache, *, max_batch_size: int, token_budget: int,
+                 separate_prefill: bool = False) -> None:
         if max_batch_size < 1 or token_budget < 1:
             raise ValueError(f"max_batch_size={max_batch_size} and token_budget={token_budget} "
                              "must be >= 1")
         self.kv = kv
         self.max_batch_size = max_batch_size
         self.token_budget = token_budget  # new tokens per step, all sequences together
+        self.separate_prefill = separate_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.num_preemptions = 0
+        self._last_was_decode = False
 
     @property
     def has_work(self) -> bool:
@@ -60,6 +68,12 @@ class Scheduler:
 
     def schedule(self) -> Batch | None:
         """The next step's batch, or None when there is nothing to run."""
+        decode_step = None  # mixed
+        if self.separate_prefill:
+            generating = any(_generating(s) for s in self.running)
+            prompts = bool(self.waiting) or any(not _generating(s) for s in self.running)
+            decode_step = generating and (not prompts or not self._last_was_decode)
+            self._last_was_decode = decode_step
         budget = self.token_budget
         chunks: list[tuple[Sequence, int]] = []  # (sequence, new tokens this step)
         preempted = False
@@ -67,6 +81,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and len(chunks) < self.max_batch_size and budget > 0:
             seq = self.running[i]
+            if decode_step is not None and _generating(seq) != decode_step:
+                i += 1  # not this step's kind
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             target = seq.num_computed_tokens + num_new
             while not self.kv.can_allocate(seq.seq_id, target):
@@ -86,8 +103,8 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        while (not preempted and self.waiting and len(chunks) < self.max_batch_size
-               and budget > 0):
+        while (not preempted and not decode_step and self.waiting
+               and len(chunks) < self.max_batch_size and budget > 0):
             seq = self.waiting[0]
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.kv.can_allocate(seq.seq_id, num_new):
@@ -101,7 +118,7 @@ class Scheduler:
 
         if not chunks:
             return None
-        return self._batch(chunks)
+        return self._batch(chunks, decode_only=bool(decode_step))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -112,7 +129,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)  # first in line again: it was admitted before the others
 
-    def _batch(self, chunks: list[tuple[Sequence, int]]) -> Batch:
+    def _batch(self, chunks: list[tuple[Sequence, int]], decode_only: bool) -> Batch:
         token_ids: list[int] = []
         entries = []
         sample_rows: list[int] = []
@@ -130,4 +147,10 @@ class Scheduler:
             kv=self.kv.index_for(entries),
             sample_rows=sample_rows,
             sampling=sampling,
+            decode_only=decode_only,
         )
+
+
+def _generating(seq: Sequence) -> bool:
+    """Past its prompt: its next step brings the one token it sampled last."""
+    return seq.num_computed_tokens >= seq.num_prompt_tokens

@@ -11,14 +11,20 @@ is 128 MiB) is split by rows into ``parts.K`` sub-layers whose outputs are conca
 
 from __future__ import annotations
 
-from tvm import te, tirx
+from tvm import relax, te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
+from tvm.relax.frontend.nn.core import wrap_nested
 
 from ..quantization import GROUP_SIZE, VALUES_PER_WORD, Quantization
 
 MAX_BINDING_BYTES = 128 << 20  # WebGPU's default maxStorageBufferBindingSize
+# Matmul sums accumulate in float32 even in f16 variants. The kernels that run a step differ
+# with the batch (one sequence: GEMV; a few: batched GEMV; prefill: tiled GEMM) and so sum in
+# different orders; in f16 those orders round apart often enough to change greedy tokens, so a
+# request's output would depend on what else runs beside it. In f32 the orders agree to ~1e-7.
 _DTYPE_BYTES = {"float32": 4, "float16": 2}
+ACCUMULATE = "float32"
 
 
 def row_splits(out_features: int, in_features: int, quant: Quantization,
@@ -51,15 +57,29 @@ def _dequantize_matmul(x: Tensor, packed: Tensor, scale: Tensor, minimum: Tensor
                        out_features: int, in_features: int, dtype: str) -> Tensor:
     """x (n, in) @ dequantize(W)^T in ONE kernel: Relax's FuseOps would not fuse an injective
     producer into a reduction, and a separate dequantize kernel would write the whole f16/f32
-    weight to memory every step. dlight's GEMV/GEMM rules recognise the "dequantize" block."""
+    weight to memory every step. dlight's GEMV/GEMM rules recognise the "dequantize" block.
+
+    The sum is accumulated in float32 whatever ``dtype`` is (see ``ACCUMULATE``)."""
 
     def compute(xt: te.Tensor, w: te.Tensor, s: te.Tensor, m: te.Tensor):
         weight = _dequantize_te(w, s, m, out_features, in_features, dtype)
         k = te.reduce_axis((0, in_features), name="k")
-        return te.compute((xt.shape[0], out_features),
-                          lambda i, j: te.sum(xt[i, k] * weight[j, k], axis=k), name="matmul")
+        acc = te.compute((xt.shape[0], out_features),
+                         lambda i, j: te.sum(xt[i, k].astype(ACCUMULATE)
+                                             * weight[j, k].astype(ACCUMULATE), axis=k),
+                         name="matmul")
+        if dtype == ACCUMULATE:
+            return acc
+        return te.compute(acc.shape, lambda i, j: acc[i, j].astype(dtype), name="cast")
 
     return op.tensor_expr_op(compute, "dequantize_matmul", [x, packed, scale, minimum])
+
+
+def take_rows(x: Tensor, indices: Tensor) -> Tensor:
+    """``x[indices]`` along axis 0, indices clamped into range ("clip"). nn's ``op.take`` uses
+    TVM's "fast" mode, which reads out of bounds on a bad index and prints a warning about
+    exactly that on every compile; a clamp costs nothing here."""
+    return wrap_nested(relax.op.take(x._expr, indices._expr, axis=0, mode="clip"), "take")
 
 
 class QLinear(nn.Module):
@@ -85,7 +105,10 @@ class QLinear(nn.Module):
         if self.quant.quantized:
             return _dequantize_matmul(x, self.weight_q, self.weight_scale, self.weight_min,
                                       self.out_features, self.in_features, self.quant.dtype)
-        return op.matmul(x, op.permute_dims(self.weight))
+        if self.quant.dtype == ACCUMULATE:
+            return op.matmul(x, op.permute_dims(self.weight))
+        return op.astype(op.matmul(x, op.permute_dims(self.weight), out_dtype=ACCUMULATE),
+                         self.quant.dtype)
 
 
 class QEmbedding(nn.Module):
@@ -112,10 +135,10 @@ class QEmbedding(nn.Module):
     @staticmethod
     def _lookup(t: QLinear, ids: Tensor) -> Tensor:
         if not t.quant.quantized:
-            return op.take(t.weight, ids, axis=0)
-        rows_q = op.take(t.weight_q, ids, axis=0)
-        rows_s = op.take(t.weight_scale, ids, axis=0)
-        rows_m = op.take(t.weight_min, ids, axis=0)
+            return take_rows(t.weight, ids)
+        rows_q = take_rows(t.weight_q, ids)
+        rows_s = take_rows(t.weight_scale, ids)
+        rows_m = take_rows(t.weight_min, ids)
         return _dequantize(rows_q, rows_s, rows_m, ids.shape[0], t.in_features, t.quant.dtype)
 
     def lm_head(self, x: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from ..quantization import Quantization
-from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear
+from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear, take_rows
 from .paged_attention import STEP_INPUTS, AttentionShape, PagedAttention
 
 
@@ -131,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.embed_tokens(step["input_ids"])  # (n, hidden)
         for layer, layer_pages in zip(self.model.layers, pages):
             h = layer(h, layer_pages, step)
-        h = self.model.norm(op.take(h, step["logit_positions"], axis=0))  # (b, hidden)
+        h = self.model.norm(take_rows(h, step["logit_positions"]))  # (b, hidden)
         head = self.model.embed_tokens.lm_head if self.config.tie_word_embeddings else self.lm_head
         return op.astype(head(h), "float32")
 

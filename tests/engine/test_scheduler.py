@@ -128,3 +128,34 @@ def test_each_sample_draws_one_uniform_from_the_sequences_own_rng():
     draws = [run_step(sched).sampling[0].uniform for _ in range(3)]
     ref = random.Random(5)
     assert draws == [ref.random() for _ in range(3)]
+
+
+def test_separate_prefill_never_mixes_and_takes_turns():
+    """Batch-invariant mode: a step is prompt work only or one token per generating sequence
+    only (marked decode_only); with both pending they alternate, so neither starves."""
+    sched = Scheduler(KVCache(256, 4), max_batch_size=8, token_budget=16, separate_prefill=True)
+    first = make_seq(0, 5, max_output=20)
+    sched.add(first)
+    batch = run_step(sched)
+    assert not batch.decode_only and chunk_sizes(batch) == [5]
+    for i in range(1, 4):  # prompts keep arriving while `first` generates
+        sched.add(make_seq(i, 30, max_output=20))
+    kinds = []
+    for _ in range(16):
+        batch = run_step(sched)
+        by_id = {s.seq_id: s for s in sched.running}
+        sizes = chunk_sizes(batch)
+        if batch.decode_only:
+            assert set(sizes) == {1}
+            # every row a generating sequence, none of them mid-prompt
+            assert all(by_id[s].num_computed_tokens > by_id[s].num_prompt_tokens
+                       for s in batch.seq_ids)
+        else:
+            assert all(by_id[s].num_computed_tokens <= by_id[s].num_prompt_tokens
+                       for s in batch.seq_ids)
+        kinds.append("d" if batch.decode_only else "p")
+    assert kinds[:4] == ["d", "p", "d", "p"], kinds  # turns while prompts wait
+    assert "dd" in "".join(kinds)  # once every prompt is in, decode steps only
+    default = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=16)
+    default.add(make_seq(9, 3))
+    assert not run_step(default).decode_only  # the mixed scheduler never claims it
