@@ -15,6 +15,12 @@ runs ONE step loop task per event loop: concurrent requests share steps. It neve
 
 A stream that is closed, dropped or cancelled before its end aborts its request; the core frees
 its pages at the next step.
+
+Preparing a request (validation, chat template, tokenization) touches no engine state, so a host
+with threads may run it off its event loop (``AsyncEngineAPI.prepare_off_loop``): a huge body
+then never stalls running streams. What one request may ask for is bounded before any of that
+work: at most ``context_window`` messages and ``context_window x MAX_CHARS_PER_TOKEN``
+characters, which no prompt that fits the window can exceed.
 """
 
 from __future__ import annotations
@@ -27,7 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from .core import EngineCore, SequenceOutput, StepRunner
-from .errors import EngineAbortedError, ModelNotFoundError
+from .errors import (
+    ContextLengthExceededError,
+    EngineAbortedError,
+    ModelNotFoundError,
+    WickError,
+)
 from .model_info import ModelInfo
 from .protocol import (
     ChatCompletion,
@@ -47,10 +58,27 @@ from .sequence import SamplingParams
 from .tokenizer import Tokenizer
 
 T = TypeVar("T")
+# No token of any tokenizer wick loads is longer than this many characters, so a prompt with
+# more than context_window x MAX_CHARS_PER_TOKEN characters cannot fit (checked before
+# tokenizing it).
+MAX_CHARS_PER_TOKEN = 64
 
 
 # ---------------------------------------------------------------------------------------------
 # Shared by both facades: request -> core request, outputs -> responses and chunks.
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """A validated request with its prompt tokenized, not yet in the engine."""
+
+    kind: str  # "chat" | "completion"
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    prompt_param: str  # "messages" | "prompt": where a too-long prompt is blamed
+    include_usage: bool
+    stream: bool
 
 
 @dataclass(slots=True)
@@ -117,8 +145,10 @@ class _Frontend:
             seed=req.seed,
         )
 
-    def _submit(self, kind: str, kwargs: dict[str, Any]) -> tuple[_Submitted, bool]:
-        """Validate, build the prompt, add to the core. Returns (submitted, stream)."""
+    def _prepare(self, kind: str, kwargs: dict[str, Any]) -> _Prepared:
+        """Validate, render the chat template and tokenize. Reads the model's info and the
+        tokenizer only, so it may run on another thread than the step loop."""
+        self._check_size(kind, kwargs)
         if kind == "chat":
             req: SamplingFields = ChatCompletionRequest.from_dict(kwargs)
             self._check_model(req.model)
@@ -131,8 +161,43 @@ class _Frontend:
             # Token ids are used as given (no BOS added): the caller chose them.
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
-        rid = self.core.add_request(ids, self._params(req), n=req.n, prompt_param=param)
-        return _Submitted(rid, kind, req.n, len(ids), req.include_usage), req.stream
+        return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
+                         req.stream)
+
+    def _check_size(self, kind: str, kwargs: dict[str, Any]) -> None:
+        """Refuse, before any per-message work, a request that cannot fit the context window
+        whatever its tokens: more messages than the window has tokens, or more characters than
+        ``MAX_CHARS_PER_TOKEN`` per token of the window."""
+        window = self.core.info.context_window
+        max_chars = window * MAX_CHARS_PER_TOKEN
+        if kind == "chat":
+            messages, param = kwargs.get("messages"), "messages"
+            if not isinstance(messages, list):
+                return  # from_dict names the type error
+            if len(messages) > window:
+                raise ContextLengthExceededError.before_tokenizing(
+                    f"'messages' holds {len(messages)} messages; this model's context window of "
+                    f"{window} tokens cannot take more than {window}.", param="messages",
+                    context_window=window)
+            chars = sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+        else:
+            prompt, param = kwargs.get("prompt"), "prompt"
+            chars = len(prompt) if isinstance(prompt, str) else 0
+            if isinstance(prompt, list) and len(prompt) > window:
+                raise ContextLengthExceededError.before_tokenizing(
+                    f"The prompt holds {len(prompt)} tokens; this model's context window is "
+                    f"{window} tokens.", param="prompt", context_window=window)
+        if chars > max_chars:
+            raise ContextLengthExceededError.before_tokenizing(
+                f"The {param} hold {chars} characters, more than this model's context window "
+                f"of {window} tokens can take (at most {max_chars} characters); shorten them.",
+                param=param, context_window=window)
+
+    def _add(self, prep: _Prepared) -> _Submitted:
+        """Queue a prepared request in the core (on the step loop's thread)."""
+        rid = self.core.add_request(prep.prompt_ids, prep.params, n=prep.n,
+                                    prompt_param=prep.prompt_param)
+        return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage)
 
     def _response(self, sub: _Submitted, col: _Collected) -> ChatCompletion | Completion:
         usage = CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens))
@@ -189,6 +254,17 @@ class _Frontend:
     def _completion_chunk(self, sub: _Submitted, choices: list[CompletionChoice],
                           usage: CompletionUsage | None = None) -> Completion:
         return Completion(f"cmpl-{sub.request_id}", sub.created, self.model, choices, usage)
+
+
+def _content_chars(content: Any) -> int:
+    """Characters of a message's content (a string or a list of text parts); 0 for anything
+    else (validation names it later)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content
+                   if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
 
 
 def _template_message(m: ChatMessage) -> dict[str, Any]:
@@ -268,9 +344,10 @@ class EngineAPI(_Frontend):
         return self._create("completion", kwargs)
 
     def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
-        sub, stream = self._submit(kind, kwargs)
+        prep = self._prepare(kind, kwargs)
+        sub = self._add(prep)
         self._inbox[sub.request_id] = deque()
-        if stream:
+        if prep.stream:
             return ChunkStream(self._stream(sub), lambda: self._release(sub.request_id))
         try:
             col = _Collected.empty(sub.n)
@@ -377,11 +454,17 @@ class AsyncEngineAPI(_Frontend):
     async def _create_completion(self, /, **kwargs: Any) -> Any:
         return await self._create("completion", kwargs)
 
+    async def prepare_off_loop(self, prepare: Callable[[], _Prepared]) -> _Prepared:
+        """Run ``prepare`` (validation, template, tokenization). Inline here: Pyodide has no
+        threads. A host with threads overrides this to keep its event loop free."""
+        return prepare()
+
     async def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
-        sub, stream = self._submit(kind, kwargs)
+        prep = await self.prepare_off_loop(lambda: self._prepare(kind, kwargs))
+        sub = self._add(prep)
         self._queues[sub.request_id] = asyncio.Queue()
         self._ensure_loop()
-        if stream:
+        if prep.stream:
             return AsyncChunkStream(self._stream(sub), lambda: self._release(sub.request_id))
         try:
             col = _Collected.empty(sub.n)
@@ -455,11 +538,20 @@ class AsyncEngineAPI(_Frontend):
                     q.put_nowait(out)
             await asyncio.sleep(0)  # let consumers read and new requests join the next step
 
+    def abort_all(self, error: WickError | None = None) -> None:
+        """Abort every unfinished request. Without ``error`` each ends with finish_reason
+        "abort" (the engine's interrupt); with one, each waiting caller gets ``error`` raised
+        (a stream ends with it)."""
+        self.core.abort_all()
+        if error is not None:
+            for q in self._queues.values():
+                q.put_nowait(error)
+        if self._wakeup is not None:
+            self._wakeup.set()  # the loop applies the aborts (frees pages) on its next step
+
     async def aclose(self) -> None:
         """Stop the step loop; unfinished requests are aborted."""
-        self.core.abort_all()
-        for q in self._queues.values():
-            q.put_nowait(EngineAbortedError("the engine was closed"))
+        self.abort_all(EngineAbortedError("the engine was closed"))
         if self._loop_task is not None:
             self._loop_task.cancel()
             try:

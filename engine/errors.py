@@ -96,6 +96,17 @@ class ContextLengthExceededError(InvalidRequestError):
             param=param,
         )
 
+    @classmethod
+    def before_tokenizing(cls, message: str, *, context_window: int,
+                          param: str) -> ContextLengthExceededError:
+        """The request is too long on its face (too many messages or characters for the
+        window), known before it is tokenized: no token counts to report."""
+        err = cls.__new__(cls)
+        InvalidRequestError.__init__(err, message, param=param)
+        err.context_window = context_window
+        err.prompt_tokens = err.completion_tokens = None
+        return err
+
 
 class ModelNotFoundError(WickError):
     default_status = 404

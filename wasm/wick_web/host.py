@@ -101,10 +101,7 @@ class Host:
 
     def interrupt(self) -> None:
         """Abort every running request: streams end with finish_reason "abort"."""
-        self.api.core.abort_all()
-        wake = getattr(self.api, "_wakeup", None)
-        if wake is not None:
-            wake.set()
+        self.api.abort_all()
 
     async def close(self) -> None:
         for t in list(self._tasks.values()):
