@@ -35,4 +35,20 @@ class BuildPyWithBrowserEngine(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithBrowserEngine})
+CODE_PACKAGES = ["wick", "wick.compiler", "wick.compiler.models", "wick.engine", "wick.native",
+                 "wick.server"]
+
+
+def static_packages() -> list[str]:
+    """The directories of static assets, as setuptools wants every importable-looking data
+    directory listed as a package (else it warns about each); those with other names (a
+    Pyodide build id with dashes) ride along in package-data."""
+    found = ["wick.server.static"]
+    for d in sorted(p for p in STATIC.rglob("*") if p.is_dir()):
+        parts = d.relative_to(STATIC).parts
+        if all(part.isidentifier() for part in parts):
+            found.append(".".join(("wick.server.static", *parts)))
+    return found
+
+
+setup(packages=CODE_PACKAGES + static_packages(), cmdclass={"build_py": BuildPyWithBrowserEngine})

@@ -3,37 +3,55 @@
 #   bash scripts/setup.sh          # what a user needs
 #   bash scripts/setup.sh --test   # plus the test-time references (torch, transformers) and
 #                                  # Debian Chromium + playwright for the browser tests
+# One line per step; what the tools print goes to .venv/setup.log (shown if a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+LOG="$PWD/.venv/setup.log"
+: > "$LOG"
+
+# try "what" command...: run quietly, the output in $LOG; on failure show its tail, return 1
+try() {
+  local what="$1"; shift
+  echo "setup: $what" >&2
+  if ! "$@" >>"$LOG" 2>&1; then
+    echo "setup: $what failed; the end of $LOG:" >&2
+    tail -n 40 "$LOG" >&2
+    return 1
+  fi
+}
+# step: the same, and a failure stops the setup
+step() { try "$@" || exit 1; }
+
+apt_install() {
+  local sudo=""; [ "$(id -u)" != 0 ] && sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+}
+
 # A Vulkan driver for wgpu. lavapipe (CPU Vulkan, from mesa) is the fallback when there is no
 # GPU driver; it is what CI and the tests run on.
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
-    sudo=""; [ "$(id -u)" != 0 ] && sudo="sudo"
-    echo "setup: installing mesa-vulkan-drivers (lavapipe)" >&2
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+    step "installing mesa-vulkan-drivers (lavapipe)" apt_install mesa-vulkan-drivers
   else
     echo "setup: no apt-get; install a Vulkan driver (e.g. mesa-vulkan-drivers) yourself" >&2
   fi
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-echo "setup: installing wick${extras} into .venv" >&2
-.venv/bin/python -m pip install -q -e ".${extras}"
+step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
+step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q -e ".${extras}"
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
 # when npm is available (the server and the Python engine work without them).
 if command -v npm >/dev/null 2>&1; then
-  echo "setup: building the browser engine (web/build.sh)" >&2
-  bash web/build.sh "$PWD/.venv/bin/python" || echo "setup: the browser engine build failed (bash web/build.sh); the server works without it" >&2
+  try "building the browser engine (web/build.sh)" bash web/build.sh "$PWD/.venv/bin/python" ||
+    echo "setup: the server and the Python engine work without the browser engine" >&2
 else
   echo "setup: npm not found; skipping the browser engine build (bash web/build.sh)" >&2
 fi
@@ -42,11 +60,9 @@ fi
 # `playwright install` is never used.
 if [ -n "$extras" ] && [ ! -x /usr/bin/chromium ]; then
   if command -v apt-get >/dev/null 2>&1; then
-    sudo=""; [ "$(id -u)" != 0 ] && sudo="sudo"
-    echo "setup: installing chromium (browser tests)" >&2
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+    step "installing chromium (browser tests)" apt_install chromium
   else
     echo "setup: no apt-get; install Chromium at /usr/bin/chromium for the browser tests" >&2
   fi
 fi
+echo "setup: done (log: .venv/setup.log)" >&2

@@ -85,8 +85,12 @@ def _pip_download(spec: str, dest: Path, *extra: str) -> Path:
     # Inside pip's isolated wheel build (setup.py runs this), PYTHONPATH/PYTHONNOUSERSITE hide
     # the interpreter's own site-packages and with them pip: drop them for this one call.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest),
-                    *extra, spec], check=True, env=env)
+    # pip's own warnings (index settings of this machine) are noise here: shown on failure only
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d",
+                           str(dest), *extra, spec], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"wasm: pip download {spec} failed (exit {done.returncode})")
     name = spec.split("==")[0].lower()
     (found,) = [p for p in dest.iterdir() if p.name.lower().startswith(name)]
     return found
