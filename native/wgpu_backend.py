@@ -215,6 +215,10 @@ class WgpuBackend:
         dl = self._device.limits
         self.name = f"wgpu: {info['device']} ({info['backend_type']})"
         self.adapter_type: str = info["adapter_type"]  # "DiscreteGPU" | "IntegratedGPU" | "CPU" ...
+        self.adapter_name: str = info["device"]
+        # a GPU emulated on the CPU (lavapipe/llvmpipe, SwiftShader, WARP): correct, but slow
+        self.is_software = self.adapter_type == "CPU" or any(
+            n in f"{info['device']} {info['description']}".lower() for n in _SOFTWARE_NAMES)
         self.features = frozenset(w for w, n in OPTIONAL_FEATURES.items() if n in self._device.features)
         self.max_storage_binding = int(dl["max-storage-buffer-binding-size"])
         self.max_buffer_size = int(dl["max-buffer-size"])
@@ -564,6 +568,9 @@ class WgpuBackend:
             self._staging.destroy()
         self._staging = self._device.create_buffer(label="wick-readback", size=cap, usage=u.MAP_READ | u.COPY_DST)
         self._staging_cap = cap
+
+
+_SOFTWARE_NAMES = ("llvmpipe", "lavapipe", "swiftshader", "microsoft basic render", "warp")
 
 
 def _pick_adapter(wgpu, preference: str):

@@ -17,6 +17,13 @@ mistake (bad JSON, unknown route, wrong method, oversized body, bad key) gets an
 Models load in the background after the server starts (compiling on first use), so ``/health``
 can answer 503 meanwhile. Concurrent requests share engine steps; a streaming client that
 disconnects has its request aborted (its KV pages are freed at the next step).
+
+Hostile clients: every request passes ``guard.RequestGuard`` (Host and Origin checks); JSON
+routes need ``Content-Type: application/json``; with an API key every route but ``/health``
+and the chat page's static files needs it; a body must arrive within ``body_timeout`` seconds
+(and never stall longer than ``BODY_IDLE_S``); parsing and request preparation run off the
+event loop. On shutdown (``Shutdown``) running requests get a grace period, then end with an
+error (streams: an error event, then ``data: [DONE]``).
 """
 
 from __future__ import annotations
@@ -42,10 +49,13 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 
 from ..engine import AsyncEngineAPI
 from ..engine.errors import InvalidRequestError, ModelNotFoundError, WickError
 from ..engine.protocol import (
+    INT32_MAX,
+    MAX_N,
     ChatCompletion,
     ChatCompletionChunk,
     ROLES,
@@ -58,12 +68,14 @@ from .artifact_host import (
     RangeNotSatisfiable,
     etag_matches,
     parse_range,
-    read_chunks,
 )
+from .guard import RequestGuard
 
 log = logging.getLogger("wick.server")
 STATIC = Path(__file__).resolve().parent / "static"
 MAX_BODY_BYTES = 4 << 20
+BODY_TIMEOUT_S = 60.0  # a whole request body must arrive within this ...
+BODY_IDLE_S = 15.0  # ... and never pause longer than this
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,8 +99,65 @@ class RequestTooLargeError(InvalidRequestError):
     default_code = "request_too_large"
 
 
+class RequestTimeoutError(InvalidRequestError):
+    default_status = 408
+    default_code = "request_timeout"
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    default_status = 415
+    default_code = "unsupported_media_type"
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was read: nobody to answer."""
+
+
+class Shutdown:
+    """A graceful stop (``wick serve`` on SIGTERM/SIGINT): ``begin(grace)`` makes the guard
+    refuse new requests at once and, ``grace`` seconds later, ends every request still
+    running with a ``server_shutdown`` error (a stream gets it as an event, then
+    ``[DONE]``)."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.pool: ModelPool | None = None
+
+    def begin(self, grace: float) -> None:
+        if self.started:
+            return
+        self.started = True
+        log.info("shutting down: no new requests; running ones have %.0f s to finish", grace)
+        asyncio.get_running_loop().call_later(grace, self.end_running)
+
+    def end_running(self) -> None:
+        if self.pool is None:
+            return
+        for engine in self.pool.engines.values():
+            if engine.core.has_unfinished():
+                log.info("shutting down: ending the requests still running")
+            engine.abort_all(WickError(
+                "The server is shutting down and ended this request before it finished; "
+                "retry it.", type="service_unavailable", code="server_shutdown", status=503))
+
+
 def error_response(err: WickError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(err.to_dict(), status_code=err.status, headers=headers)
+
+
+def GracefulServer(app: FastAPI, shutdown: Shutdown, grace: float,  # noqa: N802
+                   log_level: str = "info") -> Any:
+    """A uvicorn server that tells the app when shutdown begins (``Shutdown.begin``): running
+    requests get ``grace`` seconds, then an error; uvicorn's own deadline comes 5 s later."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            shutdown.begin(grace)
+            await super().shutdown(sockets)
+
+    return _Server(uvicorn.Config(app, log_level=log_level, access_log=False, log_config=None,
+                                  timeout_graceful_shutdown=grace + 5))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,8 +294,11 @@ def _protocol_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
     }
     errors = {str(s): {"description": d, "content": {"application/json": {"schema": error}}}
               for s, d in ((400, "invalid request"), (401, "missing or wrong API key"),
-                           (404, "unknown model"), (413, "request body too large"),
-                           (503, "models still loading"))}
+                           (403, "a foreign Host or Origin"), (404, "unknown model"),
+                           (408, "the body did not arrive in time"),
+                           (413, "request body too large"),
+                           (415, "Content-Type is not application/json"),
+                           (503, "models still loading, or shutting down"))}
 
     def route(request: type, required: str, response: type, chunk: type,
               example: dict[str, Any]) -> dict[str, Any]:
@@ -249,35 +321,90 @@ def _protocol_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
     }
     # the dataclass types role as str; its values are the protocol's ROLES
     components["ChatMessage"]["properties"]["role"]["enum"] = list(ROLES)
+    _add_value_rules(components)
     return components, extras
+
+
+def _add_value_rules(components: dict[str, dict]) -> None:
+    """The value rules the dataclasses' ``__post_init__`` enforce, which their types cannot
+    say: the schema accepts what the server accepts and refuses what it refuses."""
+    ranges = {"max_tokens": {"minimum": 1, "maximum": INT32_MAX},
+              "temperature": {"minimum": 0, "maximum": 2},
+              "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+              "top_k": {"minimum": 0, "maximum": INT32_MAX},
+              "n": {"minimum": 1, "maximum": MAX_N}}
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        props = components[name]["properties"]
+        for field_name, rule in ranges.items():
+            for option in props[field_name].get("anyOf", [props[field_name]]):
+                if option.get("type") in ("integer", "number"):
+                    option.update(rule)
+    components["ChatCompletionRequest"]["properties"]["messages"]["minItems"] = 1
+    tokens = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    components["CompletionRequest"]["properties"]["prompt"] = {
+        "anyOf": [{"type": "string", "minLength": 1}, tokens,
+                  {"type": "array", "minItems": 1, "maxItems": 1,  # a batch of one: unwrapped
+                   "items": {"anyOf": [{"type": "string", "minLength": 1}, tokens]}}],
+        "description": "a string, token ids, or a list of one of either"}
 
 
 # ---------------------------------------------------------------------------------------------
 # Request bodies and streaming
 
 
-async def read_json_body(request: Request, limit: int) -> Any:
-    """The request body parsed as JSON; too large -> 413, malformed -> 400 (OpenAI-shaped)."""
+async def read_json_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT_S,
+                         idle: float = BODY_IDLE_S) -> Any:
+    """The request body parsed as JSON (on a worker thread: a large body must not stall the
+    event loop). Too large -> 413, too slow -> 408, malformed -> 400, all OpenAI-shaped; a
+    client that disconnects meanwhile -> ``ClientGone``."""
     too_large = RequestTooLargeError(f"The request body exceeds the limit of {limit} bytes.")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
+    deadline = time.monotonic() + timeout
+    stream = request.stream().__aiter__()
+    while True:
+        wait = min(idle, deadline - time.monotonic())
+        try:
+            with anyio.fail_after(max(wait, 0)):
+                chunk = await stream.__anext__()
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"The request body did not arrive in time (at most {timeout:.0f} s in all, "
+                f"and no pause over {idle:.0f} s).") from None
+        except ClientDisconnect:
+            raise ClientGone from None
         size += len(chunk)
         if size > limit:
             raise too_large
         chunks.append(chunk)
+    return await anyio.to_thread.run_sync(parse_json_body, b"".join(chunks))
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """JSON -> Python, or an ``invalid_json`` error that says what is wrong with it."""
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
         # lone surrogates ("\ud800") parse but are not text: reject them here, as bad JSON
         json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except (ValueError, RecursionError) as e:
-        detail = e.msg if isinstance(e, json.JSONDecodeError) else "not valid UTF-8 JSON"
-        raise InvalidRequestError(
-            f"We could not parse the JSON body of your request ({detail}). The OpenAI API "
-            "expects a JSON payload.", code="invalid_json") from None
-    return body
+        return body
+    except json.JSONDecodeError as e:
+        detail = f"{e.msg} at line {e.lineno} column {e.colno}"
+    except UnicodeDecodeError:
+        detail = "it is not valid UTF-8"
+    except UnicodeEncodeError:
+        detail = "a string holds a lone surrogate escape (such as \\ud800), which is not text"
+    except RecursionError:
+        detail = "it is nested too deeply"
+    except ValueError as e:  # int() refuses numbers of more than sys.get_int_max_str_digits()
+        detail = ("a number in it has too many digits" if "digits" in str(e)
+                  else str(e).split("\n")[0])
+    raise InvalidRequestError(
+        f"We could not parse the JSON body of your request ({detail}). The OpenAI API expects "
+        "a JSON payload.", code="invalid_json")
 
 
 @dataclass(slots=True)
@@ -374,8 +501,8 @@ class EventStreamResponse(StreamingResponse):
             await event(json.dumps(_internal_error().to_dict()))
             outcome = "error internal"
         else:
-            await event("[DONE]")
             outcome = "ok"
+        await event("[DONE]")  # every stream ends so, an error event before it or not
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return outcome
 
@@ -421,11 +548,16 @@ def create_app(
     *,
     api_key: str | None = None,
     cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout: float = BODY_TIMEOUT_S,
     artifacts: ArtifactHost | None = None,
+    shutdown: Shutdown | None = None,
 ) -> FastAPI:
     """The ASGI app. ``pool.load()`` runs in the background from the app's lifespan."""
     artifacts = artifacts or ArtifactHost()
+    shutdown = shutdown or Shutdown()
+    shutdown.pool = pool
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -438,9 +570,10 @@ def create_app(
             await pool.aclose()
 
     app = FastAPI(title="wick", version=_version(), docs_url=None, redoc_url=None,
-                  lifespan=lifespan)
+                  openapi_url=None, lifespan=lifespan)
     app.state.pool = pool
     app.state.artifacts = artifacts
+    app.state.shutdown = shutdown
     components, extra = _protocol_schemas()
 
     async def check_key(request: Request) -> None:
@@ -455,10 +588,20 @@ def create_app(
                 if given else "You didn't provide an API key. Send it as "
                               "'Authorization: Bearer <key>'.")
 
-    v1 = [Depends(check_key)]
+    async def check_json(request: Request) -> None:
+        """JSON routes take JSON only: a page on another site can send a form or text/plain
+        without asking (no CORS preflight), but not application/json."""
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            raise UnsupportedMediaTypeError(
+                f"The request's Content-Type is {media or 'missing'!r}; send the JSON body "
+                "with 'Content-Type: application/json'.", param="Content-Type")
+
+    v1 = [Depends(check_key)]  # every route but /health and the chat page's static files
+    v1_json = [Depends(check_key), Depends(check_json)]
 
     async def complete(request: Request, kind: str) -> Response:
-        body = await read_json_body(request, max_body_bytes)
+        body = await read_json_body(request, max_body_bytes, body_timeout)
         model = body.get("model") if isinstance(body, dict) else None
         engine = pool.select(model)
         request_cls = ChatCompletionRequest if kind == "chat" else CompletionRequest
@@ -483,12 +626,12 @@ def create_app(
         record.write()
         return JSONResponse(result.to_dict())
 
-    @app.post("/v1/chat/completions", dependencies=v1, openapi_extra=extra["chat"],
+    @app.post("/v1/chat/completions", dependencies=v1_json, openapi_extra=extra["chat"],
               operation_id="createChatCompletion")
     async def chat_completions(request: Request) -> Response:
         return await complete(request, "chat")
 
-    @app.post("/v1/completions", dependencies=v1, openapi_extra=extra["completion"],
+    @app.post("/v1/completions", dependencies=v1_json, openapi_extra=extra["completion"],
               operation_id="createCompletion")
     async def completions(request: Request) -> Response:
         return await complete(request, "completion")
@@ -511,8 +654,14 @@ def create_app(
     @app.get("/health", operation_id="health",
              responses={"503": {"description": "loading, or loading failed"}})
     async def health() -> JSONResponse:
-        body = {"status": "ok" if pool.state == "ready" else pool.state,
-                "models": list(pool.engines)}
+        """Loading state, and per model the requests in flight and the KV pool (``free`` ==
+        ``pages`` when idle: a leak would show here)."""
+        body: dict[str, Any] = {"status": "ok" if pool.state == "ready" else pool.state,
+                                "models": list(pool.engines)}
+        body["engines"] = {name: {"requests": e.core.num_unfinished(),
+                                  "kv_pages": e.core.kv.num_pages,
+                                  "kv_pages_free": e.core.kv.free_pages}
+                           for name, e in pool.engines.items()}
         if pool.loading:
             body["loading"] = pool.loading
         if pool.error:
@@ -520,6 +669,7 @@ def create_app(
         return JSONResponse(body, status_code=200 if pool.state == "ready" else 503)
 
     @app.get("/artifacts/{artifact_id}/{path:path}", operation_id="getArtifactFile",
+             dependencies=v1,
              responses={"206": {"description": "a byte range"},
                         "304": {"description": "not modified"},
                         "404": {"description": "no such artifact file"},
@@ -528,7 +678,7 @@ def create_app(
         return serve_artifact(artifacts, artifact_id, path, request)
 
     app.add_api_route("/artifacts/{artifact_id}/{path:path}", artifact_file, methods=["HEAD"],
-                      include_in_schema=False)
+                      dependencies=v1, include_in_schema=False)
 
     page_headers = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                                "frame-ancestors 'none'",
@@ -538,11 +688,14 @@ def create_app(
     async def index() -> Response:
         return FileResponse(STATIC / "index.html", headers=page_headers)
 
-    @app.get("/web/models.json", include_in_schema=False)
+    @app.get("/web/models.json", dependencies=v1, include_in_schema=False)
     async def web_models() -> JSONResponse:
         """The browser engine's index: artifacts this server hosts, by model and quantization;
-        ``served`` lists the models the server's own engines answer for."""
-        return JSONResponse({"data": artifacts.artifacts(), "served": list(pool.engines)},
+        ``preparing``: variants being compiled for browsers (``{model, quantization,
+        features, stage, done, total}``, or ``error``); ``served``: the models the server's
+        own engines answer for; ``loading``: whether more may come (models still loading)."""
+        return JSONResponse({"data": artifacts.artifacts(), "preparing": artifacts.preparing(),
+                             "served": list(pool.engines), "loading": pool.state == "loading"},
                             headers={"Cache-Control": "no-cache"})
 
     # the browser engine's bundles (web/build.mjs writes them to static/web/) also at
@@ -562,14 +715,6 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    _install_error_handlers(app)
-    if cors_origins:
-        app.add_middleware(
-            CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "Range", "If-Range", "If-None-Match"],
-            expose_headers=["ETag", "Content-Range", "Accept-Ranges", "Content-Length"],
-        )
-
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
@@ -578,6 +723,21 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", dependencies=v1, include_in_schema=False)
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    _install_error_handlers(app)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Range", "If-Range", "If-None-Match"],
+            expose_headers=["ETag", "Content-Range", "Accept-Ranges", "Content-Length"],
+        )
+    # outermost: a request from a foreign Host or Origin is refused before anything else
+    app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
+                       shutting_down=lambda: shutdown.started)
     return app
 
 
@@ -608,7 +768,7 @@ def serve_artifact(host: ArtifactHost, artifact_id: str, path: str, request: Req
     headers["Content-Length"] = str(length)
     if request.method == "HEAD":
         return Response(status_code=status, headers=headers, media_type=found.content_type)
-    return StreamingResponse(read_chunks(found.path, start, length), status_code=status,
+    return StreamingResponse(found.chunks(start, length), status_code=status,
                              headers=headers, media_type=found.content_type)
 
 
@@ -624,6 +784,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         if isinstance(err, AuthenticationError):
             headers = {"WWW-Authenticate": "Bearer"}
         return error_response(err, headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        log.info("%s %s: the client disconnected before sending its request",
+                 request.method, request.url.path)
+        return Response(status_code=499)  # nobody is listening
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -12,8 +12,11 @@ that live elsewhere). Responses are cache-friendly and safe:
 - ``If-None-Match`` -> 304; one ``Range: bytes=...`` -> 206 with ``Content-Range``, an
   unsatisfiable one -> 416 (several ranges -> the whole file, as RFC 9110 allows);
 - nothing outside the artifact directory is reachable: ``..``, empty or dot segments,
-  backslashes, NUL, percent-encoded ``/`` ``\\`` ``.`` in the raw path, and symlinks resolving
-  outside the directory all answer 404, exactly like a missing file.
+  backslashes, NUL, percent-encoded ``/`` ``\\`` ``.`` in the raw path, symlinks resolving
+  outside the directory, and names the filesystem refuses (too long) all answer 404, exactly
+  like a missing file;
+- a served manifest names its source by name only: the local path a model was compiled from
+  (``source.model``) is cut to its last component.
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ class ArtifactFile:
     etag: str  # quoted, strong
     cache_control: str
     content_type: str
+    data: bytes | None = None  # the bytes to send instead of the file's (a scrubbed manifest)
+
+    def chunks(self, start: int, length: int) -> Iterator[bytes]:
+        if self.data is not None:
+            return iter((self.data[start:start + length],))
+        return read_chunks(self.path, start, length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,20 @@ class ArtifactHost:
         self.extra = {name: Path(p).resolve() for name, p in (extra or {}).items()}
         self._manifest_hashes: dict[Path, tuple[int, dict[str, str]]] = {}  # dir -> (mtime, map)
         self._file_hashes: dict[Path, tuple[int, int, str]] = {}  # path -> (size, mtime, hex)
+        # variants being compiled for browsers: (model, quantization) -> progress, or error
+        self._preparing: dict[tuple[str, str], dict] = {}
+
+    def set_preparing(self, model: str, quantization: str, **state) -> None:
+        """Announce (or update) a variant being built: ``stage``/``done``/``total``, or
+        ``error`` once it failed. ``add()`` of the finished artifact should follow."""
+        self._preparing[(model, quantization)] = {"model": model, "quantization": quantization,
+                                                  "features": [], **state}
+
+    def done_preparing(self, model: str, quantization: str) -> None:
+        self._preparing.pop((model, quantization), None)
+
+    def preparing(self) -> list[dict]:
+        return [dict(v) for v in self._preparing.values()]
 
     def add(self, artifact_dir: Path) -> str:
         """Serve ``artifact_dir`` (a served model's artifact outside the root) by its name."""
@@ -105,13 +128,22 @@ class ArtifactHost:
         if (self.root is None or not _plain_segment(artifact_id) or ".tmp-" in artifact_id):
             return None
         path = self.root / artifact_id
-        if path.is_symlink() or not (path / MANIFEST_NAME).is_file():
+        try:
+            if path.is_symlink() or not (path / MANIFEST_NAME).is_file():
+                return None
+            return path.resolve()
+        except OSError:  # a name the filesystem refuses (too long, ...) names nothing
             return None
-        return path.resolve()
 
     def resolve(self, artifact_id: str, rel_path: str, raw_path: bytes = b"") -> ArtifactFile | None:
         """The file ``rel_path`` (percent-decoded) of artifact ``artifact_id``; ``raw_path`` is
         the request's undecoded path, checked for encoded separators and dots."""
+        try:
+            return self._resolve(artifact_id, rel_path, raw_path)
+        except OSError:  # too long a name, a file vanishing meanwhile: not found, never a 500
+            return None
+
+    def _resolve(self, artifact_id: str, rel_path: str, raw_path: bytes) -> ArtifactFile | None:
         if _ENCODED_SEPARATOR.search(raw_path):
             return None
         base = self.artifact_dir(artifact_id)
@@ -129,6 +161,10 @@ class ArtifactHost:
             return None
         rel = "/".join(parts)
         st = real.stat()
+        if rel == MANIFEST_NAME:
+            data = scrub_manifest(real.read_bytes())
+            return ArtifactFile(real, len(data), f'"{hashlib.sha256(data).hexdigest()}"',
+                                REVALIDATE, CONTENT_TYPES[".json"], data)
         listed = self._listed_hashes(base).get(rel)
         if listed is not None:
             etag, cache = listed, IMMUTABLE
@@ -175,6 +211,21 @@ class ArtifactHost:
                 digest.update(block)
         self._file_hashes[path] = (st.st_size, st.st_mtime_ns, digest.hexdigest())
         return digest.hexdigest()
+
+
+def scrub_manifest(raw: bytes) -> bytes:
+    """The manifest as served: ``source.model`` cut to its last path component (a local path
+    says where the operator keeps files; the name is all a client needs). Other bytes are
+    kept as they are, so an unreadable manifest is served unchanged."""
+    try:
+        manifest = json.loads(raw)
+        model = manifest["source"]["model"]
+    except (ValueError, KeyError, TypeError):
+        return raw
+    if not isinstance(model, str) or ("/" not in model and "\\" not in model):
+        return raw
+    manifest["source"]["model"] = re.split(r"[/\\]", model.rstrip("/\\"))[-1]
+    return json.dumps(manifest, indent=1).encode()
 
 
 def _plain_segment(segment: str) -> bool:

@@ -7,8 +7,9 @@
     wick models               built-in model names
 
 MODEL is a built-in name (``wick models``), a Hugging Face directory, a ``.gguf`` file or a
-compiled artifact directory. Progress goes to stderr, results to stdout. A ``WickError`` ends
-the command with one ``error: ...`` line and exit status 1; usage errors exit with 2.
+compiled artifact directory. Progress goes to stderr, results to stdout. Any failure ends the
+command with one ``error: ...`` line and exit status 1 (``--debug`` adds the traceback); usage
+errors exit with 2.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
@@ -53,9 +56,11 @@ class ProgressBars:
     BYTE_STAGES = frozenset({"extract", "upload weights"})
     UNITS = {"dequantize": "tensor", "read": "tensor", "write weights": "tensor"}
 
-    def __init__(self, file: TextIO | None = None, *, bars: bool | None = None) -> None:
+    def __init__(self, file: TextIO | None = None, *, bars: bool | None = None,
+                 prefix: str = "") -> None:
         self.file = file or sys.stderr
         self.bars = self.file.isatty() if bars is None else bars
+        self.prefix = f"{prefix}: " if prefix else ""  # names the work when several run
         self._stage: str | None = None
         self._started = 0.0
         self._bar = None  # tqdm, in bar mode
@@ -63,7 +68,8 @@ class ProgressBars:
     def __call__(self, stage: str, done: int, total: int) -> None:
         if stage == "cached":
             self.close()
-            print("using the cached artifact (--force rebuilds it)", file=self.file, flush=True)
+            print(f"{self.prefix}using the cached artifact (--force rebuilds it)", file=self.file,
+                  flush=True)
             return
         if stage != self._stage:
             self._open(stage, total)
@@ -83,7 +89,8 @@ class ProgressBars:
 
             in_bytes = stage in self.BYTE_STAGES
             self._bar = tqdm(
-                total=total, desc=stage, file=self.file, leave=False, dynamic_ncols=True,
+                total=total, desc=self.prefix + stage, file=self.file, leave=False,
+                dynamic_ncols=True,
                 unit="B" if in_bytes else self.UNITS.get(stage, "step"),
                 unit_scale=in_bytes, unit_divisor=1024 if in_bytes else 1000,
             )
@@ -95,7 +102,7 @@ class ProgressBars:
         else:
             amount = _human(done) if stage in self.BYTE_STAGES else f"{done}/{total}"
             seconds = time.perf_counter() - self._started
-            print(f"{stage}: {amount} ({seconds:.1f} s)", file=self.file, flush=True)
+            print(f"{self.prefix}{stage}: {amount} ({seconds:.1f} s)", file=self.file, flush=True)
         self._bar = None
         self._stage = None
 
@@ -139,7 +146,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     bars = ProgressBars()
     try:
         engine = Engine(model, quantization=args.quantization, device=args.device,
-                        progress=bars)
+                        progress=bars, batch_invariant=args.batch_invariant)
     finally:
         bars.close()
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
@@ -150,6 +157,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         sys.stdout.reconfigure(errors="replace")
     info = engine.core.info
     print(f"wick chat: {info.model_id} ({info.quantization}) on {engine.device_name}")
+    if engine.software_notice:
+        print(f"note: {engine.software_notice}", file=sys.stderr)
     print("Type /help for commands; /exit or Ctrl-D quits, Ctrl-C stops a reply.")
     sys.stdout.flush()
     return run_repl(session)
@@ -165,10 +174,12 @@ class ArtifactEntry:
 
 def list_artifacts(root: Path | None = None) -> list[ArtifactEntry]:
     """Finished artifacts directly under the artifacts directory (temp dirs skipped)."""
+    from ..compiler.artifact_writer import sweep_stale_builds
     from ..compiler.paths import artifacts_dir
     from ..engine.artifact import MANIFEST_NAME
 
     root = root or artifacts_dir()
+    sweep_stale_builds(root)  # builds whose compile was killed
     entries = []
     for path in sorted(root.iterdir()):
         manifest = path / MANIFEST_NAME
@@ -292,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wick", description="wick: compile and run LLMs on WebGPU / native wgpu.")
     parser.add_argument("--version", action="version", version=f"wick {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback when a command fails")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     model_help = "built-in name (wick models), Hugging Face dir, .gguf file"
 
@@ -323,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=_positive_int, help="per reply (default: until EOS)")
     p.add_argument("--seed", type=int)
     p.add_argument("--system", help="system prompt")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="reproducible greedy output whatever else runs (slower decode)")
     p.set_defaults(run=cmd_chat)
 
     p = sub.add_parser("list", help="list compiled artifacts")
@@ -352,13 +367,28 @@ def _quiet_vulkan_loader() -> None:
         os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
 
 
+def _terminate_cleanly() -> None:
+    """SIGTERM ends a command like Ctrl-C does: ``finally`` blocks run, so an interrupted
+    compile removes its half-written build (``wick serve`` installs its own handler)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .serve import setup_logging
+
     args = build_parser().parse_args(argv)
     _quiet_vulkan_loader()
+    _terminate_cleanly()
+    setup_logging("debug" if args.debug else "info")
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
     except WickError as err:
+        if args.debug:
+            traceback.print_exc()
         print(f"error: {err.message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -366,6 +396,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # e.g. `wick list | head -1`
         sys.stderr.close()
+        return 1
+    except Exception as err:  # noqa: BLE001 - a bug or an environment problem: one line
+        if args.debug:
+            traceback.print_exc()
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"error: {type(err).__name__}{': ' + detail if detail else ''} (this is a wick "
+              "bug or a problem with this machine; --debug shows the traceback)",
+              file=sys.stderr)
         return 1
 
 

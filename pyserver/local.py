@@ -7,17 +7,23 @@ OpenAI-shaped API. ``quantization=None`` picks the best variant the device suppo
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 from typing import Callable
 
-import asyncio
-
 from ..engine import AsyncEngineAPI, EngineAPI, EngineCore, ModelInfo
-from ..engine.artifact import MANIFEST_NAME, Artifact
-from ..engine.errors import InvalidRequestError, MissingFeatureError, ModelNotFoundError
+from ..engine.artifact import MANIFEST_NAME, VERIFY_MARKER, Artifact
+from ..engine.errors import (
+    ArtifactError,
+    InvalidRequestError,
+    MissingFeatureError,
+    ModelNotFoundError,
+)
 from ..engine.runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
 
 Progress = Callable[[str, int, int], None]
+log = logging.getLogger("wick.engine")
 
 
 def pick_quantization(features: frozenset[str] | set[str]) -> str:
@@ -58,34 +64,93 @@ class NativeRunner(Runner):
 
 def build_core(model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 backend=None) -> EngineCore:
-    from ..native.tokenizer import HFTokenizer
+                 backend=None, batch_invariant: bool = False) -> EngineCore:
+    return load_local(model, quantization=quantization, device=device,
+                      kv_cache_bytes=kv_cache_bytes, progress=progress, backend=backend,
+                      batch_invariant=batch_invariant)[0]
+
+
+def load_local(model: str, *, quantization: str | None = None, device: str = "auto",
+               kv_cache_bytes: int | None = None, progress: Progress | None = None,
+               backend=None, batch_invariant: bool = False) -> tuple[EngineCore, Path]:
+    """The engine core for ``model`` on this machine, and the artifact directory it runs."""
     from ..native.wgpu_backend import WgpuBackend
 
     backend = backend or WgpuBackend.create(device)
     art = load_artifact(model, quantization, backend.features, progress)
+    options = {"kv_cache_bytes": kv_cache_bytes, "progress": progress,
+               "batch_invariant": batch_invariant}
+    try:
+        return _core_for(art, backend, **options), Path(art.location)
+    except ArtifactError as err:
+        if err.code != "artifact_corrupt":
+            raise
+        # A file changed since it was written (disk error, a stray edit): mark the artifact so
+        # that the next compile checks every hash, and rebuild it now when we know its source.
+        Path(art.location, VERIFY_MARKER).touch()
+        if (Path(model) / MANIFEST_NAME).is_file():
+            raise  # an artifact directory given by path: its source is not ours to rebuild
+        log.warning("%s; rebuilding the artifact", err.message)
+        art = load_artifact(model, quantization, backend.features, progress)
+        return _core_for(art, backend, **options), Path(art.location)
+
+
+def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: Progress | None,
+              batch_invariant: bool) -> EngineCore:
+    from ..native.tokenizer import HFTokenizer
+
     pages = kv_pages_for(art.model, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
-    runner = NativeRunner(art, backend, num_pages=pages, progress=progress)
+    runner = NativeRunner(art, backend, num_pages=pages, progress=progress,
+                          batch_invariant=batch_invariant)
     tokenizer = HFTokenizer(art.tokenizer_json())
-    return EngineCore(runner, tokenizer, ModelInfo.from_manifest(art.manifest), num_pages=pages)
+    return EngineCore(runner, tokenizer, ModelInfo.from_manifest(art.manifest), num_pages=pages,
+                      batch_invariant=batch_invariant)
 
 
-class Engine(EngineAPI):
+def software_adapter_notice(backend) -> str | None:
+    """One line for a user whose native "GPU" is a CPU emulation, else None."""
+    if not getattr(backend, "is_software", False):
+        return None
+    return (f"{backend.adapter_name} is a software GPU (a CPU emulation): expect a few tokens/s "
+            "at most, about 100x below a real GPU. The fast path is the browser engine on your "
+            "own GPU: the 'browser' engine of the chat page that `wick serve` serves.")
+
+
+class _Local:
+    """What both facades know about where they run."""
+
+    def _loaded(self, core: EngineCore, artifact_dir: Path) -> EngineCore:
+        backend = core.runner.backend
+        self.device_name: str = backend.name
+        self.artifact_dir = artifact_dir  # what `wick serve` hosts for browsers
+        self.software_notice = software_adapter_notice(backend)
+        return core
+
+
+class Engine(_Local, EngineAPI):
     """``Engine(model, *, quantization=None, device="auto")`` with ``.chat.completions.create``
-    and ``.completions.create`` (``stream=True`` yields chunks)."""
+    and ``.completions.create`` (``stream=True`` yields chunks). ``batch_invariant=True``: a
+    request's tokens never depend on what else runs (see ``Runner``), at some speed."""
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
-                 kv_cache_bytes: int | None = None, progress: Progress | None = None) -> None:
-        super().__init__(build_core(model, quantization=quantization, device=device,
-                                    kv_cache_bytes=kv_cache_bytes, progress=progress))
-        self.device_name = self.core.runner.backend.name
+                 kv_cache_bytes: int | None = None, progress: Progress | None = None,
+                 batch_invariant: bool = False) -> None:
+        super().__init__(self._loaded(*load_local(
+            model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
+            progress=progress, batch_invariant=batch_invariant)))
 
 
-class AsyncEngine(AsyncEngineAPI):
-    """The same API with ``await`` and ``async for``; concurrent requests share engine steps."""
+class AsyncEngine(_Local, AsyncEngineAPI):
+    """The same API with ``await`` and ``async for``; concurrent requests share engine steps.
+    Templating and tokenizing a request run on a worker thread, so a huge request never
+    stalls the event loop (running streams, ``/health``)."""
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
-                 kv_cache_bytes: int | None = None, progress: Progress | None = None) -> None:
-        super().__init__(build_core(model, quantization=quantization, device=device,
-                                    kv_cache_bytes=kv_cache_bytes, progress=progress))
-        self.device_name = self.core.runner.backend.name
+                 kv_cache_bytes: int | None = None, progress: Progress | None = None,
+                 batch_invariant: bool = False) -> None:
+        super().__init__(self._loaded(*load_local(
+            model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
+            progress=progress, batch_invariant=batch_invariant)))
+
+    async def prepare_off_loop(self, prepare):
+        return await asyncio.to_thread(prepare)

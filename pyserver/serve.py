@@ -5,7 +5,12 @@ background, compiling them on first use with progress on stderr; then it logs
 
     INFO  wick serving smollm2-135m-instruct (q4f16_1, wgpu: <adapter>) on http://127.0.0.1:8000
 
-A model that fails to load stops the server with exit status 1.
+A model that fails to load stops the server with exit status 1. On SIGTERM or Ctrl-C it stops
+accepting, gives running requests ``--shutdown-grace`` seconds, then ends the rest with an error
+(streams: an error event and ``[DONE]``).
+
+Browsers get the variants their WebGPU adapter runs: for a served f16 model, its f32 twin is
+compiled in the background (``browser_variants.py``; ``--no-browser-variants`` skips it).
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 log = logging.getLogger("wick.server")
 QUANTIZATIONS = ("q4f16_1", "q4f32_1", "q0f16", "q0f32")
 MAX_BODY_MIB = 4  # (fastapi and the engine load only when the server runs: `wick list` stays fast)
+SHUTDOWN_GRACE_S = 15.0
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,6 +47,23 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cors-origin", action="append", default=[], dest="cors_origins",
                    metavar="ORIGIN", help="allow browser pages from ORIGIN (repeatable; "
                                           "default: no cross-origin access)")
+    p.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
+                   metavar="NAME", help="also answer requests addressed to host NAME (repeatable; "
+                                        "'.example.com' for its subdomains, '*' for any). "
+                                        "Default: IP addresses, localhost and this machine's "
+                                        "name, which keeps DNS-rebinding pages out")
+    p.add_argument("--body-timeout", type=float, metavar="SECONDS",
+                   help="a request body must arrive within this (default 60; a pause over 15 s "
+                        "also ends it): slow or half-sent bodies get a 408")
+    p.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="SECONDS",
+                   help="on SIGTERM/Ctrl-C, how long running requests may finish before they "
+                        f"are ended with an error (default {SHUTDOWN_GRACE_S:.0f})")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a request's tokens never depend on what else runs (greedy output is "
+                        "reproducible under load); costs the single-sequence decode kernels")
+    p.add_argument("--no-browser-variants", action="store_false", dest="browser_variants",
+                   help="do not compile the f32 twin of an f16 model for browsers without "
+                        "shader-f16")
     p.add_argument("--kv-cache-mib", type=int,
                    help="KV cache budget per model in MiB (default 256)")
     p.add_argument("--max-body-mib", type=float, default=MAX_BODY_MIB,
@@ -58,9 +80,12 @@ def serve_main(args: argparse.Namespace) -> int:
         return 2
     return run_server(
         models, host=args.host, port=args.port, api_key=args.api_key,
-        cors_origins=args.cors_origins, quantization=args.quantization, device=args.device,
+        cors_origins=args.cors_origins, allowed_hosts=args.allowed_hosts,
+        quantization=args.quantization, device=args.device,
         kv_cache_bytes=args.kv_cache_mib << 20 if args.kv_cache_mib else None,
         max_body_bytes=int(args.max_body_mib * (1 << 20)), log_level=args.log_level,
+        shutdown_grace=args.shutdown_grace, browser_variants=args.browser_variants,
+        batch_invariant=args.batch_invariant, body_timeout=args.body_timeout,
     )
 
 
@@ -69,74 +94,112 @@ def run_server(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    api_key: str | None = None,
-    cors_origins: Sequence[str] = (),
-    quantization: str | None = None,
-    device: str = "auto",
-    kv_cache_bytes: int | None = None,
-    max_body_bytes: int = MAX_BODY_MIB << 20,
     log_level: str = "info",
+    shutdown_grace: float = SHUTDOWN_GRACE_S,
     sock: socket.socket | None = None,
+    **options,
 ) -> int:
-    """Serve ``models`` until interrupted. Returns 0, or 1 when a model failed to load."""
+    """Serve ``models`` until interrupted (``options``: those of ``serving_app``). Returns 0,
+    or 1 when a model failed to load."""
     import ipaddress
 
-    import uvicorn
-
-    from ..compiler.paths import artifacts_dir
-    from ..engine.artifact import MANIFEST_NAME
-    from .app import ModelPool, create_app
-    from .artifact_host import ArtifactHost
-    from .cli import ProgressBars
-    from .local import AsyncEngine
+    from .app import GracefulServer
 
     setup_logging(log_level)
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
-    if not loopback and not api_key:
+    if not loopback and not options.get("api_key"):
         log.warning("listening on %s without --api-key: anyone who can reach this address "
                     "can use the models", host)
-    host_artifacts = ArtifactHost(artifacts_dir())
-    for m in models:  # artifact dirs outside the cache are served too, by their dir name
-        if (Path(m) / MANIFEST_NAME).is_file():
-            host_artifacts.add(Path(m))
+    sock = sock or bind_socket(host, port)
+    server = None
+
+    def stop() -> None:  # a model failed to load
+        if server is not None:
+            server.should_exit = True
+
+    app = serving_app(models, url=_url(sock), on_failed=stop, **options)
+    server = GracefulServer(app, app.state.shutdown, shutdown_grace, log_level=log_level)
+    _after_shutdown_ignore_signals()
+    server.run(sockets=[sock])
+    return 1 if app.state.pool.state == "failed" else 0
+
+
+def serving_app(
+    models: Sequence[str],
+    *,
+    url: str = "",
+    api_key: str | None = None,
+    cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
+    quantization: str | None = None,
+    device: str = "auto",
+    kv_cache_bytes: int | None = None,
+    max_body_bytes: int = MAX_BODY_MIB << 20,
+    body_timeout: float | None = None,
+    browser_variants: bool = True,
+    batch_invariant: bool = False,
+    on_failed=None,
+):
+    """The app ``wick serve`` runs: ``models`` load in the background (compiling when needed),
+    each is hosted for browsers once loaded, with its f32 twin built for browsers without
+    shader-f16 (``browser_variants``); only served artifacts are hosted, never the rest of the
+    cache."""
+    from .app import ModelPool, create_app
+    from .artifact_host import ArtifactHost
+    from .browser_variants import BrowserVariants
+    from .cli import ProgressBars
+    from .local import AsyncEngine
+
+    host_artifacts = ArtifactHost()
+    variants = BrowserVariants(host_artifacts) if browser_variants else None
+    noticed: list[str] = []
 
     def loader(model: str):
         def load():
             bars = ProgressBars()
             try:
                 return AsyncEngine(model, quantization=quantization, device=device,
-                                   kv_cache_bytes=kv_cache_bytes, progress=bars)
+                                   kv_cache_bytes=kv_cache_bytes, progress=bars,
+                                   batch_invariant=batch_invariant)
             finally:
                 bars.close()
         return model, load
 
-    state = {"failed": False}
-    server: uvicorn.Server | None = None
-    sock = sock or bind_socket(host, port)
-    url = _url(sock)
-
     def on_loaded(name: str, engine) -> None:
         info = engine.core.info
+        host_artifacts.add(engine.artifact_dir)
         log.info("wick serving %s (%s, %s) on %s", name, info.quantization,
                  getattr(engine, "device_name", "?"), url)
+        if engine.software_notice and not noticed:
+            noticed.append(engine.software_notice)
+            log.warning("%s", engine.software_notice)
+        if variants is not None:
+            variants.add_for(engine.artifact_dir)
 
-    def on_failed(err: BaseException) -> None:
-        state["failed"] = True
-        if server is not None:
-            server.should_exit = True
-
-    pool = ModelPool([loader(m) for m in models], on_loaded=on_loaded, on_failed=on_failed)
+    pool = ModelPool([loader(m) for m in models], on_loaded=on_loaded,
+                     on_failed=lambda err: on_failed and on_failed())
     app = create_app(pool, api_key=api_key, cors_origins=cors_origins,
-                     max_body_bytes=max_body_bytes, artifacts=host_artifacts)
+                     allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes,
+                     artifacts=host_artifacts,
+                     **({} if body_timeout is None else {"body_timeout": body_timeout}))
+    app.state.browser_variants = variants
     log.info("loading %s; %s/health answers 503 until ready", ", ".join(models), url)
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, log_config=None,
-                            timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
-    return 1 if state["failed"] else 0
+    return app
+
+
+def _after_shutdown_ignore_signals() -> None:
+    """uvicorn handles SIGINT/SIGTERM while it runs (graceful shutdown) and raises them again
+    once done, through the handlers it found: make those no-ops, so that a stop the server
+    already handled ends with exit status 0, not as an interrupt."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: None)
 
 
 class ServerThread:
@@ -144,17 +207,15 @@ class ServerThread:
     tests and benchmarks. ``url`` is set once it listens; ``stop()`` shuts it down."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", grace: float = 1.0) -> None:
         import threading
 
-        import uvicorn
+        from .app import GracefulServer
 
         self.app = app
         self.sock = bind_socket(host, port)
         self.url = _url(self.sock)
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, log_config=None,
-                                timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
+        self.server = GracefulServer(app, app.state.shutdown, grace, log_level)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="wick-serve", daemon=True)
         self.thread.start()

@@ -26,28 +26,64 @@ function addMessage(role, text) {
   return div;
 }
 
+// The message of a failed response: the server's OpenAI-shaped error, else the status line.
 async function errorText(res) {
-  try { return (await res.json()).error.message; } catch { return `HTTP ${res.status}`; }
+  try { return (await res.json()).error.message; } catch { return `HTTP ${res.status} ${res.statusText}`; }
 }
 
 async function loadModels() {
-  return mode() === "browser" ? loadBrowserModels() : loadServerModels();
+  try {
+    return await (mode() === "browser" ? loadBrowserModels() : loadServerModels());
+  } catch (err) {
+    $("status").textContent = `Could not list the models: ${err.message || err}`;
+  }
 }
 
+let preparingTimer = null;
+
 async function loadBrowserModels() {
-  $("key-label").hidden = true;
-  const res = await fetch("/web/models.json");
+  clearTimeout(preparingTimer);
+  const res = await fetch("/web/models.json", { headers: headers() });
+  if (res.status === 401) { askForKey(); return; }
+  $("key-label").hidden = !localStorage.getItem("wick-api-key");
   if (!res.ok) { $("status").textContent = await errorText(res); return; }
-  const { data } = await res.json();
+  const { data, preparing = [], loading = false } = await res.json();
+  const runs = (m) => f16 || !m.features.includes("shader-f16");
   // variants this device can run, f16 ones first when it has shader-f16
-  const usable = data.filter((m) => f16 || !m.features.includes("shader-f16"))
+  const usable = data.filter(runs)
     .sort((a, b) => Number(b.features.includes("shader-f16")) - Number(a.features.includes("shader-f16")));
-  $("model").replaceChildren(...usable.map((m) =>
-    new Option(`${m.model} (${m.quantization})`, JSON.stringify([m.model, m.quantization]))));
-  $("status").textContent = usable.length ? "" : "No model this device can run in the browser; switch to the server engine.";
+  const known = new Set(usable.map((m) => m.model));
+  // variants the server is still compiling for browsers like this one (no shader-f16)
+  const coming = preparing.filter((p) => runs(p) && !known.has(p.model));
+  const selected = $("model").value;
+  $("model").replaceChildren(
+    ...usable.map((m) => new Option(`${m.model} (${m.quantization})`, JSON.stringify([m.model, m.quantization]))),
+    ...coming.map((p) => new Option(`${p.model} (${p.quantization}, ${p.error ? "unavailable" : "preparing"})`,
+      JSON.stringify([p.model, p.quantization]))));
+  if (selected && [...$("model").options].some((o) => o.value === selected)) $("model").value = selected;
+  if (coming.length) {
+    const p = coming[0];
+    $("status").textContent = p.error
+      ? `The server could not build ${p.model} ${p.quantization} for this browser: ${p.error}`
+      : `The server is compiling ${p.model} ${p.quantization} for this browser (no shader-f16): ` +
+        `${p.stage}${p.total > 1 ? ` ${p.done}/${p.total}` : ""}`;
+    if (!p.error) preparingTimer = setTimeout(() => mode() === "browser" && loadModels(), 2000);
+  } else if (!usable.length && loading) {
+    $("status").textContent = "The server is still loading its models…";
+    preparingTimer = setTimeout(() => mode() === "browser" && loadModels(), 2000);
+  } else {
+    $("status").textContent = usable.length ? "" : "The server offers no model this browser can run; switch to the server engine.";
+  }
+}
+
+function askForKey() {
+  $("key-label").hidden = false;
+  $("status").textContent = "This server needs an API key: enter it above.";
+  $("model").replaceChildren();
 }
 
 async function browserEngineFor(key) {
+  if (!key) throw new Error("No model is selected: the server offers none this browser can run yet.");
   if (browserEngine?.key === key) return browserEngine.engine;
   if (browserEngine) { const old = browserEngine.engine; browserEngine = null; await old.unload(); }
   const [model, quantization] = JSON.parse(key);
@@ -57,6 +93,7 @@ async function browserEngineFor(key) {
   try {
     const engine = await wick.createEngine(model, {
       quantization,
+      apiKey: $("api-key").value || localStorage.getItem("wick-api-key") || undefined,
       onProgress: (p) => {
         if (p.total) { bar.max = p.total; bar.value = p.loaded; }
         $("status").textContent = `${p.stage}: ${p.text}` +
@@ -77,6 +114,7 @@ async function* browserChunks(body, signal) {
 }
 
 async function* serverChunks(body, signal) {
+  if (!$("model").value) throw new Error("No model is loaded on the server yet (see /health); try again shortly.");
   const res = await fetch("/v1/chat/completions", {
     method: "POST", headers: headers(), signal,
     body: JSON.stringify({ ...body, model: $("model").value || undefined }),
@@ -86,12 +124,9 @@ async function* serverChunks(body, signal) {
 }
 
 async function loadServerModels() {
+  clearTimeout(preparingTimer);
   const res = await fetch("/v1/models", { headers: headers() });
-  if (res.status === 401) {
-    $("key-label").hidden = false;
-    $("status").textContent = "This server needs an API key.";
-    return;
-  }
+  if (res.status === 401) { askForKey(); return; }
   if (!res.ok) { $("status").textContent = await errorText(res); return; }
   const { data } = await res.json();
   $("model").replaceChildren(...data.map((m) => new Option(m.id, m.id)));
@@ -114,7 +149,9 @@ async function* events(body) {
         if (!line.startsWith("data:")) continue;
         const data = line.slice(5).trim();
         if (data === "[DONE]") return;
-        yield JSON.parse(data);
+        let parsed;
+        try { parsed = JSON.parse(data); } catch { throw new Error("The server sent a malformed event; the reply is incomplete."); }
+        yield parsed;
       }
     }
   }

@@ -19,97 +19,16 @@ import openai
 import pytest
 from openai import OpenAI
 
+from tests.server.conftest import (
+    HELLO,
+    WINDOW,
+    LiveServer,
+    assert_openai_error,
+    engine_loader,
+    post,
+)
 from wick.server.app import ModelPool, create_app
 from wick.server.artifact_host import ArtifactHost
-from wick.server.serve import ServerThread
-
-WINDOW = 128
-HELLO = [{"role": "user", "content": "hello there"}]
-
-
-# ---------------------------------------------------------------------------------------------
-# A live server in a background thread
-
-
-class LiveServer(ServerThread):
-    @property
-    def pool(self) -> ModelPool:
-        return self.app.state.pool
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while httpx.get(f"{self.url}/health").status_code != 200:
-            assert self.pool.state != "failed", self.pool.error
-            assert time.monotonic() < deadline, "models did not load"
-            time.sleep(0.05)
-
-
-def engine_loader(artifact: Path):
-    from wick.server.local import AsyncEngine
-
-    return str(artifact), lambda: AsyncEngine(str(artifact))
-
-
-@pytest.fixture(scope="module")
-def tiny_a(tiny_llama_dir, compiled) -> Path:
-    return compiled(tiny_llama_dir, "q0f32", context_window=WINDOW, max_batch_size=16)
-
-
-@pytest.fixture(scope="module")
-def tiny_b(tmp_path_factory, compiled) -> Path:
-    from tests.tiny_models import make_tiny_llama
-
-    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-b") / "tiny-llama-b", seed=1, layers=1)
-    return compiled(src, "q0f32", context_window=WINDOW, max_batch_size=4)
-
-
-@pytest.fixture(scope="module")
-def server(tiny_a, tiny_b):
-    from wick.compiler.paths import artifacts_dir
-
-    pool = ModelPool([engine_loader(tiny_a), engine_loader(tiny_b)])
-    live = LiveServer(create_app(pool, artifacts=ArtifactHost(artifacts_dir())))
-    live.wait_ready()
-    yield live
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def names(server) -> list[str]:
-    return list(server.pool.engines)
-
-
-@pytest.fixture(scope="module")
-def engine(server, names):
-    return server.pool.engines[names[0]]
-
-
-@pytest.fixture(scope="module")
-def client(server) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
-
-
-def post(server, path: str, body, headers: dict | None = None) -> httpx.Response:
-    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(f"{server.url}{path}", content=content, timeout=60,
-                      headers={"Content-Type": "application/json", **(headers or {})})
-
-
-def assert_openai_error(resp: httpx.Response, status: int, *, param=..., code=...) -> dict:
-    assert resp.status_code == status, resp.text
-    assert resp.headers["content-type"].startswith("application/json")
-    body = resp.json()
-    assert set(body) == {"error"}
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    assert "Traceback" not in err["message"]
-    if param is not ...:
-        assert err["param"] == param
-    if code is not ...:
-        assert err["code"] == code
-    return err
-
 
 # ---------------------------------------------------------------------------------------------
 # The happy paths
@@ -225,7 +144,12 @@ def test_served_artifact_is_hosted(server, tiny_a):
     manifest = json.loads((tiny_a / MANIFEST_NAME).read_text())
     base = f"{server.url}/artifacts/{tiny_a.name}"
     r = httpx.get(f"{base}/{MANIFEST_NAME}")
+    # served as written, except the local path it was compiled from: only its last part
+    assert "/" in manifest["source"]["model"]
+    local = manifest["source"]["model"]
+    manifest["source"]["model"] = Path(local).name
     assert r.status_code == 200 and r.json() == manifest
+    assert local not in r.text and str(Path(local).parent) not in r.text
     assert r.headers["cache-control"] == "no-cache" and r.headers["etag"].startswith('"')
     shard = manifest["shards"][0]
     r = httpx.get(f"{base}/{shard['file']}", headers={"Range": "bytes=100-199"})
@@ -308,7 +232,8 @@ def test_routes_methods_and_limits(server):
         for _ in range(5):
             yield b" " * (1 << 20)
 
-    r = httpx.post(f"{server.url}/v1/chat/completions", content=chunked(), timeout=60)
+    r = httpx.post(f"{server.url}/v1/chat/completions", content=chunked(), timeout=60,
+                   headers={"Content-Type": "application/json"})
     assert_openai_error(r, 413, code="request_too_large")
 
 
@@ -496,7 +421,7 @@ def test_cors_when_enabled():
     from starlette.testclient import TestClient
 
     app = create_app(ModelPool.of(), cors_origins=["https://app.example"])
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         r = c.options("/v1/chat/completions", headers={
             "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization,content-type"})
@@ -514,7 +439,7 @@ def test_openapi_schemas_come_from_the_engine_protocol():
 
     from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
 
-    with TestClient(create_app(ModelPool.of())) as c:
+    with TestClient(create_app(ModelPool.of()), base_url="http://localhost") as c:
         spec = c.get("/openapi.json").json()
     schemas = spec["components"]["schemas"]
     for cls in (ChatCompletionRequest, CompletionRequest):
@@ -537,7 +462,9 @@ def fuzz_schema(tiny_a):
     from wick.server.local import AsyncEngine
 
     host = ArtifactHost(None, {tiny_a.name: tiny_a})
-    app = create_app(ModelPool.of(AsyncEngine(str(tiny_a))), artifacts=host)
+    # schemathesis addresses the app as "testserver"
+    app = create_app(ModelPool.of(AsyncEngine(str(tiny_a))), artifacts=host,
+                     allowed_hosts=["testserver"])
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
     name = next(iter(app.state.pool.engines))

@@ -74,6 +74,7 @@ def test_compile_prints_path_and_shows_progress(fresh_compile):
     for stage in ("resolve source", "build model", "lower (TVM)", "write weights"):
         assert stage in result.stderr
     no_traceback(result)
+    assert "warning" not in result.stderr.lower()  # TVM's notes never reach the user
 
 
 def test_second_compile_is_cached(fresh_compile, tiny_llama_dir, wick_env):
@@ -102,6 +103,116 @@ def test_compile_to_the_cache_then_list(tiny_llama_dir, wick_env):
     assert "q0f32" in line and "KiB" in line
 
 
+def write_tiny_gguf(path: Path) -> bytes:
+    """A small well-formed GGUF (llama metadata, two tensors); returns its bytes."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.random.default_rng(0).random((64, 1024), np.float32))
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path.read_bytes()
+
+
+def corrupt_inputs(base: Path, tiny_llama_dir: Path) -> dict[str, Path]:
+    import struct
+
+    good = write_tiny_gguf(base / "good.gguf")
+    files = {"bad magic": base / "magic.gguf", "truncated": base / "truncated.gguf",
+             "absurd shape": base / "absurd.gguf"}
+    files["bad magic"].write_bytes(b"NOTAGGUF" + good[8:])
+    files["truncated"].write_bytes(good[: len(good) // 2])
+    absurd = bytearray(good)
+    at = good.index(b"token_embd.weight") + len(b"token_embd.weight") + 4  # past n_dims
+    struct.pack_into("<QQ", absurd, at, 1 << 40, 1 << 40)
+    files["absurd shape"].write_bytes(bytes(absurd))
+    hf = base / "bogus-safetensors"
+    shutil.copytree(tiny_llama_dir, hf)
+    (hf / "model.safetensors").write_bytes((1 << 60).to_bytes(8, "little") + b"{not json")
+    files["bogus safetensors header"] = hf
+    return files
+
+
+def test_compile_of_corrupt_inputs_is_one_error_line(tiny_llama_dir, wick_env, tmp_path):
+    for what, path in corrupt_inputs(tmp_path, tiny_llama_dir).items():
+        result = wick(wick_env, "compile", str(path), "--quantization", "q0f32",
+                      "--output", str(tmp_path / "out"))
+        assert result.returncode == 1, (what, result.stderr)
+        no_traceback(result)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, (what, result.stderr)
+        assert path.name in errors[0], (what, errors[0])
+        assert not (tmp_path / "out").exists()
+    debug = wick(wick_env, "--debug", "compile", str(tmp_path / "truncated.gguf"))
+    assert debug.returncode == 1 and "Traceback" in debug.stderr  # --debug shows it
+
+
+def test_killed_compile_leaves_nothing_in_the_cache(wick_env):
+    from wick.compiler.paths import artifacts_dir
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    stale = artifacts_dir() / f"tiny-q0f32-0000.tmp-{proc.pid}"  # a compile killed with -9
+    (stale / "params").mkdir(parents=True)
+    (stale / "params" / "shard-00000.bin").write_bytes(b"\0" * 4096)
+    result = wick(wick_env, "list")
+    assert result.returncode == 0 and not stale.exists()
+
+
+def test_compile_rebuilds_a_damaged_cached_artifact(tiny_llama_dir, wick_env, tmp_path):
+    """Sizes are checked on every cache hit; a load that finds a bad hash marks the artifact,
+    and the next compile checks every hash and rebuilds it."""
+    import json
+
+    out = tmp_path / "art"
+    args = ("compile", str(tiny_llama_dir), "--quantization", "q0f32", "--output", str(out))
+    assert wick(wick_env, *args).returncode == 0
+    shard_entry = json.loads((out / "wick-artifact.json").read_text())["shards"][0]
+    shard = out / shard_entry["file"]
+    good = shard.read_bytes()
+
+    shard.write_bytes(good[:-10])  # truncated
+    result = wick(wick_env, *args)
+    assert result.returncode == 0 and "is damaged" in result.stderr, result.stderr
+    assert "lower (TVM)" in result.stderr and shard.read_bytes() == good
+
+    flipped = bytearray(good)
+    flipped[1000] ^= 0xFF
+    shard.write_bytes(bytes(flipped))  # same size: the cheap check cannot see it ...
+    assert "cached" in wick(wick_env, *args).stderr
+    chat = wick(wick_env, "chat", str(out), "--max-tokens", "2", stdin="hi\n")
+    assert chat.returncode == 1 and "sha256 mismatch" in chat.stderr  # ... the load does
+    assert "wick compile" in chat.stderr and (out / ".verify-hashes").exists()
+    no_traceback(chat)
+    result = wick(wick_env, *args)
+    assert "is damaged" in result.stderr and shard.read_bytes() == good
+    assert not (out / ".verify-hashes").exists()
+
+
+def test_load_rebuilds_a_corrupt_artifact_it_compiled(tiny_llama_dir, wick_env):
+    """`wick chat SOURCE` on a cached artifact whose shard went bad rebuilds it and answers."""
+    import json
+
+    compiled = wick(wick_env, "compile", str(tiny_llama_dir), "--quantization", "q0f32")
+    out = Path(compiled.stdout.strip())
+    shard = out / json.loads((out / "wick-artifact.json").read_text())["shards"][0]["file"]
+    good = shard.read_bytes()
+    flipped = bytearray(good)
+    flipped[-1] ^= 0xFF
+    shard.write_bytes(bytes(flipped))
+    chat = wick(wick_env, "chat", str(tiny_llama_dir), "-q", "q0f32", "--max-tokens", "2",
+                "--temperature", "0", stdin="hi\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "rebuilding the artifact" in chat.stderr
+    assert shard.read_bytes() == good
+    no_traceback(chat)
+
+
 # --------------------------------------------------------------------------- chat
 
 
@@ -127,6 +238,8 @@ def test_chat_session(artifact, wick_env):
     lines = out.splitlines()
     assert re.fullmatch(r"wick chat: .+ \(q0f32\) on .+", lines[0])
     assert "/help" in lines[1]
+    if "llvmpipe" in lines[0]:  # a software adapter is named as such, once
+        assert result.stderr.count("is a software GPU") == 1
     # the first reply is the text between the hint line and the first /stats output
     first_reply = out.split("\n", 2)[2].split("\nprefill:")[0]
     assert first_reply.strip()
@@ -204,26 +317,34 @@ def test_models_lists_builtins(wick_env):
 
 def test_serve_starts_answers_and_stops(wick_env, artifact):
     """`wick serve ARTIFACT`: /health goes 503 -> 200, /v1/models lists the model, the log names
-    the model, quantization, adapter and URL."""
+    the model, quantization, adapter and URL (and says so when the adapter is a software one).
+    Only the served artifact is hosted, not the rest of the cache. SIGTERM during a stream: the
+    stream still ends with [DONE], the server exits cleanly, no traceback."""
     import json
     import signal
     import socket
+    import threading
     import urllib.error
     import urllib.request
+
+    from wick.compiler.paths import artifacts_dir
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
     command = [str(WICK)] if WICK.exists() else [
         sys.executable, "-c", "import sys; from wick.server.cli import main; sys.exit(main())"]
-    proc = subprocess.Popen([*command, "serve", str(artifact), "--port", str(port)],
+    proc = subprocess.Popen([*command, "serve", str(artifact), "--port", str(port),
+                             "--shutdown-grace", "0.5"],
                             env=wick_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, encoding="utf-8", errors="replace")
+    streamed: list[str] = []
     try:
         status, deadline = None, time.monotonic() + 120
         while status != 200 and time.monotonic() < deadline and proc.poll() is None:
             try:
-                status = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status
+                status = urllib.request.urlopen(f"{base}/health", timeout=5).status
             except urllib.error.HTTPError as e:
                 status = e.code
                 assert status == 503  # loading
@@ -231,14 +352,41 @@ def test_serve_starts_answers_and_stops(wick_env, artifact):
                 pass
             time.sleep(0.2)
         assert status == 200, proc.poll()
-        models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))
+        models = json.load(urllib.request.urlopen(f"{base}/v1/models"))
         assert models["object"] == "list" and len(models["data"]) == 1
+        index = json.load(urllib.request.urlopen(f"{base}/web/models.json"))
+        assert [m["id"] for m in index["data"]] == [artifact.name]
+        others = [d.name for d in artifacts_dir().iterdir() if (d / "wick-artifact.json").is_file()]
+        assert others, "the cache should hold other artifacts"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{base}/artifacts/{others[0]}/wick-artifact.json")
+        assert e.value.code == 404
+
+        def stream() -> None:
+            body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                               "max_tokens": 400, "ignore_eos": True}).encode()
+            req = urllib.request.Request(f"{base}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                streamed.extend(line.decode().strip() for line in r if line.strip())
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.3)
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
+    reader.join(30)
+    assert proc.returncode == 0, out
     assert f"wick serving {models['data'][0]['id']} (q0f32, wgpu:" in out
-    assert f"on http://127.0.0.1:{port}" in out
-    assert "Traceback" not in out
+    assert f"on {base}" in out
+    if "llvmpipe" in out or "lavapipe" in out:
+        assert "is a software GPU" in out and "browser engine" in out
+    assert "Traceback" not in out and "CancelledError" not in out
+    assert streamed and streamed[-1] == "data: [DONE]", streamed[-3:]
+    last = json.loads(streamed[-2].removeprefix("data: "))
+    assert last.get("error", {}).get("code") == "server_shutdown" or \
+        last["choices"][0]["finish_reason"] == "length"
 
 
 # --------------------------------------------------------------------------- /set parsing

@@ -88,6 +88,8 @@ export interface CreateEngineOptions {
   stallTimeoutMs?: number;
   /** URL of wick-worker.js (default: next to wick.js). */
   workerUrl?: string | URL;
+  /** The wick host's API key (`wick serve --api-key`), sent with every model file request. */
+  apiKey?: string;
 }
 
 export interface EngineStats {
@@ -337,7 +339,7 @@ export async function createEngine(model: string, options: CreateEngineOptions =
       });
       worker.postMessage({ kind: "load", id, model, quantization: options.quantization, baseUrl,
         kvCacheBytes: options.kvCacheBytes, cache: options.cache,
-        stallTimeoutMs: options.stallTimeoutMs } satisfies ToWorker);
+        stallTimeoutMs: options.stallTimeoutMs, apiKey: options.apiKey } satisfies ToWorker);
     });
     worker.onerror = null;
     return new Engine(worker, info, listeners, nextId);

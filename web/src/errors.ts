@@ -59,11 +59,13 @@ export class KVCacheFullError extends WickError {}
 export class EngineAbortedError extends WickError {}
 /** A failure to download or boot (network, Pyodide). */
 export class LoadError extends WickError {}
+/** 401: the wick host needs an API key (`createEngine(model, { apiKey })`), or another one. */
+export class AuthenticationError extends WickError {}
 
 const CLASSES: Record<string, new (body: ErrorBody, status?: number) => WickError> = {
   WickError, InvalidRequestError, UnsupportedParameterError, ContextLengthExceededError,
   ModelNotFoundError, DeviceError, MissingFeatureError, WebGPUUnavailableError, ArtifactError,
-  CacheQuotaError, KVCacheFullError, EngineAbortedError, LoadError,
+  CacheQuotaError, KVCacheFullError, EngineAbortedError, LoadError, AuthenticationError,
   KernelCompileError: DeviceError,
 };
 

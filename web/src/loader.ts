@@ -61,11 +61,13 @@ function retryable(message: string): Failure {
 }
 
 function corrupt(url: string, why: string): Failure {
-  return new Failure(payload("ArtifactError", `${url}: ${why}: re-download or recompile it`,
+  return new Failure(payload("ArtifactError", `${url}: ${why}: the server's copy is damaged; ` +
+    "compile the model again on the server (`wick compile` rebuilds a corrupt artifact)",
     "artifact_error", "artifact_corrupt", 500));
 }
 
-/** fetch that names what failed; a non-2xx answer is a Failure, with `retry` set when trying
+/** fetch that names what failed; a non-2xx answer is a Failure (the wick host's own error
+ * when it sent one: a missing API key is an AuthenticationError), with `retry` set when trying
  * again may help (5xx, 408, 429). */
 export async function fetchOk(url: string, what: string, init?: RequestInit): Promise<Response> {
   let r: Response;
@@ -75,8 +77,16 @@ export async function fetchOk(url: string, what: string, init?: RequestInit): Pr
     throw retryable(`${what}: could not fetch ${url}: ${(e as Error).message}`);
   }
   if (!r.ok) {
-    throw Object.assign(loadError(`${what}: GET ${url} answered ${r.status}`, "network_error", r.status),
-      { retry: r.status >= 500 || r.status === 408 || r.status === 429 });
+    let failure = loadError(`${what}: GET ${url} answered ${r.status}`, "network_error", r.status);
+    try {
+      const body = (await r.json()) as { error?: ErrorPayload["error"] };
+      if (body?.error?.message) {
+        const cls = r.status === 401 ? "AuthenticationError" : "LoadError";
+        failure = new Failure({ error: { ...body.error, message: `${what}: ${body.error.message}` },
+          status: r.status, class: cls });
+      }
+    } catch { /* not a wick error body: keep the status line */ }
+    throw Object.assign(failure, { retry: r.status >= 500 || r.status === 408 || r.status === 429 });
   }
   return r;
 }
@@ -92,7 +102,8 @@ export class ArtifactLoader {
 
   constructor(private readonly root: string, private readonly useCache: boolean,
               readonly stats: LoadStats, private readonly progress: (p: Progress) => void,
-              private readonly stallMs: number = STALL_MS) {}
+              private readonly stallMs: number = STALL_MS,
+              private readonly auth: Record<string, string> = {}) {}
 
   private async openCache(): Promise<Cache | null> {
     if (!this.cache && this.useCache && "caches" in self) {
@@ -230,7 +241,8 @@ export class ArtifactLoader {
         watch();
         const resume = buf !== null && got > 0;
         // no-store: the Cache API keeps the verified copy; the HTTP cache would keep a second one
-        const headers: Record<string, string> = resume ? { Range: `bytes=${got}-` } : {};
+        const headers: Record<string, string> = resume ? { ...this.auth, Range: `bytes=${got}-` }
+          : { ...this.auth };
         if (resume && etag) headers["If-Range"] = etag; // a changed file comes back whole
         let r: Response;
         try {

@@ -15,6 +15,7 @@ import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 const MANIFEST = "wick-artifact.json";
+const PREPARE_POLL_MS = 1000; // how often to ask whether the host finished a variant for us
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Any = any;
@@ -105,21 +106,66 @@ function pickModel(models: ModelEntry[], model: string, quantization: string | u
 
 // ------------------------------------------------------------------------ load
 
+interface PreparingEntry {
+  model: string;
+  quantization: string;
+  features: string[];
+  stage?: string;
+  done?: number;
+  total?: number;
+  error?: string;
+}
+
+/** The artifact to load: picked from the host's index; while the host is still compiling a
+ * variant this device can run (a browser without shader-f16 beside a served f16 model), its
+ * progress is reported and the index asked again until it is there. */
+async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" }>,
+                            features: string[], auth: Record<string, string>,
+                            progress: (p: Progress) => void): Promise<ModelEntry> {
+  for (;;) {
+    const index = (await (await fetchOk(`${base}/web/models.json`, "model index",
+      { cache: "no-cache", headers: auth })).json()) as
+      { data: ModelEntry[]; preparing?: PreparingEntry[]; loading?: boolean };
+    try {
+      return pickModel(index.data, msg.model, msg.quantization, features);
+    } catch (e) {
+      const wanted = (index.preparing ?? []).find((p) =>
+        (p.model === msg.model || `${p.model}-${p.quantization}` === msg.model) &&
+        (!msg.quantization || p.quantization === msg.quantization) &&
+        p.features.every((f) => features.includes(f)));
+      if (!wanted) {
+        if (!index.loading) throw e;
+        progress({ stage: "prepare", loaded: 0, total: 0, text: "the server is still loading its models" });
+        await new Promise((r) => setTimeout(r, PREPARE_POLL_MS));
+        continue;
+      }
+      if (wanted.error) {
+        throw new Failure(payload("LoadError", `the server could not build ${wanted.model} ` +
+          `${wanted.quantization} for this browser: ${wanted.error}`, "load_error", "variant_failed", 503));
+      }
+      progress({ stage: "prepare", loaded: wanted.done ?? 0, total: wanted.total ?? 0,
+        text: `the server is compiling ${wanted.model} ${wanted.quantization} for this browser: ${wanted.stage ?? ""}` });
+      await new Promise((r) => setTimeout(r, PREPARE_POLL_MS));
+    }
+  }
+}
+
 async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInfo> {
   const base = msg.baseUrl.replace(/\/$/, "");
   const progress = (p: Progress) => send({ kind: "progress", id: msg.id, progress: p });
-  const [, exe, index] = await Promise.all([
+  const auth: Record<string, string> = msg.apiKey ? { Authorization: `Bearer ${msg.apiKey}` } : {};
+  const [, exe] = await Promise.all([
     boot(base, progress),
     executor ? Promise.resolve(executor) : Executor.create(),
-    fetchOk(`${base}/web/models.json`, "model index", { cache: "no-cache" }).then((r) => r.json()),
   ]);
   executor = exe;
-  const entry = pickModel((index as { data: ModelEntry[] }).data, msg.model, msg.quantization, exe.features);
+  const entry = await resolveEntry(base, msg, exe.features, auth, progress);
   const root = `${base}/artifacts/${encodeURIComponent(entry.id)}`;
-  const manBytes = new Uint8Array(await (await fetchOk(`${root}/${MANIFEST}`, MANIFEST, { cache: "no-cache" })).arrayBuffer());
+  const manBytes = new Uint8Array(await (await fetchOk(`${root}/${MANIFEST}`, MANIFEST,
+    { cache: "no-cache", headers: auth })).arrayBuffer());
   const manifest = JSON.parse(new TextDecoder().decode(manBytes));
   const stats = newStats();
-  const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs);
+  const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs, auth);
   const files = await loader.files([
     { file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 },
     ...manifest.kernels.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),

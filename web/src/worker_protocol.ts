@@ -4,9 +4,10 @@
 import type { ErrorPayload } from "./errors.js";
 
 export interface Progress {
-  // boot: Pyodide and the engine; compile: kernels into pipelines; download: weight bytes
-  // (from the network or the cache) into GPU buffers; cache: a note on the browser cache
-  stage: "boot" | "compile" | "download" | "cache" | "ready";
+  // boot: Pyodide and the engine; prepare: the server is compiling a variant this device can
+  // run (steps of its compile); compile: kernels into pipelines; download: weight bytes (from
+  // the network or the cache) into GPU buffers; cache: a note on the browser cache
+  stage: "boot" | "prepare" | "compile" | "download" | "cache" | "ready";
   loaded: number; // bytes (download) or steps done
   total: number;
   text: string;
@@ -27,7 +28,7 @@ export interface EngineInfo {
 
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
-      kvCacheBytes?: number; cache?: boolean; stallTimeoutMs?: number }
+      kvCacheBytes?: number; cache?: boolean; stallTimeoutMs?: number; apiKey?: string }
   | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
   | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired
   | { kind: "interrupt"; id: number }

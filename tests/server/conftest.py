@@ -1,0 +1,106 @@
+"""Shared by the server tests: two tiny random Llamas (compiled q0f32, context window 128) on
+the native wgpu backend behind a live uvicorn server on a free loopback port (one per module),
+and helpers to post raw bodies and check OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from wick.server.app import ModelPool, create_app
+from wick.server.artifact_host import ArtifactHost
+from wick.server.serve import ServerThread
+
+WINDOW = 128
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+# ---------------------------------------------------------------------------------------------
+# A live server in a background thread
+
+
+class LiveServer(ServerThread):
+    @property
+    def pool(self) -> ModelPool:
+        return self.app.state.pool
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while httpx.get(f"{self.url}/health").status_code != 200:
+            assert self.pool.state != "failed", self.pool.error
+            assert time.monotonic() < deadline, "models did not load"
+            time.sleep(0.05)
+
+
+def engine_loader(artifact: Path):
+    from wick.server.local import AsyncEngine
+
+    return str(artifact), lambda: AsyncEngine(str(artifact))
+
+
+@pytest.fixture(scope="module")
+def tiny_a(tiny_llama_dir, compiled) -> Path:
+    return compiled(tiny_llama_dir, "q0f32", context_window=WINDOW, max_batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_b(tmp_path_factory, compiled) -> Path:
+    from tests.tiny_models import make_tiny_llama
+
+    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-b") / "tiny-llama-b", seed=1, layers=1)
+    return compiled(src, "q0f32", context_window=WINDOW, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_a, tiny_b):
+    from wick.compiler.paths import artifacts_dir
+
+    pool = ModelPool([engine_loader(tiny_a), engine_loader(tiny_b)])
+    live = LiveServer(create_app(pool, artifacts=ArtifactHost(artifacts_dir())))
+    live.wait_ready()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def names(server) -> list[str]:
+    return list(server.pool.engines)
+
+
+@pytest.fixture(scope="module")
+def engine(server, names):
+    return server.pool.engines[names[0]]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def post(server, path: str, body, headers: dict | None = None) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{server.url}{path}", content=content, timeout=60,
+                      headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def assert_openai_error(resp: httpx.Response, status: int, *, param=..., code=...) -> dict:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    assert "Traceback" not in err["message"]
+    if param is not ...:
+        assert err["param"] == param
+    if code is not ...:
+        assert err["code"] == code
+    return err
+
+

@@ -1,0 +1,90 @@
+"""`wick serve` of an f16 model also serves browsers without shader-f16: the app `wick serve`
+runs (``serving_app``) compiles the model's f32 twin in the background, lists it under
+``preparing`` in /web/models.json with its progress meanwhile, then hosts it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+from starlette.testclient import TestClient
+
+from wick.compiler.compile import compile_model
+from wick.engine.artifact import MANIFEST_NAME
+from wick.server.serve import serving_app
+
+
+@pytest.fixture(scope="module")
+def f16_artifact(tmp_path_factory):
+    """A tiny model of its own, as q4f16_1 with options no other test uses: its twin is not
+    in the cache yet."""
+    from tests.tiny_models import make_tiny_llama
+
+    src = make_tiny_llama(tmp_path_factory.mktemp("variants") / "tiny-variants", seed=3,
+                          layers=1)
+    return compile_model(str(src), "q4f16_1", context_window=96, max_batch_size=2)
+
+
+def index(client) -> dict:
+    r = client.get("/web/models.json")
+    assert r.status_code == 200
+    return r.json()
+
+
+def test_f16_model_gets_its_f32_twin_for_browsers(f16_artifact):
+    app = serving_app([str(f16_artifact)])
+    with TestClient(app, base_url="http://localhost") as c:
+        deadline = time.monotonic() + 120
+        stages = set()
+        while True:
+            body = index(c)
+            for p in body["preparing"]:
+                assert p["model"] == "tiny-variants" and p["quantization"] == "q4f32_1"
+                assert p["features"] == [] and "error" not in p, p
+                stages.add(p["stage"])
+            if any(m["quantization"] == "q4f32_1" for m in body["data"]):
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.05)
+        assert body["preparing"] == []
+        assert stages, "the twin was never announced while it was built"
+        served, twin = body["data"]
+        assert (served["id"], served["features"]) == (f16_artifact.name, ["shader-f16"])
+        assert twin["model"] == served["model"] and twin["features"] == []
+        manifest = c.get(f"/artifacts/{twin['id']}/{MANIFEST_NAME}").json()
+        assert manifest["quantization"] == "q4f32_1"
+        assert manifest["model"]["context_window"] == 96  # the served model's options
+        assert manifest["model"]["max_batch_size"] == 2
+        for t in app.state.browser_variants.threads:
+            t.join(5)
+
+
+def test_a_twin_that_cannot_be_built_is_named_as_such(f16_artifact, tmp_path):
+    moved = tmp_path / f16_artifact.name
+    shutil.copytree(f16_artifact, moved)
+    manifest = json.loads((moved / MANIFEST_NAME).read_text())
+    manifest["source"]["model"] = str(tmp_path / "gone")
+    (moved / MANIFEST_NAME).write_text(json.dumps(manifest))
+    app = serving_app([str(moved)])
+    with TestClient(app, base_url="http://localhost") as c:
+        deadline = time.monotonic() + 60
+        while not any("error" in p for p in index(c)["preparing"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (p,) = index(c)["preparing"]
+        assert p["quantization"] == "q4f32_1" and "not on this machine" in p["error"]
+
+
+def test_no_twin_for_f32_models_or_when_disabled(f16_artifact, tiny_a):
+    for models, variants in (([str(tiny_a)], True), ([str(f16_artifact)], False)):
+        app = serving_app(models, browser_variants=variants)
+        with TestClient(app, base_url="http://localhost") as c:
+            deadline = time.monotonic() + 60
+            while not index(c)["data"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.2)
+            body = index(c)
+            assert len(body["data"]) == 1 and body["preparing"] == []
