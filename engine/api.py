@@ -19,7 +19,7 @@ its pages at the next step.
 Preparing a request (validation, chat template, tokenization) touches no engine state, so a host
 with threads may run it off its event loop (``AsyncEngineAPI.prepare_off_loop``): a huge body
 then never stalls running streams. What one request may ask for is bounded before any of that
-work: at most ``context_window`` messages and ``context_window x MAX_CHARS_PER_TOKEN``
+work: at most ``context_window`` messages and ``context_window x tokenizer.max_token_chars``
 characters, which no prompt that fits the window can exceed.
 """
 
@@ -58,10 +58,6 @@ from .sequence import SamplingParams
 from .tokenizer import Tokenizer
 
 T = TypeVar("T")
-# No token of any tokenizer wick loads is longer than this many characters, so a prompt with
-# more than context_window x MAX_CHARS_PER_TOKEN characters cannot fit (checked before
-# tokenizing it).
-MAX_CHARS_PER_TOKEN = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,9 +163,10 @@ class _Frontend:
     def _check_size(self, kind: str, kwargs: dict[str, Any]) -> None:
         """Refuse, before any per-message work, a request that cannot fit the context window
         whatever its tokens: more messages than the window has tokens, or more characters than
-        ``MAX_CHARS_PER_TOKEN`` per token of the window."""
+        the longest token has, per token of the window."""
         window = self.core.info.context_window
-        max_chars = window * MAX_CHARS_PER_TOKEN
+        per_token = getattr(self.core.tokenizer, "max_token_chars", None)
+        max_chars = window * per_token if per_token else None
         if kind == "chat":
             messages, param = kwargs.get("messages"), "messages"
             if not isinstance(messages, list):
@@ -187,7 +184,7 @@ class _Frontend:
                 raise ContextLengthExceededError.before_tokenizing(
                     f"The prompt holds {len(prompt)} tokens; this model's context window is "
                     f"{window} tokens.", param="prompt", context_window=window)
-        if chars > max_chars:
+        if max_chars is not None and chars > max_chars:
             raise ContextLengthExceededError.before_tokenizing(
                 f"The {param} hold {chars} characters, more than this model's context window "
                 f"of {window} tokens can take (at most {max_chars} characters); shorten them.",

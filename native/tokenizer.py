@@ -6,10 +6,13 @@ such as ``<|im_start|>``, still encode to their single ids because they are adde
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
 from tokenizers import Tokenizer
+
+from ..engine.tokenizer import max_token_chars
 
 
 class HFTokenizer:
@@ -17,9 +20,9 @@ class HFTokenizer:
 
     def __init__(self, tokenizer_json: str | Path):
         if isinstance(tokenizer_json, Path) or not tokenizer_json.lstrip().startswith("{"):
-            self._tok = Tokenizer.from_file(str(tokenizer_json))
-        else:
-            self._tok = Tokenizer.from_str(tokenizer_json)
+            tokenizer_json = Path(tokenizer_json).read_text(encoding="utf-8")
+        self._tok = Tokenizer.from_str(tokenizer_json)
+        self.max_token_chars = max_token_chars(json.loads(tokenizer_json))
         # vocab_size counts added tokens too: ids run 0..vocab_size-1 with possible gaps
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
         self.special_token_ids: frozenset[int] = frozenset(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from wick.engine.tokenizer import max_token_chars
+
 
 class WebTokenizer:
     def __init__(self, js_tokenizer: Any, tokenizer_json: str) -> None:
@@ -19,6 +21,7 @@ class WebTokenizer:
         data = json.loads(tokenizer_json)
         added = data.get("added_tokens") or []
         self.special_token_ids = frozenset(t["id"] for t in added if t.get("special"))
+        self.max_token_chars = max_token_chars(data)
         self.vocab_size: int = int(js_tokenizer.vocabSize)
 
     def encode(self, text: str) -> list[int]:

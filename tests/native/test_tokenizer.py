@@ -1,0 +1,37 @@
+"""``max_token_chars`` (the bound that lets a too-long prompt be refused before tokenizing)
+against HF ``tokenizers``' own vocabulary, for BPE (byte-level) and Unigram tokenizers: no
+token decodes to more characters than it says."""
+
+from __future__ import annotations
+
+import json
+
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+from wick.engine.tokenizer import max_token_chars
+from wick.native.tokenizer import HFTokenizer
+
+
+def check(tok: Tokenizer) -> int:
+    bound = max_token_chars(json.loads(tok.to_str()))
+    vocab = tok.get_vocab(with_added_tokens=True)
+    assert bound == max(len(piece) for piece in vocab)
+    assert all(len(tok.decode([i], skip_special_tokens=False)) <= bound for i in vocab.values())
+    assert HFTokenizer(tok.to_str()).max_token_chars == bound
+    return bound
+
+
+def test_byte_level_bpe():
+    from tests.tiny_models import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    tok.add_tokens(["\n" + " " * 80])  # a long whitespace token, like SmolLM2's 81 characters
+    assert check(tok) == 81
+
+
+def test_unigram():
+    tok = Tokenizer(models.Unigram([("<unk>", 0.0), ("▁hello", -1.0), ("▁wor", -2.0),
+                                    ("ld", -2.0), ("▁", -3.0)], unk_id=0))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    assert check(tok) == 6
