@@ -63,7 +63,8 @@ def test_model_index_and_bundle_routes(tmp_path):
             {"model_id": model, "quantization": quant, "requires": {"features": feats}}))
         os.utime(d / "wick-artifact.json", (mtime, mtime))
     (tmp_path / "not-an-artifact").mkdir()
-    client = TestClient(create_app(ModelPool(state="ready"), artifacts=ArtifactHost(tmp_path)))
+    client = TestClient(create_app(ModelPool(state="ready"), artifacts=ArtifactHost(tmp_path)),
+                        base_url="http://localhost")
     r = client.get("/web/models.json")
     assert r.status_code == 200
     assert [a["id"] for a in r.json()["data"]] == ["m-new", "m-f16", "m-old"]  # newest first
@@ -98,7 +99,7 @@ import wick.server.app as app
 from fastapi.testclient import TestClient
 from wick.server.app import ModelPool, create_app
 assert app.__file__.startswith(sys.argv[1]), app.__file__
-c = TestClient(create_app(ModelPool(state="ready")))
+c = TestClient(create_app(ModelPool(state="ready")), base_url="http://localhost")
 for path in ("/static/wick.js", "/static/wick-worker.js", "/static/web/wick.js", "/"):
     r = c.get(path)
     assert r.status_code == 200 and r.content, path
