@@ -11,7 +11,8 @@
 3. The hostile battery: malformed, oversized, cross-site, rebinding, traversal, slow and
    half-sent requests; every answer must be a 4xx OpenAI error object, the server still up.
 
-The server runs in a child process (``wick serve`` with ``--body-timeout 2``) on a free port.
+The server runs in a child process (``wick serve`` with ``--body-timeout 2``) on a free port;
+its log (warnings and errors only) goes to this terminal: a traceback there is a failure too.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import argparse
 import asyncio
 import json
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from serve import start_server  # bench/serve.py: `wick serve` in a child process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,29 +40,6 @@ def tiny_artifact() -> str:
 
     src = make_tiny_llama(Path(tempfile.gettempdir()) / "wick-bench-tiny-llama")
     return str(compile_model(str(src), "q0f32", context_window=256, max_batch_size=32))
-
-
-def start(artifact: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "wick.server.cli", "serve", artifact,
-                             "--port", str(port), "--body-timeout", "2", "--log-level",
-                             "warning"], stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {proc.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("the server did not become ready")
-        time.sleep(0.2)
 
 
 def rss_mib(pid: int) -> float:
@@ -199,7 +178,7 @@ def main() -> int:
     p.add_argument("--disconnects", type=int, default=32)
     p.add_argument("--tokens", type=int, default=24)
     args = p.parse_args()
-    proc, url = start(tiny_artifact())
+    proc, url = start_server(tiny_artifact(), "--body-timeout", "2")
     try:
         streams = asyncio.run(streaming_rounds(url, args.clients, args.rounds, args.tokens))
         drops = asyncio.run(disconnect_rounds(url, proc.pid, args.disconnects, args.rounds))
@@ -207,7 +186,7 @@ def main() -> int:
         alive = httpx.get(f"{url}/health").status_code == 200
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=60)
+        proc.wait(60)
     print(f"\nwick serve reliability (tiny random Llama q0f32, {url})")
     print(f"streaming: {streams['streams']} streams in {args.rounds} rounds of {args.clients}, "
           f"{streams['equal_solo']}/{streams['streams']} equal to the solo answer, "
@@ -220,8 +199,6 @@ def main() -> int:
     for name, status, is_error in battery:
         flag = "" if 400 <= status < 500 and is_error else "   <-- not a 4xx OpenAI error"
         print(f"  {status}  {name}{flag}")
-    tracebacks = err.count("Traceback")
-    print(f"server log: {len(err.splitlines())} lines, {tracebacks} tracebacks")
     return 0
 
 

@@ -87,12 +87,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, quantization: str | None, kv_mib: int | None):
+def start_server(model: str, *options: str):
+    """``wick serve MODEL OPTIONS...`` in a child process on a free loopback port, once ready:
+    (process, url)."""
     port = free_port()
-    code = ("import sys; from wick.server.serve import run_server; "
-            f"sys.exit(run_server([{model!r}], port={port}, quantization={quantization!r}, "
-            f"kv_cache_bytes={(kv_mib or 0) << 20 or None}, log_level='warning'))")
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    proc = subprocess.Popen([sys.executable, "-m", "wick.server.cli", "serve", model,
+                             "--port", str(port), "--log-level", "warning", *options])
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 3600  # a first run compiles the model
     while True:
@@ -138,7 +138,9 @@ def main() -> int:
     url = args.url
     if url is None:
         model = tiny_model(max(levels)) if args.tiny else args.model
-        proc, url = start_server(model, args.quantization, args.kv_cache_mib)
+        options = [*(["--quantization", args.quantization] if args.quantization else []),
+                   *(["--kv-cache-mib", str(args.kv_cache_mib)] if args.kv_cache_mib else [])]
+        proc, url = start_server(model, *options)
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         asyncio.run(level(url, model, 1, 1, 8))  # warm-up

@@ -131,6 +131,19 @@ class Page:
         return self.page.evaluate(script, arg)
 
 
+def open_chat_page(ctx, url: str):
+    """The chat page of the server at ``url`` in a new page of ``ctx``, and the list that
+    collects its console errors, page errors and failed (>= 400) responses."""
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    ctx.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
+    page.set_default_timeout(240_000)
+    page.goto(url + "/")
+    return page, errors
+
+
 @pytest.fixture(scope="module")
 def context(browser):
     ctx = browser.new_context()

@@ -9,7 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page
+from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page, open_chat_page
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +22,7 @@ def test_chat_page_browser_engine_screenshot(browser, web_server, tiny_artifact,
         messages=messages, max_tokens=8, temperature=0).choices[0].message.content
     ctx = browser.new_context(viewport={"width": 900, "height": 600})
     try:
-        page = ctx.new_page()
-        errors: list[str] = []
-        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        ctx.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
-        page.set_default_timeout(240_000)
-        page.goto(web_server.url + "/")
+        page, errors = open_chat_page(ctx, web_server.url)
         # (the page's CSP forbids eval: wait with locators, not wait_for_function)
         page.locator("#model option").first.wait_for(state="attached")
         assert page.eval_on_selector("#engine", "e => e.value") == "browser"

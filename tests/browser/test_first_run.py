@@ -14,7 +14,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import ROOT, Page
+from .conftest import ROOT, Page, open_chat_page
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +28,7 @@ def test_chat_page_of_an_f16_server_works_without_shader_f16(browser, web_bundle
     live = ServerThread(app)
     ctx = browser.new_context(viewport={"width": 900, "height": 600})
     try:
-        page = ctx.new_page()
-        errors: list[str] = []
-        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        ctx.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
-        page.set_default_timeout(240_000)
-        page.goto(live.url + "/")
+        page, errors = open_chat_page(ctx, live.url)
         option = page.locator("#model option").first
         option.wait_for(state="attached")  # never an empty list: the twin, preparing or ready
         assert "q4f32_1" in option.text_content()
