@@ -21,7 +21,7 @@ disconnects has its request aborted (its KV pages are freed at the next step).
 Hostile clients: every request passes ``guard.RequestGuard`` (Host and Origin checks); JSON
 routes need ``Content-Type: application/json``; with an API key every route but ``/health``
 and the chat page's static files needs it; a body must arrive within ``body_timeout`` seconds
-(and never stall longer than ``BODY_IDLE_S``); parsing and request preparation run off the
+(and never stall longer than ``http_io.BODY_IDLE_S``); parsing and request preparation run off the
 event loop. On shutdown (``Shutdown``) running requests get a grace period, then end with an
 error (streams: an error event, then ``data: [DONE]``).
 """
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import threading
 import time
@@ -40,29 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import ClientDisconnect
 
 from ..engine import AsyncEngineAPI
 from ..engine.errors import InvalidRequestError, ModelNotFoundError, WickError
-from ..engine.protocol import (
-    INT32_MAX,
-    MAX_N,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ROLES,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-)
+from ..engine.protocol import ChatCompletionRequest, CompletionRequest
 from .artifact_host import (
     ArtifactHost,
     RangeNotSatisfiable,
@@ -70,12 +57,23 @@ from .artifact_host import (
     parse_range,
 )
 from .guard import RequestGuard
+from .http_io import (
+    BODY_TIMEOUT_S,
+    ClientGone,
+    EventStreamResponse,
+    RequestLog,
+    internal_error,
+    read_json_body,
+    unless_disconnected,
+)
+from .openapi import protocol_schemas
+from .shutdown import GracefulServer, Shutdown
+
+__all__ = ["GracefulServer", "ModelPool", "Shutdown", "create_app"]
 
 log = logging.getLogger("wick.server")
 STATIC = Path(__file__).resolve().parent / "static"
 MAX_BODY_BYTES = 4 << 20
-BODY_TIMEOUT_S = 60.0  # a whole request body must arrive within this ...
-BODY_IDLE_S = 15.0  # ... and never pause longer than this
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,70 +92,13 @@ class AuthenticationError(WickError):
     default_code = "invalid_api_key"
 
 
-class RequestTooLargeError(InvalidRequestError):
-    default_status = 413
-    default_code = "request_too_large"
-
-
-class RequestTimeoutError(InvalidRequestError):
-    default_status = 408
-    default_code = "request_timeout"
-
-
 class UnsupportedMediaTypeError(InvalidRequestError):
     default_status = 415
     default_code = "unsupported_media_type"
 
 
-class ClientGone(Exception):
-    """The client closed its connection before its request was read: nobody to answer."""
-
-
-class Shutdown:
-    """A graceful stop (``wick serve`` on SIGTERM/SIGINT): ``begin(grace)`` makes the guard
-    refuse new requests at once and, ``grace`` seconds later, ends every request still
-    running with a ``server_shutdown`` error (a stream gets it as an event, then
-    ``[DONE]``)."""
-
-    def __init__(self) -> None:
-        self.started = False
-        self.pool: ModelPool | None = None
-
-    def begin(self, grace: float) -> None:
-        if self.started:
-            return
-        self.started = True
-        log.info("shutting down: no new requests; running ones have %.0f s to finish", grace)
-        asyncio.get_running_loop().call_later(grace, self.end_running)
-
-    def end_running(self) -> None:
-        if self.pool is None:
-            return
-        for engine in self.pool.engines.values():
-            if engine.core.has_unfinished():
-                log.info("shutting down: ending the requests still running")
-            engine.abort_all(WickError(
-                "The server is shutting down and ended this request before it finished; "
-                "retry it.", type="service_unavailable", code="server_shutdown", status=503))
-
-
 def error_response(err: WickError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(err.to_dict(), status_code=err.status, headers=headers)
-
-
-def GracefulServer(app: FastAPI, shutdown: Shutdown, grace: float,  # noqa: N802
-                   log_level: str = "info") -> Any:
-    """A uvicorn server that tells the app when shutdown begins (``Shutdown.begin``): running
-    requests get ``grace`` seconds, then an error; uvicorn's own deadline comes 5 s later."""
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        async def shutdown(self, sockets: Any = None) -> None:
-            shutdown.begin(grace)
-            await super().shutdown(sockets)
-
-    return _Server(uvicorn.Config(app, log_level=log_level, access_log=False, log_config=None,
-                                  timeout_graceful_shutdown=grace + 5))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,277 +210,6 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# OpenAPI: schemas generated from the engine's protocol dataclasses
-
-
-def _protocol_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
-    """(component schemas, per-route ``openapi_extra``), all from ``wick.engine.protocol``."""
-    components: dict[str, dict] = {}
-
-    def ref(cls: type, required: Sequence[str] = ()) -> dict[str, str]:
-        schema = TypeAdapter(cls).json_schema(ref_template="#/components/schemas/{model}")
-        components.update(schema.pop("$defs", {}))
-        if required:  # a request: from_dict requires these, and rejects unknown fields
-            schema["required"] = sorted(set(schema.get("required", [])) | set(required))
-            schema["additionalProperties"] = False
-        components[cls.__name__] = schema
-        return {"$ref": f"#/components/schemas/{cls.__name__}"}
-
-    error = {"$ref": "#/components/schemas/Error"}
-    components["Error"] = {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
-            "message": {"type": "string"}, "type": {"type": "string"},
-            "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
-    }
-    errors = {str(s): {"description": d, "content": {"application/json": {"schema": error}}}
-              for s, d in ((400, "invalid request"), (401, "missing or wrong API key"),
-                           (403, "a foreign Host or Origin"), (404, "unknown model"),
-                           (408, "the body did not arrive in time"),
-                           (413, "request body too large"),
-                           (415, "Content-Type is not application/json"),
-                           (503, "models still loading, or shutting down"))}
-
-    def route(request: type, required: str, response: type, chunk: type,
-              example: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "requestBody": {"required": True, "content": {
-                "application/json": {"schema": ref(request, [required]), "example": example}}},
-            "responses": {"200": {"description": "the completion, or with stream: true an SSE "
-                                                 "stream of chunks ending in data: [DONE]",
-                                  "content": {"application/json": {"schema": ref(response)},
-                                              "text/event-stream": {"schema": ref(chunk)}}},
-                          **errors},
-        }
-
-    extras = {
-        "chat": route(ChatCompletionRequest, "messages", ChatCompletion, ChatCompletionChunk,
-                      {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}),
-        "completion": route(CompletionRequest, "prompt", Completion, Completion,
-                            {"prompt": "Once upon a time", "max_tokens": 16}),
-        "errors": errors,
-    }
-    # the dataclass types role as str; its values are the protocol's ROLES
-    components["ChatMessage"]["properties"]["role"]["enum"] = list(ROLES)
-    _add_value_rules(components)
-    return components, extras
-
-
-def _add_value_rules(components: dict[str, dict]) -> None:
-    """The value rules the dataclasses' ``__post_init__`` enforce, which their types cannot
-    say: the schema accepts what the server accepts and refuses what it refuses."""
-    ranges = {"max_tokens": {"minimum": 1, "maximum": INT32_MAX},
-              "temperature": {"minimum": 0, "maximum": 2},
-              "top_p": {"exclusiveMinimum": 0, "maximum": 1},
-              "top_k": {"minimum": 0, "maximum": INT32_MAX},
-              "n": {"minimum": 1, "maximum": MAX_N}}
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
-        props = components[name]["properties"]
-        for field_name, rule in ranges.items():
-            for option in props[field_name].get("anyOf", [props[field_name]]):
-                if option.get("type") in ("integer", "number"):
-                    option.update(rule)
-    components["ChatCompletionRequest"]["properties"]["messages"]["minItems"] = 1
-    tokens = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    components["CompletionRequest"]["properties"]["prompt"] = {
-        "anyOf": [{"type": "string", "minLength": 1}, tokens,
-                  {"type": "array", "minItems": 1, "maxItems": 1,  # a batch of one: unwrapped
-                   "items": {"anyOf": [{"type": "string", "minLength": 1}, tokens]}}],
-        "description": "a string, token ids, or a list of one of either"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Request bodies and streaming
-
-
-async def read_json_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT_S,
-                         idle: float = BODY_IDLE_S) -> Any:
-    """The request body parsed as JSON (on a worker thread: a large body must not stall the
-    event loop). Too large -> 413, too slow -> 408, malformed -> 400, all OpenAI-shaped; a
-    client that disconnects meanwhile -> ``ClientGone``."""
-    too_large = RequestTooLargeError(f"The request body exceeds the limit of {limit} bytes.")
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large
-    chunks, size = [], 0
-    deadline = time.monotonic() + timeout
-    stream = request.stream().__aiter__()
-    while True:
-        wait = min(idle, deadline - time.monotonic())
-        try:
-            with anyio.fail_after(max(wait, 0)):
-                chunk = await stream.__anext__()
-        except StopAsyncIteration:
-            break
-        except TimeoutError:
-            raise RequestTimeoutError(
-                f"The request body did not arrive in time (at most {timeout:.0f} s in all, "
-                f"and no pause over {idle:.0f} s).") from None
-        except ClientDisconnect:
-            raise ClientGone from None
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return await anyio.to_thread.run_sync(parse_json_body, b"".join(chunks))
-
-
-def parse_json_body(raw: bytes) -> Any:
-    """JSON -> Python, or an ``invalid_json`` error that says what is wrong with it."""
-    try:
-        body = json.loads(raw)
-        # lone surrogates ("\ud800") parse but are not text: reject them here, as bad JSON
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-        return body
-    except json.JSONDecodeError as e:
-        detail = f"{e.msg} at line {e.lineno} column {e.colno}"
-    except UnicodeDecodeError:
-        detail = "it is not valid UTF-8"
-    except UnicodeEncodeError:
-        detail = "a string holds a lone surrogate escape (such as \\ud800), which is not text"
-    except RecursionError:
-        detail = "it is nested too deeply"
-    except ValueError as e:  # int() refuses numbers of more than sys.get_int_max_str_digits()
-        detail = ("a number in it has too many digits" if "digits" in str(e)
-                  else str(e).split("\n")[0])
-    raise InvalidRequestError(
-        f"We could not parse the JSON body of your request ({detail}). The OpenAI API expects "
-        "a JSON payload.", code="invalid_json")
-
-
-@dataclass(slots=True)
-class RequestLog:
-    """One log line per completion request."""
-
-    route: str
-    model: str
-    stream: bool
-    started: float = field(default_factory=time.perf_counter)
-    request_id: str = "-"
-    first_token: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-    def chunk(self, chunk: Any) -> None:
-        self.request_id = chunk.id
-        if self.first_token is None and any(_chunk_text(c) for c in chunk.choices):
-            self.first_token = time.perf_counter()
-        if chunk.usage is not None:
-            self.prompt_tokens = chunk.usage.prompt_tokens
-            self.completion_tokens = chunk.usage.completion_tokens
-
-    def write(self, outcome: str = "ok") -> None:
-        elapsed = time.perf_counter() - self.started
-        ttft = f"{self.first_token - self.started:.3f}s" if self.first_token else "-"
-        done = self.completion_tokens
-        rate = f"{done / elapsed:.1f}" if done and elapsed > 0 else "-"
-        log.info("%s %s model=%s prompt=%s completion=%s ttft=%s tok/s=%s time=%.3fs %s%s",
-                 self.route, self.request_id, self.model, _dash(self.prompt_tokens), _dash(done),
-                 ttft, rate, elapsed, "stream " if self.stream else "", outcome)
-
-
-def _chunk_text(choice: Any) -> str | None:
-    delta = getattr(choice, "delta", None)
-    return delta.content if delta is not None else choice.text
-
-
-def _dash(v: int | None) -> str:
-    return "-" if v is None else str(v)
-
-
-class EventStreamResponse(StreamingResponse):
-    """Engine chunks as server-sent events, ending with ``data: [DONE]``.
-
-    It watches for the client's disconnect while it waits on the engine, and always closes the
-    engine stream at the end, which aborts an unfinished request (pages freed next step).
-    """
-
-    def __init__(self, chunks: Any, record: RequestLog, drop_usage: bool) -> None:
-        super().__init__(chunks, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.record = record
-        self.drop_usage = drop_usage  # usage was asked for the log only
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        chunks, outcome = self.body_iterator, "client disconnected"
-        async with anyio.create_task_group() as tg:
-
-            async def watch_disconnect() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_disconnect)
-            try:
-                await send({"type": "http.response.start", "status": self.status_code,
-                            "headers": self.raw_headers})
-                outcome = await self._stream(chunks, send)
-            except OSError:  # the client went away while we were sending
-                pass
-            finally:
-                tg.cancel_scope.cancel()
-                with anyio.CancelScope(shield=True):
-                    await chunks.aclose()
-                    self.record.write(outcome)
-
-    async def _stream(self, chunks: AsyncIterator[Any], send: Any) -> str:
-        async def event(data: str) -> None:
-            await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(),
-                        "more_body": True})
-
-        try:
-            async for chunk in chunks:
-                self.record.chunk(chunk)
-                if self.drop_usage and chunk.usage is not None and not chunk.choices:
-                    continue
-                await event(json.dumps(chunk.to_dict(), ensure_ascii=False))
-        except WickError as e:  # the engine failed mid-stream: say so in OpenAI's way
-            await event(json.dumps(e.to_dict()))
-            outcome = f"error {e.code}"
-        except Exception:
-            log.exception("stream %s failed", self.record.request_id)
-            await event(json.dumps(_internal_error().to_dict()))
-            outcome = "error internal"
-        else:
-            outcome = "ok"
-        await event("[DONE]")  # every stream ends so, an error event before it or not
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return outcome
-
-
-async def _unless_disconnected(request: Request, work: Any) -> Any:
-    """Await ``work``; cancel it (aborting its engine request) if the client goes away first,
-    and return None then. The body has been read, so ``receive`` only reports the disconnect."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    return None
-
-
-def _internal_error() -> WickError:
-    return WickError("The server had an error while processing your request.",
-                     type="server_error", code="internal_error", status=500)
-
-
-# ---------------------------------------------------------------------------------------------
 # The app
 
 
@@ -574,7 +244,7 @@ def create_app(
     app.state.pool = pool
     app.state.artifacts = artifacts
     app.state.shutdown = shutdown
-    components, extra = _protocol_schemas()
+    components, extra = protocol_schemas()
 
     async def check_key(request: Request) -> None:
         if api_key is None:
@@ -616,7 +286,7 @@ def create_app(
         create = engine.chat.completions.create if kind == "chat" else engine.completions.create
         if stream:  # create() validates, then returns the stream at once
             return EventStreamResponse(await create(**body), record, drop_usage)
-        result = await _unless_disconnected(request, create(**body))  # the engine validates
+        result = await unless_disconnected(request, create(**body))  # the engine validates
         if result is None:
             record.write("client disconnected")
             return Response(status_code=499)  # nobody is listening
@@ -812,9 +482,9 @@ def _install_error_handlers(app: FastAPI) -> None:
             code="invalid_value"))
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(_internal_error())
+        return error_response(internal_error())
 
 
 def _version() -> str:
