@@ -187,6 +187,8 @@ def test_head(server):
     "/artifacts/no-such-artifact/wick-artifact.json",
     f"/artifacts/{ART}/missing.bin",
     "/artifacts/.../wick-artifact.json",
+    "/artifacts/" + "a" * 300 + "/x",  # a name the filesystem refuses (too long): not a 500
+    f"/artifacts/{ART}/" + "b" * 300,
 ])
 def test_nothing_outside_the_root_is_reachable(server, path):
     status, headers, body = get(server, path)
