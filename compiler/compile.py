@@ -29,7 +29,7 @@ from .models.paged_attention import PAGE_SIZE
 from .quantization import Quantization, get_quantization, quantize_q4
 
 # Bump on a format change; the source digest below catches every other compiler change.
-COMPILER_REVISION = 2
+COMPILER_REVISION = 3
 TARGET = "webgpu"
 DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MAX_BATCH = 32
@@ -61,29 +61,57 @@ def cache_key(source_hash: str, quant: str, options: dict) -> str:
 
 
 def _sampler_module(vocab_size: int):
+    """The sampling entry points: ``process_logits`` (grammar mask, penalties, bias),
+    ``sample`` and ``logprobs`` (compiler/logits.py, compiler/sampling.py)."""
     from tvm.relax.frontend import nn
     from tvm.relax.frontend.nn import Tensor, op
 
+    from .logits import MAX_TOP_LOGPROBS, bitmask_words, logprobs_prim_func, process_logits_prim_func
     from .sampling import sampling_prim_func
 
-    kernel = sampling_prim_func(vocab_size, "float32")
+    V = vocab_size
+    sample_kernel = sampling_prim_func(V, "float32")
+    process_kernel = process_logits_prim_func(V)
+    logprobs_kernel = logprobs_prim_func(V)
 
     class Sampler(nn.Module):
         def sample(self, logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor,
-                   uniform: Tensor) -> Tensor:
+                   min_p: Tensor, uniform: Tensor) -> Tensor:
             b = logits.shape[0]
-            return op.tensor_ir_op(kernel, "sample_token",
-                                   [logits, temperature, top_p, top_k, uniform],
+            return op.tensor_ir_op(sample_kernel, "sample_token",
+                                   [logits, temperature, top_p, top_k, min_p, uniform],
                                    Tensor.placeholder((b,), "int32"))
 
-    spec = {"sample": {
-        "logits": nn.spec.Tensor(["b", vocab_size], "float32"),
-        "temperature": nn.spec.Tensor(["b"], "float32"),
-        "top_p": nn.spec.Tensor(["b"], "float32"),
-        "top_k": nn.spec.Tensor(["b"], "int32"),
-        "uniform": nn.spec.Tensor(["b"], "float32"),
-        "$": {"param_mode": "none", "effect_mode": "none"},
-    }}
+        def process_logits(self, logits: Tensor, mask: Tensor, mask_on: Tensor, indptr: Tensor,
+                           tokens: Tensor, rep: Tensor, add: Tensor) -> Tensor:
+            b = logits.shape[0]
+            return op.tensor_ir_op(process_kernel, "process_logits",
+                                   [logits, mask, mask_on, indptr, tokens, rep, add],
+                                   Tensor.placeholder((b, V), "float32"))
+
+        def logprobs(self, logits: Tensor, token: Tensor, num_top: Tensor):
+            b = logits.shape[0]
+            return op.tensor_ir_op(logprobs_kernel, "token_logprobs", [logits, token, num_top],
+                                   [Tensor.placeholder((b, MAX_TOP_LOGPROBS + 1), "float32"),
+                                    Tensor.placeholder((b, MAX_TOP_LOGPROBS), "int32")])
+
+    rows = {"logits": nn.spec.Tensor(["b", V], "float32")}
+    none = {"$": {"param_mode": "none", "effect_mode": "none"}}
+    spec = {
+        "sample": {**rows, "temperature": nn.spec.Tensor(["b"], "float32"),
+                   "top_p": nn.spec.Tensor(["b"], "float32"),
+                   "top_k": nn.spec.Tensor(["b"], "int32"),
+                   "min_p": nn.spec.Tensor(["b"], "float32"),
+                   "uniform": nn.spec.Tensor(["b"], "float32"), **none},
+        "process_logits": {**rows, "mask": nn.spec.Tensor(["b", bitmask_words(V)], "int32"),
+                           "mask_on": nn.spec.Tensor(["b"], "int32"),
+                           "indptr": nn.spec.Tensor(["b1"], "int32"),
+                           "tokens": nn.spec.Tensor(["nnz"], "int32"),
+                           "rep": nn.spec.Tensor(["nnz"], "float32"),
+                           "add": nn.spec.Tensor(["nnz"], "float32"), **none},
+        "logprobs": {**rows, "token": nn.spec.Tensor(["b"], "int32"),
+                     "num_top": nn.spec.Tensor(["b"], "int32"), **none},
+    }
     mod, _ = Sampler().export_tvm(spec=spec)
     return mod
 
@@ -262,8 +290,10 @@ def compile_model(
 
     report("lower (TVM)", 0, 3)
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
-    lowered = lower(prefill_mod, {"forward": bounds, "sample": {"b": max_batch_size}}, target,
-                    schedule="prefill")
+    sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
+    lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
+                                  "process_logits": sampler_bounds, "logprobs": sampler_bounds},
+                    target, schedule="prefill")
     report("lower (TVM)", 1, 3)
     decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
                    schedule="decode")

@@ -3,7 +3,7 @@
 ``sampling_prim_func(V)`` builds ``sample_token``: one workgroup of 256 threads per batch row.
 
     sample_token(logits: (b, V) f32|f16, temperature: (b,) f32, top_p: (b,) f32,
-                 top_k: (b,) i32, uniform: (b,) f32) -> token: (b,) i32
+                 top_k: (b,) i32, min_p: (b,) f32, uniform: (b,) f32) -> token: (b,) i32
 
 ``b`` is symbolic, ``V`` fixed at build time. Per row ``r`` (all arithmetic in f32):
 
@@ -14,6 +14,8 @@
   - ``tau_k`` (only when ``0 < top_k < V``) is the largest tau with ``count(e >= tau) >= top_k``,
     i.e. exactly the k-th largest value (ties keep every tied token);
   - ``tau_p`` (only when ``top_p < 1``) is the largest tau with ``sum(e >= tau) >= top_p * sum e``;
+  - ``min_p`` itself (only when ``min_p > 0``): ``e_i >= min_p`` is ``p_i >= min_p * max p``,
+    the min-p rule (as transformers' ``MinPLogitsWarper``, after temperature);
 
   both are found by bisection on the f32 *bit pattern* (for non-negative floats the int order is
   the float order), 30 steps over ``[0.0, 1.0]`` (``0x3F800000 < 2**30``), so the result is the
@@ -29,12 +31,11 @@ barriers have fixed trip counts; data-dependent branches (greedy row, no filter 
 barrier-free data loops, so such rows skip the exp passes but still step through the 30
 reductions. Index arithmetic is int32: ``b * V`` must stay below 2**31.
 
-Calling it (Relax): ``relax.call_tir(gv, [logits, temperature, top_p, top_k, uniform],
+Calling it (Relax): ``relax.call_tir(gv, [logits, temperature, top_p, top_k, min_p, uniform],
 out_ty=R.Tensor((b,), "int32"))`` or ``nn.op.tensor_ir_op(func, "sample_token", args=[...],
 out=nn.Tensor.placeholder((b,), "int32"))``. After lowering, the WGSL kernel
 ``sample_token_kernel`` binds storage buffers in ITS order -- 0 logits (read), 1 temperature,
-2 token (read_write), 3 top_k, 4 top_p, 5 uniform -- then binding 6 the uniform
-``{b: i32, packGridDimX: u32}``; dispatch ``(b, 1, 1)`` workgroups of 256. (Read the order from
+then the rest (min_p among them) -- then the uniform ``{b: i32, packGridDimX: u32}``; dispatch ``(b, 1, 1)`` workgroups of 256. (Read the order from
 the host's ``call_ffi_kernel``, as the tests do, rather than trusting this comment.)
 
 TVM 0.27 WebGPU codegen quirks met here: a let named like a WGSL keyword (``target``) is emitted
@@ -54,7 +55,46 @@ GREEDY_EPS = 1e-5
 BISECT_STEPS = 30
 ONE_PLUS_BITS = 0x3F800001  # just above the bit pattern of 1.0f
 
-PARAM_ORDER = ("logits", "temperature", "top_p", "top_k", "uniform", "token")
+PARAM_ORDER = ("logits", "temperature", "top_p", "top_k", "min_p", "uniform", "token")
+LOG_NT = NUM_THREADS.bit_length() - 1
+INT_MAX = 2147483647
+
+
+@T.macro
+def tree_sum(tx, red_f, red_i):
+    """``red_f`` / ``red_i`` hold one partial per thread; afterwards ``[0]`` holds the totals."""
+    for s in T.unroll(LOG_NT):
+        T.tvm_storage_sync("shared")
+        if tx < (NUM_THREADS >> (s + 1)):
+            red_f[tx] = red_f[tx] + red_f[tx + (NUM_THREADS >> (s + 1))]
+            red_i[tx] = red_i[tx] + red_i[tx + (NUM_THREADS >> (s + 1))]
+    T.tvm_storage_sync("shared")
+
+
+@T.macro
+def argmax_step(tx, half, fsrc, isrc, fdst, idst):
+    """One level of a (value, index) argmax tree; index INT_MAX marks an empty slot (threads
+    past V when V < 256). Ties on value keep the smaller index, like numpy.argmax."""
+    T.tvm_storage_sync("shared")
+    if tx < half:
+        take: T.let[T.bool] = isrc[tx + half] != INT_MAX and (
+            isrc[tx] == INT_MAX
+            or fsrc[tx + half] > fsrc[tx]
+            or (fsrc[tx + half] == fsrc[tx] and isrc[tx + half] < isrc[tx])
+        )
+        idst[tx] = T.if_then_else(take, isrc[tx + half], isrc[tx])
+        fdst[tx] = T.if_then_else(take, fsrc[tx + half], fsrc[tx])
+
+
+@T.macro
+def argmax_tree(tx, red_f, red_i, red_f2, red_i2):
+    """The whole argmax over 256 slots, result in ``red_f[0]`` / ``red_i[0]``. Ping-pong
+    between two buffer pairs: ThreadSync cannot put a barrier between a shared read and a
+    dependent write of the same buffer inside an ``if``."""
+    for h in T.unroll(LOG_NT // 2):
+        argmax_step(tx, NUM_THREADS >> (2 * h + 1), red_f, red_i, red_f2, red_i2)
+        argmax_step(tx, NUM_THREADS >> (2 * h + 2), red_f2, red_i2, red_f, red_i)
+    T.tvm_storage_sync("shared")
 
 
 def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFunc:
@@ -66,42 +106,16 @@ def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFu
         raise ValueError("vocab_size must be positive")
     NT = NUM_THREADS
     CH = (V + NT - 1) // NT  # contiguous chunk per thread (final pass)
-    LOG_NT = NT.bit_length() - 1
     # WGSL has no infinity literal (TVM would print `-inff`): start from the lowest finite-ish
     # value; the first element of each thread is taken unconditionally anyway.
     NEG_BIG = T.float32(-3.0e38)
-    INT_MAX = 2147483647
-
-    @T.macro
-    def tree_sum(tx, red_f, red_i):
-        # red_f / red_i hold one partial per thread; afterwards [0] holds the totals.
-        for s in T.unroll(LOG_NT):
-            T.tvm_storage_sync("shared")
-            if tx < (NT >> (s + 1)):
-                red_f[tx] = red_f[tx] + red_f[tx + (NT >> (s + 1))]
-                red_i[tx] = red_i[tx] + red_i[tx + (NT >> (s + 1))]
-        T.tvm_storage_sync("shared")
-
-    @T.macro
-    def argmax_step(tx, half, fsrc, isrc, fdst, idst):
-        # (value, index) pairs; index INT_MAX marks an empty slot (threads past V when V < 256).
-        # Ties on value keep the smaller index, like numpy.argmax.
-        T.tvm_storage_sync("shared")
-        if tx < half:
-            take: T.let[T.bool] = isrc[tx + half] != INT_MAX and (
-                isrc[tx] == INT_MAX
-                or fsrc[tx + half] > fsrc[tx]
-                or (fsrc[tx + half] == fsrc[tx] and isrc[tx + half] < isrc[tx])
-            )
-            idst[tx] = T.if_then_else(take, isrc[tx + half], isrc[tx])
-            fdst[tx] = T.if_then_else(take, fsrc[tx + half], fsrc[tx])
-
     @T.prim_func(s_tir=True)
     def sample_token(
         var_logits: T.handle,
         var_temperature: T.handle,
         var_top_p: T.handle,
         var_top_k: T.handle,
+        var_min_p: T.handle,
         var_uniform: T.handle,
         var_token: T.handle,
     ):
@@ -111,6 +125,7 @@ def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFu
         temperature = T.match_buffer(var_temperature, (b,), "float32")
         top_p = T.match_buffer(var_top_p, (b,), "float32")
         top_k = T.match_buffer(var_top_k, (b,), "int32")
+        min_p = T.match_buffer(var_min_p, (b,), "float32")
         uniform = T.match_buffer(var_uniform, (b,), "float32")
         token = T.match_buffer(var_token, (b,), "int32")
 
@@ -143,12 +158,7 @@ def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFu
                             li[0] = j * NT + tx
                 red_f[tx] = lf[0]
                 red_i[tx] = li[0]
-                # ping-pong between two buffer pairs: ThreadSync cannot put a barrier between
-                # a shared read and a dependent write of the same buffer inside an `if`
-                for h in T.unroll(LOG_NT // 2):
-                    argmax_step(tx, NT >> (2 * h + 1), red_f, red_i, red_f2, red_i2)
-                    argmax_step(tx, NT >> (2 * h + 2), red_f2, red_i2, red_f, red_i)
-                T.tvm_storage_sync("shared")
+                argmax_tree(tx, red_f, red_i, red_f2, red_i2)
                 row_max: T.let[T.float32] = red_f[0]
                 row_arg: T.let[T.int32] = red_i[0]
                 T.tvm_storage_sync("shared")
@@ -201,8 +211,11 @@ def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFu
                     T.tvm_storage_sync("shared")
                 # ---- final pass: kept mass per contiguous chunk, scan, owner walks ----
                 lf[3] = T.max(
-                    T.if_then_else(k_on, T.reinterpret("float32", li[1]), T.float32(0)),
-                    T.if_then_else(p_on, T.reinterpret("float32", li[3]), T.float32(0)),
+                    T.max(
+                        T.if_then_else(k_on, T.reinterpret("float32", li[1]), T.float32(0)),
+                        T.if_then_else(p_on, T.reinterpret("float32", li[3]), T.float32(0)),
+                    ),
+                    T.min(T.max(min_p[bx], T.float32(0)), T.float32(1)),
                 )
                 lf[1] = T.float32(0)
                 if sampled:

@@ -32,13 +32,16 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from .batch import SampledToken
 from .core import EngineCore, SequenceOutput, StepRunner
 from .errors import (
     ContextLengthExceededError,
     EngineAbortedError,
     ModelNotFoundError,
+    UnsupportedParameterError,
     WickError,
 )
+from .grammar import CompiledGrammar, response_format_spec
 from .model_info import ModelInfo
 from .protocol import (
     ChatCompletion,
@@ -47,12 +50,16 @@ from .protocol import (
     ChatCompletionRequest,
     ChatMessage,
     ChoiceDelta,
+    ChoiceLogprobs,
     ChunkChoice,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionUsage,
     SamplingFields,
+    TokenLogprob,
+    TopLogprob,
 )
 from .sequence import SamplingParams
 from .tokenizer import Tokenizer
@@ -75,6 +82,7 @@ class _Prepared:
     prompt_param: str  # "messages" | "prompt": where a too-long prompt is blamed
     include_usage: bool
     stream: bool
+    grammar: CompiledGrammar | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +92,7 @@ class _Submitted:
     n: int
     num_prompt_tokens: int
     include_usage: bool
+    logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -94,14 +103,16 @@ class _Collected:
     texts: list[list[str]]
     finish: list[str | None]
     completion_tokens: list[int]
+    logprobs: list[list[SampledToken]]
 
     @classmethod
     def empty(cls, n: int) -> _Collected:
-        return cls([[] for _ in range(n)], [None] * n, [0] * n)
+        return cls([[] for _ in range(n)], [None] * n, [0] * n, [[] for _ in range(n)])
 
     def add(self, out: SequenceOutput) -> None:
         self.texts[out.index].append(out.text)
         self.completion_tokens[out.index] = out.num_output_tokens
+        self.logprobs[out.index].extend(out.logprobs)
         if out.finish_reason is not None:
             self.finish[out.index] = out.finish_reason
 
@@ -115,6 +126,7 @@ class _Frontend:
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
+        self._token_texts: dict[int, tuple[str, list[int]]] = {}
 
     @property
     def model(self) -> str:
@@ -139,7 +151,25 @@ class _Frontend:
             stop=req.stop,
             stop_token_ids=() if req.ignore_eos else self.core.info.eos_token_ids,
             seed=req.seed,
+            min_p=req.min_p,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=req.logit_bias_pairs,
+            logprobs=req.num_logprobs >= 0,
+            top_logprobs=max(req.num_logprobs, 0),
         )
+
+    def _grammar(self, req: SamplingFields) -> CompiledGrammar | None:
+        """The compiled grammar of the request's response format (cached per spec)."""
+        spec = response_format_spec(req.response_format)
+        if spec is None:
+            return None
+        if self.core.grammar is None:
+            raise UnsupportedParameterError(
+                "response_format", "Structured output is not available in this engine: it was "
+                "created without a grammar backend.")
+        return self.core.grammar.compile(spec)
 
     def _prepare(self, kind: str, kwargs: dict[str, Any]) -> _Prepared:
         """Validate, render the chat template and tokenize. Reads the model's info and the
@@ -158,7 +188,7 @@ class _Frontend:
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
-                         req.stream)
+                         req.stream, self._grammar(req))
 
     def _check_size(self, kind: str, kwargs: dict[str, Any]) -> None:
         """Refuse, before any per-message work, a request that cannot fit the context window
@@ -193,8 +223,46 @@ class _Frontend:
     def _add(self, prep: _Prepared) -> _Submitted:
         """Queue a prepared request in the core (on the step loop's thread)."""
         rid = self.core.add_request(prep.prompt_ids, prep.params, n=prep.n,
-                                    prompt_param=prep.prompt_param)
-        return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage)
+                                    prompt_param=prep.prompt_param, grammar=prep.grammar)
+        return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage,
+                          prep.params.logprobs)
+
+    # -- logprobs ---------------------------------------------------------------------------
+
+    def _token_text(self, token: int) -> tuple[str, list[int]]:
+        """A token's text and bytes as OpenAI's logprobs show them (special tokens: their
+        text as written, e.g. "<|im_end|>")."""
+        hit = self._token_texts.get(token)
+        if hit is None:
+            vocab = self.core.vocab
+            raw = vocab.token_bytes(token) if vocab is not None else b""
+            if not raw:
+                raw = self.core.tokenizer.decode([token], skip_special_tokens=False).encode()
+            hit = self._token_texts[token] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return hit
+
+    def _chat_logprobs(self, entries: list[SampledToken]) -> ChoiceLogprobs:
+        content = []
+        for e in entries:
+            text, raw = self._token_text(e.token)
+            top = [TopLogprob(*self._token_text(t)[:1], lp, self._token_text(t)[1])
+                   for t, lp in e.top]
+            content.append(TokenLogprob(text, e.logprob, raw, top))
+        return ChoiceLogprobs(content)
+
+    def _completion_logprobs(self, entries: list[SampledToken], offset: int) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for e in entries:
+            text = self._token_text(e.token)[0]
+            out.tokens.append(text)
+            out.token_logprobs.append(e.logprob)
+            top: dict[str, float] = {}
+            for t, lp in e.top:
+                top.setdefault(self._token_text(t)[0], lp)
+            out.top_logprobs.append(top)
+            out.text_offset.append(offset)
+            offset += len(text)
+        return out
 
     def _response(self, sub: _Submitted, col: _Collected) -> ChatCompletion | Completion:
         usage = CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens))
@@ -203,14 +271,19 @@ class _Frontend:
             return ChatCompletion(
                 id=f"chatcmpl-{sub.request_id}", created=sub.created, model=self.model,
                 choices=[
-                    ChatCompletionChoice(i, ChatMessage("assistant", texts[i]), col.finish[i])
+                    ChatCompletionChoice(
+                        i, ChatMessage("assistant", texts[i]), col.finish[i],
+                        self._chat_logprobs(col.logprobs[i]) if sub.logprobs else None)
                     for i in range(sub.n)
                 ],
                 usage=usage,
             )
         return Completion(
             id=f"cmpl-{sub.request_id}", created=sub.created, model=self.model,
-            choices=[CompletionChoice(texts[i], i, col.finish[i]) for i in range(sub.n)],
+            choices=[CompletionChoice(
+                texts[i], i, col.finish[i],
+                self._completion_logprobs(col.logprobs[i], 0) if sub.logprobs else None)
+                for i in range(sub.n)],
             usage=usage,
         )
 
@@ -221,18 +294,25 @@ class _Frontend:
                 for i in range(sub.n)]
 
     def _chunks_for(self, sub: _Submitted, out: SequenceOutput, col: _Collected) -> list[Any]:
+        # the offset of this output's text in its choice, before adding it (legacy logprobs)
+        offset = sum(len(t) for t in col.texts[out.index])
         col.add(out)
         chunks: list[Any] = []
+        # a token's logprobs go out with the step that sampled it, even when its text is
+        # held back (a possible stop string, an unfinished UTF-8 character)
+        lp = out.logprobs if sub.logprobs else []
         if sub.kind == "chat":
-            if out.text:
-                chunks.append(self._chat_chunk(
-                    sub, [ChunkChoice(out.index, ChoiceDelta(content=out.text))]))
+            if out.text or lp:
+                chunks.append(self._chat_chunk(sub, [ChunkChoice(
+                    out.index, ChoiceDelta(content=out.text), None,
+                    self._chat_logprobs(lp) if lp else None)]))
             if out.finish_reason is not None:
                 chunks.append(self._chat_chunk(
                     sub, [ChunkChoice(out.index, ChoiceDelta(), out.finish_reason)]))
-        elif out.text or out.finish_reason is not None:
-            chunks.append(self._completion_chunk(
-                sub, [CompletionChoice(out.text, out.index, out.finish_reason)]))
+        elif out.text or lp or out.finish_reason is not None:
+            chunks.append(self._completion_chunk(sub, [CompletionChoice(
+                out.text, out.index, out.finish_reason,
+                self._completion_logprobs(lp, offset) if lp else None)]))
         return chunks
 
     def _last_chunks(self, sub: _Submitted, col: _Collected) -> list[Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs; the logprobs kernel returns this many
+
 
 @dataclass(slots=True)
 class SamplingRow:
@@ -19,6 +21,29 @@ class SamplingRow:
     top_p: float  # 1.0 -> off
     top_k: int  # 0 -> off
     uniform: float  # a draw in [0, 1) from the sequence's seeded RNG
+    min_p: float = 0.0  # 0 -> off
+    # the grammar's allowed tokens: ceil(V / 32) little-endian int32 words, bit i % 32 of word
+    # i // 32 set = token i allowed (xgrammar's layout); None -> every token
+    mask: bytes | None = None
+    # sparse logit adjustments (token, rep, add), token ascending: x -> (x * rep if x < 0 else
+    # x / rep) + add on the model's logit (see compiler/logits.py)
+    adjust: list[tuple[int, float, float]] = field(default_factory=list)
+    # logprobs: -1 none; 0 the sampled token's; k also the k most likely tokens'
+    num_top_logprobs: int = -1
+
+    @property
+    def needs_processing(self) -> bool:
+        return self.mask is not None or bool(self.adjust)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """A sampled token with its logprobs (the model's log-softmax, before any processing),
+    for rows that asked for them; ``top`` holds (token, logprob) pairs, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(slots=True)

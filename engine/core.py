@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .batch import Batch
+from .batch import Batch, SampledToken
 from .chat_template import render_chat_template
 from .detokenize import IncrementalDetokenizer
 from .errors import ContextLengthExceededError, InvalidRequestError, WickError
+from .grammar import CompiledGrammar, GrammarBackend, VocabInfo
 from .kv_cache import KVCache
 from .model_info import ModelInfo
 from .scheduler import Scheduler
@@ -28,11 +29,13 @@ from .tokenizer import Tokenizer
 
 
 class StepRunner(Protocol):
-    """Executes one batch on the device. Returns one sampled token id per ``batch.sample_rows``
-    entry, in order. A runner may also define ``async def step_async(batch) -> list[int]``,
-    which the async facade awaits instead (the browser's WebGPU readback is a JS promise)."""
+    """Executes one batch on the device. Returns one entry per ``batch.sample_rows`` entry, in
+    order: the sampled token id, or a ``SampledToken`` (the id and its logprobs) for rows whose
+    ``SamplingRow.num_top_logprobs >= 0``. A runner may also define ``async def
+    step_async(batch)``, which the async facade awaits instead (the browser's WebGPU readback
+    is a JS promise)."""
 
-    def step(self, batch: Batch) -> list[int]: ...
+    def step(self, batch: Batch) -> list[int | SampledToken]: ...
 
 
 @dataclass(slots=True)
@@ -46,6 +49,8 @@ class SequenceOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" once finished
     num_prompt_tokens: int
     num_output_tokens: int  # so far, including a stop token
+    # the sampled token's logprobs when the request asked for them (see SampledToken)
+    logprobs: list[SampledToken] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -117,11 +122,14 @@ class EngineCore:
         max_batch_size: int | None = None,
         prefill_chunk_size: int | None = None,
         batch_invariant: bool = False,
+        grammar: GrammarBackend | None = None,
+        vocab: VocabInfo | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``batch_invariant``: never mix prompt and decode work in a step, so that with a
         runner in the same mode (``Runner(batch_invariant=True)``) a request's tokens do not
-        depend on what else runs."""
+        depend on what else runs. ``grammar`` compiles response formats (None: requests that
+        need one are refused); ``vocab`` gives each token's bytes for logprobs."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
         for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),
                                    ("prefill_chunk_size", prefill_chunk_size,
@@ -131,6 +139,8 @@ class EngineCore:
         self.runner = runner
         self.tokenizer = tokenizer
         self.info = info
+        self.grammar = grammar
+        self.vocab = vocab
         self.kv = KVCache(num_pages, info.page_size)
         self.scheduler = Scheduler(
             self.kv,
@@ -192,8 +202,10 @@ class EngineCore:
         n: int = 1,
         request_id: str | None = None,
         prompt_param: str = "messages",
+        grammar: CompiledGrammar | None = None,
     ) -> str:
-        """Validate and queue a request of ``n`` sequences. Raises before any device work."""
+        """Validate and queue a request of ``n`` sequences, each following ``grammar`` when
+        given (``self.grammar.compile(spec)``). Raises before any device work."""
         prompt = list(prompt_ids)
         if not prompt:
             raise InvalidRequestError("The prompt is empty.", param=prompt_param,
@@ -207,6 +219,11 @@ class EngineCore:
             )
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n", code="invalid_value")
+        biased = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if biased:
+            raise InvalidRequestError(
+                f"Invalid value for 'logit_bias': token ids {biased[:5]} are outside the "
+                f"vocabulary [0, {vocab}).", param="logit_bias", code="invalid_value")
         max_output = self._check_length(len(prompt), params.max_tokens, prompt_param)
         self._check_choices(n, len(prompt), params.max_tokens)
         rid = request_id or uuid.uuid4().hex
@@ -222,6 +239,7 @@ class EngineCore:
                 params=params,
                 max_output_tokens=max_output,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, prompt),
+                matcher=grammar.matcher() if grammar is not None else None,
             )
             for i in range(n)
         ]
@@ -317,8 +335,14 @@ class EngineCore:
             qo = batch.kv.qo_indptr
             for i, sid in enumerate(batch.seq_ids):
                 self._seqs[sid].num_computed_tokens += qo[i + 1] - qo[i]
-            for row, token in zip(batch.sample_rows, tokens):
-                outputs.append(self._accept_token(self._seqs[batch.seq_ids[row]], int(token), t0))
+            for row, entry in zip(batch.sample_rows, tokens):
+                seq = self._seqs[batch.seq_ids[row]]
+                if isinstance(entry, SampledToken):
+                    out = self._accept_token(seq, int(entry.token), t0)
+                    out.logprobs.append(entry)
+                else:
+                    out = self._accept_token(seq, int(entry), t0)
+                outputs.append(out)
             self._record_step(state, t0, len(batch.seq_ids))
         return outputs
 
@@ -340,7 +364,12 @@ class EngineCore:
         req.last_token = now
         reason: str | None = None
         stop_filter, detok = seq.stop_filter, seq.detokenizer
-        if token in seq.params.stop_token_ids:
+        grammar_end = False
+        if seq.matcher is not None:
+            # the mask only lets allowed tokens through; a refusal means the grammar ended
+            # (e.g. a stop token sampled under ignore_eos): end here rather than emit it
+            grammar_end = not seq.matcher.accept(token) or seq.matcher.is_terminated()
+        if token in seq.params.stop_token_ids or grammar_end:
             # The stop token ends the sequence and is not text; what was held back is released.
             text = stop_filter.push(detok.flush())
             text += stop_filter.flush()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .batch import MAX_TOP_LOGPROBS  # OpenAI's bound (chat); wick allows it for completions too
 from .errors import InvalidRequestError, UnsupportedParameterError
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -20,16 +21,9 @@ MAX_STOP_SEQUENCES = 4
 
 # OpenAI parameters wick accepts only at their default value: name -> accepted values.
 # Anything else raises UnsupportedParameterError naming the parameter.
-_DEFAULT_ONLY_COMMON: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0),
-    "logit_bias": (None, {}),
-    "response_format": (None, {"type": "text"}),
-}
+_DEFAULT_ONLY_COMMON: dict[str, tuple[Any, ...]] = {}
 _DEFAULT_ONLY_CHAT: dict[str, tuple[Any, ...]] = {
     **_DEFAULT_ONLY_COMMON,
-    "logprobs": (None, False),
-    "top_logprobs": (None,),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),  # without tools, "auto" means "none"
     "functions": (None, []),
@@ -42,7 +36,6 @@ _DEFAULT_ONLY_CHAT: dict[str, tuple[Any, ...]] = {
 }
 _DEFAULT_ONLY_COMPLETION: dict[str, tuple[Any, ...]] = {
     **_DEFAULT_ONLY_COMMON,
-    "logprobs": (None,),
     "echo": (None, False),
     "suffix": (None, ""),
 }
@@ -80,6 +73,7 @@ def _range_error(param: str, rule: str, value: Any) -> InvalidRequestError:
 
 
 INT32_MAX = 2**31 - 1  # every count reaches the device as an int32
+
 MAX_N = 128  # OpenAI's limit on choices per request
 
 
@@ -153,6 +147,14 @@ class SamplingFields:
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # wick extension (benchmarks): do not stop at EOS tokens
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys) -> bias
+    repetition_penalty: float = 1.0  # wick extension (as vLLM): > 1 discourages repeats
+    min_p: float = 0.0  # wick extension (as vLLM): 0 = off
+    response_format: dict[str, Any] | None = None
+    logprobs: Any = None  # chat: bool; completions: an int (legacy shape)
+    top_logprobs: int | None = None  # chat only
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str):
@@ -187,6 +189,37 @@ class SamplingFields:
                 )
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value):
+                raise _type_error(name, "a number", value)
+            if not -2.0 <= value <= 2.0:
+                raise _range_error(name, "between -2 and 2", value)
+            setattr(self, name, float(value))
+        if not _is_number(self.repetition_penalty):
+            raise _type_error("repetition_penalty", "a number", self.repetition_penalty)
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise _range_error("repetition_penalty", "greater than 0 and at most 10",
+                               self.repetition_penalty)
+        if not _is_number(self.min_p):
+            raise _type_error("min_p", "a number", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise _range_error("min_p", "between 0 and 1", self.min_p)
+        self.repetition_penalty = float(self.repetition_penalty)
+        self.min_p = float(self.min_p)
+        self.logit_bias = _check_logit_bias(self.logit_bias)
+        self.response_format = _check_response_format(self.response_format)
+
+    @property
+    def num_logprobs(self) -> int:
+        """-1: no logprobs; k >= 0: the sampled token's and the k most likely tokens'."""
+        if isinstance(self, CompletionRequest):
+            return -1 if self.logprobs is None else self.logprobs
+        return (self.top_logprobs or 0) if self.logprobs else -1
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple(sorted((int(k), float(v)) for k, v in (self.logit_bias or {}).items()))
 
     @property
     def include_usage(self) -> bool:
@@ -195,8 +228,85 @@ class SamplingFields:
 
 _SAMPLING_KEYS = (
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
-    "stream_options", "ignore_eos",
+    "stream_options", "ignore_eos", "frequency_penalty", "presence_penalty", "logit_bias",
+    "repetition_penalty", "min_p", "response_format", "logprobs",
 )
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _check_logit_bias(value: Any) -> dict[str, float] | None:
+    """OpenAI's ``logit_bias``: token ids (JSON object keys, so strings) -> bias in
+    [-100, 100]. Whether the ids exist is checked against the model's vocabulary later."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error("logit_bias", "an object mapping token ids to numbers", value)
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise _range_error("logit_bias", f"at most {MAX_LOGIT_BIAS_ENTRIES} entries",
+                           f"{len(value)} entries")
+    out: dict[str, float] = {}
+    for key, bias in value.items():
+        token = str(key)
+        if not token.isdigit() or len(token) > 10:
+            raise InvalidRequestError(
+                f"Invalid key in 'logit_bias': {key!r} is not a token id.",
+                param="logit_bias", code="invalid_value")
+        if not _is_number(bias):
+            raise _type_error(f"logit_bias.{token}", "a number", bias)
+        if not -100.0 <= bias <= 100.0:
+            raise _range_error(f"logit_bias.{token}", "between -100 and 100", bias)
+        out[str(int(token))] = float(bias)
+    return out
+
+
+_SCHEMA_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def _check_response_format(value: Any) -> dict[str, Any] | None:
+    """OpenAI's ``response_format`` (text, json_object, json_schema) and wick's
+    ``{"type": "grammar", "grammar": "<xgrammar EBNF>"}``; returns None for plain text."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error("response_format", "an object", value)
+    kind = value.get("type")
+    allowed = {"text": (), "json_object": (), "json_schema": ("json_schema",),
+               "grammar": ("grammar",)}
+    if kind not in allowed:
+        raise _range_error("response_format.type",
+                           "one of 'text', 'json_object', 'json_schema', 'grammar'", kind)
+    for key in value:
+        if key != "type" and key not in allowed[kind]:
+            raise _unknown_field(f"response_format.{key}")
+    if kind == "text":
+        return None
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        where = "response_format.json_schema"
+        if spec is None:
+            raise InvalidRequestError(f"Missing required parameter: '{where}'.", param=where,
+                                      code="missing_required_parameter")
+        if not isinstance(spec, dict):
+            raise _type_error(where, "an object", spec)
+        for key in spec:
+            if key not in ("name", "schema", "strict", "description"):
+                raise _unknown_field(f"{where}.{key}")
+        name = spec.get("name")
+        if name is None:
+            raise InvalidRequestError(f"Missing required parameter: '{where}.name'.",
+                                      param=f"{where}.name", code="missing_required_parameter")
+        if not isinstance(name, str) or not name or len(name) > 64 or \
+                not set(name) <= _SCHEMA_NAME_CHARS:
+            raise _range_error(f"{where}.name", "1 to 64 letters, digits, '_' or '-'", name)
+        if spec.get("schema") is not None and not isinstance(spec["schema"], dict):
+            raise _type_error(f"{where}.schema", "an object (a JSON schema)", spec["schema"])
+        if spec.get("strict") is not None:
+            _check_bool(f"{where}.strict", spec["strict"])
+    if kind == "grammar":
+        grammar = value.get("grammar")
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise _type_error("response_format.grammar", "a non-empty EBNF string", grammar)
+    return value
 
 
 def _split_fields(
@@ -320,10 +430,18 @@ class ChatCompletionRequest(SamplingFields):
                 code="invalid_value",
             )
         self.messages = [ChatMessage.from_dict(m, i) for i, m in enumerate(self.messages)]
+        if self.logprobs is not None:
+            _check_bool("logprobs", self.logprobs)
+        _check_optional_int("top_logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError(
+                "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs",
+                code="invalid_value")
 
     @classmethod
     def from_dict(cls, d: Any) -> ChatCompletionRequest:
-        kwargs = _split_fields(d, ("messages", "max_completion_tokens"), _DEFAULT_ONLY_CHAT)
+        kwargs = _split_fields(d, ("messages", "max_completion_tokens", "top_logprobs"),
+                               _DEFAULT_ONLY_CHAT)
         if "messages" not in kwargs:
             raise InvalidRequestError(
                 "Missing required parameter: 'messages'.", param="messages",
@@ -350,6 +468,10 @@ class CompletionRequest(SamplingFields):
 
     def __post_init__(self) -> None:
         SamplingFields.__post_init__(self)
+        # the legacy shape: how many most likely tokens to list beside each sampled one
+        _check_optional_int("logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS)
+        if self.top_logprobs is not None:
+            raise _unknown_field("top_logprobs")
         p = self.prompt
         if isinstance(p, str):
             if p == "":
@@ -404,6 +526,52 @@ class CompletionUsage:
         }
 
 
+@dataclass(slots=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "bytes": self.bytes}
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One sampled token's entry in ``choices[i].logprobs.content``."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "bytes": self.bytes,
+                "top_logprobs": [t.to_dict() for t in self.top_logprobs]}
+
+
+@dataclass(slots=True)
+class ChoiceLogprobs:
+    content: list[TokenLogprob]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"content": [t.to_dict() for t in self.content], "refusal": None}
+
+
+@dataclass(slots=True)
+class CompletionLogprobs:
+    """The completions API's legacy shape: parallel lists, one entry per sampled token."""
+
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+                "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+
+
 def _check_finish(reason: str | None) -> None:
     if reason is not None and reason not in FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {reason!r}")
@@ -414,7 +582,7 @@ class ChatCompletionChoice:
     index: int
     message: ChatMessage
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
     def __post_init__(self) -> None:
         _check_finish(self.finish_reason)
@@ -423,7 +591,7 @@ class ChatCompletionChoice:
         return {
             "index": self.index,
             "message": self.message.to_dict(),
-            "logprobs": None,
+            "logprobs": self.logprobs.to_dict() if self.logprobs is not None else None,
             "finish_reason": self.finish_reason,
         }
 
@@ -467,7 +635,7 @@ class ChunkChoice:
     index: int
     delta: ChoiceDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
     def __post_init__(self) -> None:
         _check_finish(self.finish_reason)
@@ -476,7 +644,7 @@ class ChunkChoice:
         return {
             "index": self.index,
             "delta": self.delta.to_dict(),
-            "logprobs": None,
+            "logprobs": self.logprobs.to_dict() if self.logprobs is not None else None,
             "finish_reason": self.finish_reason,
         }
 
@@ -508,7 +676,7 @@ class CompletionChoice:
     text: str
     index: int
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
     def __post_init__(self) -> None:
         _check_finish(self.finish_reason)
@@ -517,7 +685,7 @@ class CompletionChoice:
         return {
             "text": self.text,
             "index": self.index,
-            "logprobs": None,
+            "logprobs": self.logprobs.to_dict() if self.logprobs is not None else None,
             "finish_reason": self.finish_reason,
         }
 

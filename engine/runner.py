@@ -15,7 +15,7 @@ from typing import Callable
 
 from .artifact import Artifact
 from .backend import Backend, Read, Write
-from .batch import Batch
+from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
 from .plan import DTYPE_BYTES, KernelTable, PlanFunction, TensorRef
 
@@ -26,7 +26,7 @@ _STEP_BOUNDS = {
     "logit_positions": "b",
 }
 _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
-                  ("top_k", "int32", "i"), ("uniform", "float32", "f"))
+                  ("top_k", "int32", "i"), ("min_p", "float32", "f"), ("uniform", "float32", "f"))
 
 
 DEFAULT_KV_BUDGET = 256 << 20  # bytes of KV pages when the caller does not say
@@ -105,7 +105,8 @@ class Runner:
         report = progress or (lambda stage, done, total: None)
 
         plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
-        entries = [e for e in ("forward", "decode", "decode1", "sample")
+        entries = [e for e in ("forward", "decode", "decode1", "sample", "process_logits",
+                               "logprobs")
                    if e in plans and (batched_decode or e != "decode")
                    and not (batch_invariant and e == "decode1")]
         used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
@@ -119,6 +120,15 @@ class Runner:
                   "p": num_pages}
         self.inputs = {name: backend.alloc(4 * bounds[b]) for name, b in _STEP_BOUNDS.items()}
         self.sample_inputs = {name: backend.alloc(4 * self.max_batch) for name, _, _ in _SAMPLE_INPUTS}
+        # logit processing: the bitmask rows, and the sparse entries (grown on demand)
+        self.mask_words = (self.vocab_size + 31) // 32
+        self.process_inputs = {"mask": backend.alloc(4 * self.mask_words * self.max_batch),
+                               "mask_on": backend.alloc(4 * self.max_batch),
+                               "indptr": backend.alloc(4 * (self.max_batch + 1)),
+                               "num_top": backend.alloc(4 * self.max_batch)}
+        self._sparse_capacity = 0
+        self._sparse: dict[str, int] = {}
+        self._top_k_compiled = 0  # the logprobs kernel's K, from its output shape
         self.forward = PlanFunction(plans["forward"], tir, self.kernels, backend, params)
         # one new token per sequence: GEMV-scheduled kernels instead of tiled GEMM
         self.decode = (PlanFunction(plans["decode"], tir, self.kernels, backend, params)
@@ -128,6 +138,12 @@ class Runner:
         self.decode1 = (PlanFunction(plans["decode1"], tir, self.kernels, backend, params)
                         if "decode1" in entries else self.decode)
         self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
+        # artifacts compiled before logit processing existed lack these two (refused per
+        # request, with a clear error, only when a request needs them)
+        self.process_logits = (PlanFunction(plans["process_logits"], tir, self.kernels, backend, {})
+                               if "process_logits" in entries else None)
+        self.logprobs = (PlanFunction(plans["logprobs"], tir, self.kernels, backend, {})
+                         if "logprobs" in entries else None)
 
     # ------------------------------------------------------------------ loading
 
@@ -211,53 +227,144 @@ class Runner:
         dispatches, (logits,) = plan(inputs)
         return writes, dispatches, logits
 
-    def _step_call(self, batch: Batch) -> tuple[list[Write], list, Read]:
-        """Everything one step sends to the device: uploads, forward + sample dispatches and
-        the read of one sampled token per sequence."""
+    def _step_call(self, batch: Batch) -> tuple[list[Write], list, list[Read]]:
+        """Everything one step sends to the device: uploads, forward (+ process_logits) +
+        sample (+ logprobs) dispatches, and the reads of one sampled token per sequence (and
+        of the logprobs when a row asked for them)."""
         t0 = time.perf_counter()
         b = len(batch.seq_ids)
         writes, dispatches, logits = self._forward_call(batch)
-        rows = {row: s for row, s in zip(batch.sample_rows, batch.sampling)}
-        columns: dict[str, list] = {"temperature": [], "top_p": [], "top_k": [], "uniform": []}
-        for row in range(b):  # rows that sample nothing still get a (cheap, greedy) token
-            s = rows.get(row)
+        rows = [None] * b
+        for row, s in zip(batch.sample_rows, batch.sampling):
+            rows[row] = s
+        sampled_logits = logits
+        if any(s is not None and s.needs_processing for s in rows):
+            sampled_logits = self._process_call(rows, logits, writes, dispatches)
+        columns: dict[str, list] = {"temperature": [], "top_p": [], "top_k": [], "min_p": [],
+                                    "uniform": []}
+        for s in rows:  # rows that sample nothing still get a (cheap, greedy) token
             columns["temperature"].append(s.temperature if s else 0.0)
             columns["top_p"].append(s.top_p if s else 1.0)
             columns["top_k"].append(s.top_k if s else 0)
+            columns["min_p"].append(s.min_p if s else 0.0)
             columns["uniform"].append(s.uniform if s else 0.0)
-        sample_inputs = {"logits": logits}
+        sample_inputs = {"logits": sampled_logits}
         for name, dtype, code in _SAMPLE_INPUTS:
             handle = self.sample_inputs[name]
             writes.append(Write(handle, 0, array(code, columns[name]).tobytes()))
             sample_inputs[name] = TensorRef(handle, 0, (b,), dtype)
         sample_dispatches, (tokens,) = self.sample(sample_inputs)
+        dispatches = dispatches + sample_dispatches
+        reads = [Read(tokens.buffer, tokens.offset, 4 * b)]
+        if any(s is not None and s.num_top_logprobs >= 0 for s in rows):
+            if self.logprobs is None:
+                raise ArtifactError("this artifact has no logprobs kernel; recompile it "
+                                    "(wick compile) to get logprobs")
+            handle = self.process_inputs["num_top"]
+            writes.append(Write(handle, 0, array("i", [
+                s.num_top_logprobs if s is not None else -1 for s in rows]).tobytes()))
+            lp_dispatches, (lp, ids) = self.logprobs(
+                {"logits": logits, "token": tokens,
+                 "num_top": TensorRef(handle, 0, (b,), "int32")})
+            dispatches += lp_dispatches
+            reads += [Read(lp.buffer, lp.offset, lp.nbytes), Read(ids.buffer, ids.offset, ids.nbytes)]
+            self._top_k_compiled = ids.shape[1]
         self._plan_ms = (time.perf_counter() - t0) * 1e3
-        return writes, dispatches + sample_dispatches, Read(tokens.buffer, tokens.offset, 4 * b)
+        return writes, dispatches, reads
 
-    @staticmethod
-    def _sampled(raw: bytes, batch: Batch) -> list[int]:
+    def _process_call(self, rows: list, logits: TensorRef, writes: list[Write],
+                      dispatches: list) -> TensorRef:
+        """Upload the rows' bitmasks and sparse adjustments, dispatch ``process_logits``;
+        returns the processed logits."""
+        if self.process_logits is None:
+            raise ArtifactError("this artifact has no logit processing kernel (grammars, "
+                                "penalties, logit_bias); recompile it with wick compile")
+        b = len(rows)
+        words = self.mask_words
+        mask_on, indptr, tokens, rep, add = [], [0], [], [], []
+        for row, s in enumerate(rows):
+            on = s is not None and s.mask is not None
+            mask_on.append(1 if on else 0)
+            if on:
+                if len(s.mask) != 4 * words:
+                    raise ArtifactError(f"grammar bitmask of {len(s.mask)} bytes; the model's "
+                                        f"vocabulary needs {4 * words}")
+                writes.append(Write(self.process_inputs["mask"], 4 * words * row, s.mask))
+            for t, r, a in (s.adjust if s is not None else ()):
+                tokens.append(t)
+                rep.append(r)
+                add.append(a)
+            indptr.append(len(tokens))
+        nnz = len(tokens)
+        self._ensure_sparse(nnz)
+        cap = self._sparse_capacity
+        inputs = {"logits": logits}
+        for name, values, code, shape in (
+            ("mask_on", mask_on, "i", (b,)), ("indptr", indptr, "i", (b + 1,))):
+            writes.append(Write(self.process_inputs[name], 0, array(code, values).tobytes()))
+            inputs[name] = TensorRef(self.process_inputs[name], 0, shape, "int32")
+        inputs["mask"] = TensorRef(self.process_inputs["mask"], 0, (b, words), "int32")
+        for name, values, code, dtype in (("tokens", tokens, "i", "int32"),
+                                          ("rep", rep, "f", "float32"),
+                                          ("add", add, "f", "float32")):
+            if values:
+                writes.append(Write(self._sparse[name], 0, array(code, values).tobytes()))
+            # the whole capacity as the shape: one cached dispatch list per capacity, not per nnz
+            inputs[name] = TensorRef(self._sparse[name], 0, (cap,), dtype)
+        process_dispatches, (processed,) = self.process_logits(inputs)
+        dispatches += process_dispatches
+        return processed
+
+    def _ensure_sparse(self, nnz: int) -> None:
+        if nnz <= self._sparse_capacity:
+            return
+        cap = max(256, self._sparse_capacity)
+        while cap < nnz:
+            cap *= 2
+        for handle in self._sparse.values():
+            self.backend.free(handle)
+        self._sparse = {name: self.backend.alloc(4 * cap) for name in ("tokens", "rep", "add")}
+        self._sparse_capacity = cap
+
+    def _sampled(self, raws: list, batch: Batch) -> list:
+        """One entry per sample row: the token id, or a ``SampledToken`` with its logprobs
+        when the row asked for them."""
         sampled = array("i")
-        sampled.frombytes(bytes(raw[: 4 * len(batch.seq_ids)]))
-        return [sampled[row] for row in batch.sample_rows]
+        sampled.frombytes(bytes(raws[0][: 4 * len(batch.seq_ids)]))
+        if len(raws) == 1:
+            return [sampled[row] for row in batch.sample_rows]
+        K = self._top_k_compiled
+        lp, ids = array("f"), array("i")
+        lp.frombytes(bytes(raws[1]))
+        ids.frombytes(bytes(raws[2]))
+        out: list = []
+        for row, s in zip(batch.sample_rows, batch.sampling):
+            if s.num_top_logprobs < 0:
+                out.append(sampled[row])
+                continue
+            top = tuple((ids[row * K + j], lp[row * (K + 1) + 1 + j])
+                        for j in range(min(s.num_top_logprobs, K)))
+            out.append(SampledToken(sampled[row], lp[row * (K + 1)], top))
+        return out
 
-    def step(self, batch: Batch) -> list[int]:
-        writes, dispatches, read = self._step_call(batch)
+    def step(self, batch: Batch) -> list:
+        writes, dispatches, reads = self._step_call(batch)
         t0 = time.perf_counter()
-        (raw,) = self.backend.run(writes, dispatches, [read])
+        raws = self.backend.run(writes, dispatches, reads)
         self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
-        return self._sampled(raw, batch)
+        return self._sampled(raws, batch)
 
-    async def step_async(self, batch: Batch) -> list[int]:
+    async def step_async(self, batch: Batch) -> list:
         """The same step for an event loop: a backend with ``run_async`` (WebGPU in a worker,
         whose readback is a promise) is awaited; otherwise the step runs inline."""
         run_async = getattr(self.backend, "run_async", None)
         if run_async is None:
             return self.step(batch)
-        writes, dispatches, read = self._step_call(batch)
+        writes, dispatches, reads = self._step_call(batch)
         t0 = time.perf_counter()
-        (raw,) = await run_async(writes, dispatches, [read])
+        raws = await run_async(writes, dispatches, reads)
         self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
-        return self._sampled(raw, batch)
+        return self._sampled(raws, batch)
 
     def read_logits(self, batch: Batch) -> list[list[float]]:
         """Run ``forward`` only and return the logits rows (tests and perplexity; slow path)."""

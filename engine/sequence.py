@@ -12,8 +12,9 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from .batch import SamplingRow
+from .batch import MAX_TOP_LOGPROBS, SamplingRow
 from .detokenize import IncrementalDetokenizer, StopStringFilter
+from .grammar import GrammarMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,17 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings: never emitted
     stop_token_ids: tuple[int, ...] = ()  # e.g. the model's EOS ids: end with "stop", not emitted
     seed: int | None = None  # None -> fresh entropy
+    min_p: float = 0.0  # 0 -> off
+    # OpenAI: logit - frequency_penalty * count - presence_penalty * (count > 0), count = times
+    # the token occurs in the output so far
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # transformers / vLLM: a token seen in the prompt or the output has its logit divided by
+    # this (multiplied when negative); 1 -> off
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logit
+    logprobs: bool = False  # return the sampled token's logprob
+    top_logprobs: int = 0  # and this many most likely tokens' (needs logprobs)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature:
@@ -37,6 +49,36 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0)
+
+
+def logit_adjustments(params: SamplingParams, prompt_tokens: frozenset[int],
+                      output_counts: dict[int, int]) -> list[tuple[int, float, float]]:
+    """The sparse (token, rep, add) entries of one row (see ``SamplingRow.adjust``): every
+    token a penalty or bias touches, once, ascending. Costs O(distinct tokens seen), never a
+    pass over the vocabulary."""
+    p = params
+    entries: dict[int, list[float]] = {}
+    if p.repetition_penalty != 1.0:
+        for t in prompt_tokens.union(output_counts):
+            entries[t] = [p.repetition_penalty, 0.0]
+    if p.frequency_penalty or p.presence_penalty:
+        for t, count in output_counts.items():
+            e = entries.setdefault(t, [1.0, 0.0])
+            e[1] -= p.frequency_penalty * count + p.presence_penalty
+    for t, bias in p.logit_bias:
+        entries.setdefault(t, [1.0, 0.0])[1] += bias
+    return [(t, rep, add) for t, (rep, add) in sorted(entries.items())]
 
 
 class SequenceStatus(enum.Enum):
@@ -72,6 +114,9 @@ class Sequence:
     num_computed_tokens: int = 0  # leading token_ids whose K/V are in the cache
     finish_reason: str | None = None
     num_preemptions: int = 0
+    matcher: GrammarMatcher | None = None  # the response format's grammar state, if any
+    output_counts: dict[int, int] = field(init=False)  # token -> times in the output
+    _prompt_tokens: frozenset[int] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -81,6 +126,7 @@ class Sequence:
         self.token_ids = list(self.prompt_ids)
         self.rng = sequence_rng(self.params.seed, self.index)
         self.stop_filter = StopStringFilter(self.params.stop)
+        self.output_counts = {}
 
     @property
     def num_tokens(self) -> int:
@@ -111,12 +157,22 @@ class Sequence:
         """The row for this step's sample: ONE uniform draw per sampled token, from this
         sequence's own RNG, so its output does not depend on what else is batched with it."""
         p = self.params
+        adjust: list[tuple[int, float, float]] = []
+        if p.adjusts_logits:
+            if self._prompt_tokens is None:
+                self._prompt_tokens = frozenset(self.prompt_ids)
+            adjust = logit_adjustments(p, self._prompt_tokens, self.output_counts)
         return SamplingRow(
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, uniform=self.rng.random()
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, uniform=self.rng.random(),
+            min_p=p.min_p,
+            mask=self.matcher.next_token_bitmask() if self.matcher is not None else None,
+            adjust=adjust,
+            num_top_logprobs=p.top_logprobs if p.logprobs else -1,
         )
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1
 
     def finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED

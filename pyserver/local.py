@@ -97,14 +97,17 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
 
 def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: Progress | None,
               batch_invariant: bool) -> EngineCore:
+    from ..native.grammar import grammar_for
     from ..native.tokenizer import HFTokenizer
 
     pages = kv_pages_for(art.model, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
     runner = NativeRunner(art, backend, num_pages=pages, progress=progress,
                           batch_invariant=batch_invariant)
-    tokenizer = HFTokenizer(art.tokenizer_json())
-    return EngineCore(runner, tokenizer, ModelInfo.from_manifest(art.manifest), num_pages=pages,
-                      batch_invariant=batch_invariant)
+    tokenizer_json = art.tokenizer_json()
+    info = ModelInfo.from_manifest(art.manifest)
+    grammar, vocab = grammar_for(tokenizer_json, info.vocab_size, info.eos_token_ids)
+    return EngineCore(runner, HFTokenizer(tokenizer_json), info, num_pages=pages,
+                      batch_invariant=batch_invariant, grammar=grammar, vocab=vocab)
 
 
 def software_adapter_notice(backend) -> str | None:

@@ -3,188 +3,37 @@ wgpu (lavapipe here), compared token-for-token with an exact numpy (float64, sor
 
 from __future__ import annotations
 
-import importlib
-import json
-import re
 import time
 
 import numpy as np
 import pytest
 
-tvm = pytest.importorskip("tvm")
-wgpu = pytest.importorskip("wgpu")
+from .kernel_harness import KernelRunner, compile_prim, device
 
-from tvm import tirx  # noqa: E402
-
-try:
-    from wick.compiler.sampling import PARAM_ORDER, sampling_prim_func
-except ImportError:  # plain checkout without `pip install -e .`
-    import importlib.util as _ilu
-    from pathlib import Path as _Path
-
-    _spec = _ilu.spec_from_file_location(
-        "wick_compiler_sampling", _Path(__file__).resolve().parents[2] / "compiler" / "sampling.py"
-    )
-    _sampling = _ilu.module_from_spec(_spec)
-    _spec.loader.exec_module(_sampling)
-    PARAM_ORDER, sampling_prim_func = _sampling.PARAM_ORDER, _sampling.sampling_prim_func
+from wick.compiler.sampling import PARAM_ORDER, sampling_prim_func  # noqa: E402
 
 GREEDY_EPS = 1e-5
 
 
-# --------------------------------------------------------------------------------------------
-# compile: TIR -> (host call order, WGSL) exactly as wick's lowering does it
-# --------------------------------------------------------------------------------------------
 def compile_kernel(vocab_size: int, logits_dtype: str = "float32") -> dict:
     func = sampling_prim_func(vocab_size, logits_dtype)
     assert func.attrs["global_symbol"] == "sample_token"
-    assert [p.name for p in func.params] == list(PARAM_ORDER)
-    mod = tvm.IRModule({"sample_token": func})
-    target = tvm.target.Target({"kind": "webgpu"}, host={"kind": "llvm"})
-    mod = tirx.transform.BindTarget(target)(mod)
-    pipe, _fin_host, fin_dev = tirx.get_tir_pipeline("s_tir")
-    identity = tvm.transform.module_pass(lambda m, _ctx: m, opt_level=0, name="WickIdentity")
-    replaced = ("MakePackedAPI", "FP8StorageLegalize", "BF16StorageLegalize")
-    saved = {n: getattr(tirx.transform, n) for n in replaced}
-    try:
-        for n in replaced:
-            setattr(tirx.transform, n, lambda: identity)
-        lowered = pipe(mod)
-    finally:
-        for n, f in saved.items():
-            setattr(tirx.transform, n, f)
-    build = importlib.import_module("tvm.tirx.build")
-    host_mod, dev_mods = build.split_host_device_mods(lowered)
-    host_funcs, kernels = {}, {}
-    for m in [host_mod, *dev_mods.values()]:
-        for gv, f in m.functions.items():
-            cc = f.attrs.get("calling_conv", None) if f.attrs is not None else None
-            (kernels if cc is not None and int(cc) == 2 else host_funcs)[gv] = f
-    assert [gv.name_hint for gv in kernels] == ["sample_token_kernel"]
-    assert [gv.name_hint for gv in host_funcs] == ["sample_token"]
-    dev_mod = fin_dev()(tvm.IRModule(kernels))
-    rt = tvm.get_global_func("target.build.webgpu")(dev_mod, tvm.target.Target({"kind": "webgpu"}))
-    wgsl = rt.inspect_source()
-    info = json.loads(rt.inspect_source("func_info"))["sample_token_kernel"]
-
-    # host call: T.call_ffi_kernel("sample_token_kernel", bufs.data..., scalars..., extents...)
-    host_text = list(host_funcs.values())[0].script()
-    call = re.search(r'T\.call_ffi_kernel\("sample_token_kernel", (.*?), launch_params=', host_text)
-    assert call, host_text
-    args = [a.strip() for a in call.group(1).split(",")]
-    buffers = [re.sub(r"(_\d+)?\.data$", "", a) for a in args if a.endswith(".data")]
-    scalars = [a for a in args if not a.endswith(".data")]
-    n_pod = sum(1 for t in info["arg_types"] if t != "handle")
-    assert len(buffers) == info["arg_types"].count("handle") == len(PARAM_ORDER)
-    assert sorted(buffers) == sorted(PARAM_ORDER)
-    tags = info["launch_param_tags"]
-    assert tags[:2] == ["blockIdx.x", "threadIdx.x"]
-    write = json.loads(tags[2].split(":", 1)[1])
-    access = ["read_write" if w else "read" for w in write]
-    # WGSL declarations agree with the host binding order and access modes
-    decl = re.findall(r"@binding\((\d+)\) var<storage, (read|read_write)> (\w+)_ptr", wgsl)
-    assert [(int(i), acc, name) for i, acc, name in decl] == [
-        (i, access[i], buffers[i]) for i in range(len(buffers))
-    ]
-    assert f"@binding({len(buffers)}) var<uniform> podArgs" in wgsl
-    assert "@workgroup_size(256, 1, 1)" in wgsl
-    return {
-        "wgsl": wgsl,
-        "buffers": buffers,  # kernel binding order
-        "access": access,
-        "pod": scalars[:n_pod],  # e.g. ["b"]
-        "launch": scalars[n_pod:],  # one per launch param: ["b", "256"]
-    }
+    return compile_prim(func, PARAM_ORDER)
 
 
-# --------------------------------------------------------------------------------------------
-# a minimal wgpu runner (one dispatch)
-# --------------------------------------------------------------------------------------------
-_DEVICE = None
-
-
-def _device():
-    global _DEVICE
-    if _DEVICE is None:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        if adapter is None:
-            pytest.skip("no wgpu adapter")
-        feats = ["shader-f16"] if "shader-f16" in adapter.features else []
-        _DEVICE = adapter.request_device_sync(required_features=feats)
-    return _DEVICE
-
-
-class Runner:
-    def __init__(self, compiled: dict):
-        dev = _device()
-        self.c = compiled
-        usage = wgpu.BufferBindingType
-        entries = [
-            {
-                "binding": i,
-                "visibility": wgpu.ShaderStage.COMPUTE,
-                "buffer": {
-                    "type": usage.storage if acc == "read_write" else usage.read_only_storage
-                },
-            }
-            for i, acc in enumerate(compiled["access"])
-        ]
-        entries.append(
-            {
-                "binding": len(entries),
-                "visibility": wgpu.ShaderStage.COMPUTE,
-                "buffer": {"type": usage.uniform},
-            }
-        )
-        self.bgl = dev.create_bind_group_layout(entries=entries)
-        shader = dev.create_shader_module(code=compiled["wgsl"])
-        self.pipeline = dev.create_compute_pipeline(
-            layout=dev.create_pipeline_layout(bind_group_layouts=[self.bgl]),
-            compute={"module": shader, "entry_point": "sample_token_kernel"},
-        )
-
-    def __call__(self, logits, temperature, top_p, top_k, uniform, repeat: int = 1):
-        dev = _device()
+class Runner(KernelRunner):
+    def __call__(self, logits, temperature, top_p, top_k, uniform, repeat: int = 1, min_p=None):
         b = logits.shape[0]
-        host = {
+        arrays = {
             "logits": logits,
             "temperature": np.ascontiguousarray(temperature, np.float32),
             "top_p": np.ascontiguousarray(top_p, np.float32),
             "top_k": np.ascontiguousarray(top_k, np.int32),
+            "min_p": np.ascontiguousarray(np.zeros(b) if min_p is None else min_p, np.float32),
             "uniform": np.ascontiguousarray(uniform, np.float32),
             "token": np.full(b, -7, np.int32),
         }
-        BU = wgpu.BufferUsage
-        bufs = [
-            dev.create_buffer_with_data(
-                data=np.ascontiguousarray(host[n]).tobytes(),
-                usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST,
-            )
-            for n in self.c["buffers"]
-        ]
-        env = {"b": b}
-        pod = [int(env[s]) if s in env else int(s) for s in self.c["pod"]]
-        grid_x = int(env.get(self.c["launch"][0], self.c["launch"][0]))
-        assert grid_x < 65536
-        ubytes = np.array(pod, np.int32).tobytes() + np.array([grid_x], np.uint32).tobytes()
-        ubuf = dev.create_buffer_with_data(data=ubytes, usage=BU.UNIFORM)
-        bg = dev.create_bind_group(
-            layout=self.bgl,
-            entries=[
-                {"binding": i, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                for i, buf in enumerate([*bufs, ubuf])
-            ],
-        )
-        enc = dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(self.pipeline)
-        cp.set_bind_group(0, bg)
-        for _ in range(repeat):
-            cp.dispatch_workgroups(grid_x, 1, 1)
-        cp.end()
-        dev.queue.submit([enc.finish()])
-        out = bufs[self.c["buffers"].index("token")]
-        return np.frombuffer(dev.queue.read_buffer(out), np.int32).copy()
+        return self.run(arrays, {"b": b}, repeat)["token"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,7 +247,7 @@ def test_float16_logits():
     V = 1000
     c = compile_kernel(V, "float16")
     assert "f16" in c["wgsl"]
-    if "shader-f16" not in _device().features:
+    if "shader-f16" not in device().features:
         pytest.skip("device lacks shader-f16")
     run = Runner(c)
     logits, temp, top_p, top_k, uni, _ = make_batch(V, 16, seed=3)

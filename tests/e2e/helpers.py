@@ -35,12 +35,15 @@ def make_core(art_dir: Path | str, backend=None, *, num_pages: int = 64,
               **core_options) -> EngineCore:
     """An EngineCore over a fresh Runner of the artifact (what ``build_core`` does, with our
     page count). Each runner gets its own backend unless one is given."""
+    from wick.native.grammar import grammar_for
     from wick.native.wgpu_backend import WgpuBackend
 
     art = load_artifact(art_dir)
     runner = Runner(art, backend or WgpuBackend.create(), num_pages=num_pages)
     tok = HFTokenizer(art.tokenizer_json())
-    return EngineCore(runner, tok, ModelInfo.from_manifest(art.manifest), num_pages=num_pages,
+    info = ModelInfo.from_manifest(art.manifest)
+    grammar, vocab = grammar_for(art.tokenizer_json(), info.vocab_size, info.eos_token_ids)
+    return EngineCore(runner, tok, info, num_pages=num_pages, grammar=grammar, vocab=vocab,
                       **core_options)
 
 
@@ -49,6 +52,8 @@ def sibling_core(core: EngineCore, **core_options) -> EngineCore:
     smaller prefill chunk. Never run two cores over one runner at the same time."""
     num_pages = core_options.pop("num_pages", core.runner.num_pages)
     assert num_pages <= core.runner.num_pages
+    core_options.setdefault("grammar", core.grammar)
+    core_options.setdefault("vocab", core.vocab)
     return EngineCore(core.runner, core.tokenizer, core.info, num_pages=num_pages, **core_options)
 
 

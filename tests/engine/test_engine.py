@@ -193,7 +193,10 @@ def test_max_tokens_none_fills_the_context_window():
         ({"n": 0}, "n", "invalid_value"),
         ({"unknown_field": 1}, "unknown_field", "unknown_parameter"),
         ({"stop": ["1", "2", "3", "4", "5"]}, "stop", "invalid_value"),
-        ({"presence_penalty": 0.3}, "presence_penalty", "unsupported_parameter"),
+        ({"presence_penalty": 3}, "presence_penalty", "invalid_value"),
+        ({"logit_bias": {"100000": 5}}, "logit_bias", "invalid_value"),  # not in the vocab
+        ({"response_format": {"type": "json_object"}}, "response_format",
+         "unsupported_parameter"),  # this engine has no grammar backend
     ],
 )
 def test_bad_params_raise_before_any_step(kw, param, code):

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from wick.engine import AsyncEngineAPI, EngineCore, ModelInfo
 from wick.engine.artifact import Artifact
 from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
+from wick.engine.grammar import VocabInfo
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
 from wick.engine.runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
 
@@ -140,6 +141,9 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
     runner = Runner(art, backend, num_pages=pages,
                     batched_decode=not backend.software, upload_weights=False)
     await backend.check()
-    tokenizer = WebTokenizer(js_tokenizer, art.tokenizer_json())
-    core = EngineCore(runner, tokenizer, ModelInfo.from_manifest(art.manifest), num_pages=pages)
+    tokenizer_json = art.tokenizer_json()
+    tokenizer = WebTokenizer(js_tokenizer, tokenizer_json)
+    info = ModelInfo.from_manifest(art.manifest)
+    vocab = VocabInfo.from_tokenizer_json(tokenizer_json, info.vocab_size)
+    core = EngineCore(runner, tokenizer, info, num_pages=pages, vocab=vocab)
     return Host(AsyncEngineAPI(core), backend, post)
