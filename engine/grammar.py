@@ -228,7 +228,7 @@ def response_format_spec(response_format: dict | None) -> GrammarSpec | None:
         schema = response_format["json_schema"].get("schema")
         if schema is None:  # OpenAI: no schema means any JSON object
             return GrammarSpec("json", param="response_format.json_schema")
-        return GrammarSpec("json_schema", json.dumps(schema, sort_keys=True),
+        return GrammarSpec("json_schema", json.dumps(schema),  # property order matters
                            param="response_format.json_schema.schema")
     if kind == "grammar":
         return GrammarSpec("ebnf", response_format["grammar"], param="response_format.grammar")

@@ -80,6 +80,7 @@ class XGrammarBackend:
 
     def __init__(self, vocab: VocabInfo, vocab_size: int, stop_token_ids: list[int]) -> None:
         self._core = core = xgrammar_bindings()
+        self.vocab = vocab
         self.vocab_size = vocab_size
         info = core.TokenizerInfo(list(vocab.encoded[:vocab_size]), vocab.vocab_type, vocab_size,
                                   list(stop_token_ids), vocab.add_prefix_space)

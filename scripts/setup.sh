@@ -46,6 +46,11 @@ fi
 
 step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
 step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q -e ".${extras}"
+# Structured output: xgrammar at the version the browser's web-xgrammar has. Its PyPI metadata
+# asks for torch, triton and transformers, which wick never uses (it loads the C++ bindings
+# only), so it goes in without its dependencies.
+XGRAMMAR=$(.venv/bin/python -c "from wick.native.grammar import XGRAMMAR_VERSION as v; print(v)")
+step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-deps "xgrammar==${XGRAMMAR}"
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
 # when npm is available (the server and the Python engine work without them).
