@@ -85,7 +85,7 @@ def _sampler_module(vocab_size: int):
         def process_logits(self, logits: Tensor, mask: Tensor, mask_on: Tensor, indptr: Tensor,
                            tokens: Tensor, rep: Tensor, add: Tensor) -> Tensor:
             b = logits.shape[0]
-            return op.tensor_ir_op(process_kernel, "process_logits",
+            return op.tensor_ir_op(process_kernel, "apply_logit_rules",
                                    [logits, mask, mask_on, indptr, tokens, rep, add],
                                    Tensor.placeholder((b, V), "float32"))
 

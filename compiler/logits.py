@@ -1,8 +1,9 @@
 """GPU logit processing and logprobs: two hand-written TIR kernels beside ``sample_token``.
 
-``process_logits`` turns the model's logits into the ones sampling sees, per batch row:
+``apply_logit_rules`` (the ``process_logits`` plan entry) turns the model's logits into the
+ones sampling sees, per batch row:
 
-    process_logits(logits: (b, V) f32, mask: (b, W) i32, mask_on: (b,) i32,
+    apply_logit_rules(logits: (b, V) f32, mask: (b, W) i32, mask_on: (b,) i32,
                    indptr: (b+1,) i32, tokens: (nnz,) i32, rep: (nnz,) f32, add: (nnz,) f32)
         -> out: (b, V) f32                                   (W = ceil(V / 32))
 
@@ -55,7 +56,7 @@ def process_logits_prim_func(vocab_size: int) -> PrimFunc:
     CH = (V + NT - 1) // NT
 
     @T.prim_func(s_tir=True)
-    def process_logits(var_logits: T.handle, var_mask: T.handle, var_mask_on: T.handle,
+    def apply_logit_rules(var_logits: T.handle, var_mask: T.handle, var_mask_on: T.handle,
                        var_indptr: T.handle, var_tokens: T.handle, var_rep: T.handle,
                        var_add: T.handle, var_out: T.handle):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
@@ -90,7 +91,7 @@ def process_logits_prim_func(vocab_size: int) -> PrimFunc:
                             T.shift_right(mask[bx, T.floordiv(t, 32)], T.floormod(t, 32)), 1) != 0
                         out[bx, t] = T.if_then_else(masking and not ok, T.float32(MASKED), x2)
 
-    return process_logits.with_attr("global_symbol", "process_logits")
+    return apply_logit_rules.with_attr("global_symbol", "apply_logit_rules")
 
 
 def logprobs_prim_func(vocab_size: int) -> PrimFunc:

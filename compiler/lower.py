@@ -355,6 +355,9 @@ def build_plan(func: relax.Function, name: str, upper_bounds: dict[str, int]) ->
                 raise NotImplementedError(f"{name}: call of {op!r}")
     out = func.body.body
     outputs = [names[f] for f in out.fields] if isinstance(out, relax.Tuple) else [names[out]]
+    # a function returning a tuple (bound to a variable) lists its fields, flattened
+    while any(isinstance(o, list) for o in outputs):
+        outputs = [x for o in outputs for x in (o if isinstance(o, list) else [o])]
     return {"name": name, "inputs": inputs, "params": [p["name"] for p in params],
             "upper_bounds": upper_bounds, "instrs": instrs, "outputs": outputs}
 

@@ -230,15 +230,20 @@ class _Frontend:
     # -- logprobs ---------------------------------------------------------------------------
 
     def _token_text(self, token: int) -> tuple[str, list[int]]:
-        """A token's text and bytes as OpenAI's logprobs show them (special tokens: their
-        text as written, e.g. "<|im_end|>")."""
+        """A token's text and bytes as OpenAI's logprobs show them: special tokens as written
+        (e.g. "<|im_end|>"); a token that is part of a UTF-8 character as "bytes:\\xe2\\x80"
+        (OpenAI's spelling), so that distinct tokens never share a text."""
         hit = self._token_texts.get(token)
         if hit is None:
             vocab = self.core.vocab
             raw = vocab.token_bytes(token) if vocab is not None else b""
             if not raw:
                 raw = self.core.tokenizer.decode([token], skip_special_tokens=False).encode()
-            hit = self._token_texts[token] = (raw.decode("utf-8", errors="replace"), list(raw))
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            hit = self._token_texts[token] = (text, list(raw))
         return hit
 
     def _chat_logprobs(self, entries: list[SampledToken]) -> ChoiceLogprobs:

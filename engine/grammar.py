@@ -25,9 +25,26 @@ from typing import Protocol
 from .errors import InvalidRequestError
 
 # The JSON layout both backends are given (xgrammar's JS binding defaults indent=2, Python None:
-# pass the same everywhere). Compact separators with free whitespace, as xgrammar's Python API.
+# pass the same everywhere): one line, ", " and ": " between items, as Python's json.dumps.
+# No free whitespace: small models given the choice tend to emit runs of blanks and newlines
+# until max_tokens.
 JSON_INDENT: int | None = None
-JSON_ANY_WHITESPACE = True
+JSON_ANY_WHITESPACE = False
+# A JSON schema becomes xgrammar EBNF (``Grammar.from_json_schema``), is patched by
+# ``patch_json_ebnf``, then compiled as a grammar: "json" is any object (OBJECT_SCHEMA, not
+# strict: any properties), "json_schema" strict (no properties beyond the schema's).
+OBJECT_SCHEMA = '{"type": "object"}'
+
+# xgrammar 0.1.27 spells the characters of a string with a length bound (minLength/maxLength)
+# as [^"\\\r\n], which lets raw control characters through (invalid JSON: json.loads and
+# pydantic refuse them). Every other string rule already excludes \0-\x1f.
+_LOOSE_STRING_CHAR = '[^\\"\\\\\\r\\n]'
+_STRICT_STRING_CHAR = '[^\\"\\\\\\0-\\x1f]'
+
+
+def patch_json_ebnf(ebnf: str) -> str:
+    """Fix xgrammar's EBNF for a JSON schema (see ``_LOOSE_STRING_CHAR``)."""
+    return ebnf.replace(_LOOSE_STRING_CHAR, _STRICT_STRING_CHAR)
 
 VOCAB_RAW, VOCAB_BYTE_FALLBACK, VOCAB_BYTE_LEVEL = 0, 1, 2  # xgrammar's VocabType numbers
 
@@ -177,6 +194,17 @@ class VocabInfo:
                          for p in _components(data.get("pre_tokenizer"), "Metaspace")))
         return cls(tuple(encoded), vocab_type, bool(prefix), frozenset(added))
 
+    def for_grammar(self) -> list[str]:
+        """The vocabulary both grammar backends are given: special tokens blanked (see the
+        module docstring), and tokens holding a byte that never occurs in UTF-8 (0xC0, 0xC1,
+        0xF5-0xFF): xgrammar 0.1.27 takes lead bytes 0xF5-0xF7 for 4-byte characters, which
+        lets undecodable text into a JSON string."""
+        out = list(self.encoded)
+        for i, piece in enumerate(out):
+            if piece and _NEVER_UTF8.intersection(self.token_bytes(i)):
+                out[i] = ""
+        return out
+
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for (OpenAI's logprobs ``bytes``). Special tokens give
         their text as tokenizer.json spells it only through ``special_text``; here b""."""
@@ -209,6 +237,7 @@ def _components(component: object, kind: str) -> list[dict]:
 
 
 _BYTE_LEVEL = _byte_level_decoder()
+_NEVER_UTF8 = frozenset([0xC0, 0xC1, *range(0xF5, 0x100)])
 
 
 # ---------------------------------------------------------------------------------------------

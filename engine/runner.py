@@ -316,7 +316,7 @@ class Runner:
         return processed
 
     def _ensure_sparse(self, nnz: int) -> None:
-        if nnz <= self._sparse_capacity:
+        if self._sparse and nnz <= self._sparse_capacity:
             return
         cap = max(256, self._sparse_capacity)
         while cap < nnz:

@@ -19,14 +19,15 @@ import numpy as np
 from ..engine.grammar import (
     JSON_ANY_WHITESPACE,
     JSON_INDENT,
+    OBJECT_SCHEMA,
     GrammarCache,
     GrammarSpec,
     VocabInfo,
     compile_error,
+    patch_json_ebnf,
 )
 
 XGRAMMAR_VERSION = "0.1.27"
-_ANY_OBJECT = '{"type": "object"}'
 
 
 def xgrammar_bindings():
@@ -82,7 +83,7 @@ class XGrammarBackend:
         self._core = core = xgrammar_bindings()
         self.vocab = vocab
         self.vocab_size = vocab_size
-        info = core.TokenizerInfo(list(vocab.encoded[:vocab_size]), vocab.vocab_type, vocab_size,
+        info = core.TokenizerInfo(vocab.for_grammar()[:vocab_size], vocab.vocab_type, vocab_size,
                                   list(stop_token_ids), vocab.add_prefix_space)
         self._compiler = core.GrammarCompiler(info, 8, True, -1)
         self._words = (vocab_size + 31) // 32
@@ -94,20 +95,22 @@ class XGrammarBackend:
             return self._cache.get(spec)
 
     def _compile(self, spec: GrammarSpec) -> XGrammarCompiled:
-        c = self._compiler
         try:
-            if spec.kind == "json":
-                compiled = c.compile_json_schema(_ANY_OBJECT, JSON_ANY_WHITESPACE, JSON_INDENT,
-                                                 None, False, None)
-            elif spec.kind == "json_schema":
-                json.loads(spec.source)  # a clear error before xgrammar's
-                compiled = c.compile_json_schema(spec.source, JSON_ANY_WHITESPACE, JSON_INDENT,
-                                                 None, True, None)
+            if spec.kind == "ebnf":
+                compiled = self._compiler.compile_grammar(spec.source, "root")
             else:
-                compiled = c.compile_grammar(spec.source, "root")
+                compiled = self._compiler.compile_grammar(self.json_ebnf(spec), "root")
         except (RuntimeError, ValueError, TypeError) as e:
             raise compile_error(spec, str(e)) from None
         return XGrammarCompiled(self._core, compiled, self._words)
+
+    def json_ebnf(self, spec: GrammarSpec) -> str:
+        """The (patched) EBNF of a "json" or "json_schema" spec."""
+        schema, strict = (OBJECT_SCHEMA, False) if spec.kind == "json" else (spec.source, True)
+        json.loads(schema)  # a clear error before xgrammar's
+        grammar = self._core.Grammar.from_json_schema(schema, JSON_ANY_WHITESPACE, JSON_INDENT,
+                                                      None, strict, None, False)
+        return patch_json_ebnf(grammar.to_string())
 
 
 def grammar_for(tokenizer_json: str, vocab_size: int,

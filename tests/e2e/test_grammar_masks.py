@@ -11,7 +11,13 @@ import jsonschema
 import numpy as np
 import pytest
 
-from wick.engine.grammar import VOCAB_BYTE_FALLBACK, GrammarSpec, VocabInfo
+from wick.engine.grammar import (
+    JSON_ANY_WHITESPACE,
+    VOCAB_BYTE_FALLBACK,
+    GrammarSpec,
+    VocabInfo,
+    patch_json_ebnf,
+)
 from wick.native.grammar import XGrammarBackend, xgrammar_bindings
 
 xgr = pytest.importorskip("xgrammar")  # the public API needs torch: a test-time reference
@@ -135,15 +141,19 @@ def test_masks_equal_xgrammar_along_paths(both, smollm2_tokenizer, index):
     schema, example = SCHEMAS[index]
     jsonschema.validate(example, schema)
     source = json.dumps(schema)  # keys in order: properties are generated in schema order
-    compiled_ref = compiler.compile_json_schema(source, any_whitespace=True)
+    # xgrammar's own schema conversion, with wick's one patch (test below)
+    ebnf = str(xgr.Grammar.from_json_schema(source, any_whitespace=JSON_ANY_WHITESPACE))
+    compiled_ref = compiler.compile_grammar(patch_json_ebnf(ebnf))
     ref_mask = xgr.allocate_token_bitmask(1, V)
     tok = Tokenizer.from_str(smollm2_tokenizer[0])
     valid = tok.encode(json.dumps(example, ensure_ascii=False), add_special_tokens=False).ids
     rng = np.random.default_rng(index)
-    # the one intended difference: xgrammar over a transformers tokenizer allows the special
-    # tokens (<|im_start|>...) inside JSON strings; wick blanks them (only EOS may end)
+    # the intended differences: xgrammar over a transformers tokenizer allows the special
+    # tokens (<|im_start|>...) inside JSON strings, and tokens of bytes that never occur in
+    # UTF-8 (0xF5..); wick blanks both (VocabInfo.for_grammar; only EOS may end)
     specials = np.zeros(V, bool)
-    specials[[i for i in wick.vocab.special_ids if i != eos]] = True
+    specials[[i for i, p in enumerate(wick.vocab.for_grammar()[:V]) if p == "" and i != eos]] = True
+    assert specials.sum() >= len(wick.vocab.special_ids) - 1
     keep = ~np.packbits(np.pad(specials, (0, -V % 32)).reshape(-1, 8), axis=1,
                         bitorder="little").reshape(-1).view(np.int32)
     specials_offered = False  # did xgrammar-over-transformers ever offer a special token?
@@ -170,3 +180,24 @@ def test_masks_equal_xgrammar_along_paths(both, smollm2_tokenizer, index):
             assert len(tokens) >= 2
     if index == 0:  # inside the "name" string: the difference above is real, and blanked
         assert specials_offered
+
+
+def test_patched_json_grammar_refuses_raw_control_characters():
+    """xgrammar 0.1.27's rule for length-bounded strings lets raw control characters into a
+    string (invalid JSON); wick's patch closes that and changes nothing else."""
+    schema = json.dumps({"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 4}, "t": {"type": "string"}}, "required": ["s", "t"]})
+    raw = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    patched = patch_json_ebnf(raw)
+    assert patched != raw and patch_json_ebnf(patched) == patched
+    info = xgr.TokenizerInfo([chr(c) for c in range(128)])
+    compiler = xgr.GrammarCompiler(info)
+
+    def accepts(ebnf: str, text: str) -> bool:
+        return xgr.GrammarMatcher(compiler.compile_grammar(ebnf)).accept_string(text)
+
+    assert accepts(raw, '{"s": "a\x17')  # the bug
+    assert not accepts(patched, '{"s": "a\x17')
+    assert not accepts(patched, '{"s": "ab", "t": "\x01')  # unbounded strings: already strict
+    assert accepts(patched, '{"s": "abcd", "t": "x"}')
+    assert not accepts(patched, '{"s": "abcde"')
