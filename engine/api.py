@@ -37,6 +37,7 @@ from .core import EngineCore, SequenceOutput, StepRunner
 from .errors import (
     ContextLengthExceededError,
     EngineAbortedError,
+    InvalidRequestError,
     ModelNotFoundError,
     UnsupportedParameterError,
     WickError,
@@ -190,6 +191,52 @@ class _Frontend:
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
                          req.stream, self._grammar(req))
 
+    # -- /tokenize and /detokenize (as vLLM's and llama.cpp's servers) -------------------------
+
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        """``{model?, prompt | messages}`` -> ``{tokens, count, max_model_len}``: the ids the
+        engine would prefill (a prompt with the model's BOS rule, messages through the chat
+        template with the generation prompt)."""
+        body = _object_body(body, ("model", "prompt", "messages"))
+        self._check_model(body.get("model"))
+        if ("prompt" in body) == ("messages" in body):
+            raise InvalidRequestError("Give exactly one of 'prompt' and 'messages'.",
+                                      param="prompt", code="missing_required_parameter")
+        kind = "chat" if "messages" in body else "completion"
+        self._check_size(kind, body)
+        if kind == "chat":
+            req = ChatCompletionRequest.from_dict({"messages": body["messages"]})
+            ids = self.core.chat_prompt_ids([_template_message(m) for m in req.messages])
+        else:
+            prompt = body["prompt"]
+            if not isinstance(prompt, str):
+                raise InvalidRequestError(
+                    f"Invalid type for 'prompt': expected a string, but got "
+                    f"{type(prompt).__name__}.", param="prompt", code="invalid_type")
+            ids = self.core.prompt_ids(prompt)
+        return {"tokens": ids, "count": len(ids), "max_model_len": self.core.info.context_window}
+
+    def detokenize(self, body: Any) -> dict[str, Any]:
+        """``{model?, tokens}`` -> ``{prompt}`` (special tokens kept, as written)."""
+        body = _object_body(body, ("model", "tokens"))
+        self._check_model(body.get("model"))
+        tokens = body.get("tokens")
+        vocab = self.core.info.vocab_size
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidRequestError("'tokens' must be a list of token ids.", param="tokens",
+                                      code="invalid_type")
+        if len(tokens) > self.core.info.context_window:
+            raise ContextLengthExceededError.before_tokenizing(
+                f"'tokens' holds {len(tokens)} ids; this model's context window is "
+                f"{self.core.info.context_window} tokens.", param="tokens",
+                context_window=self.core.info.context_window)
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"Token ids {bad[:5]} are outside the vocabulary "
+                                      f"[0, {vocab}).", param="tokens", code="invalid_value")
+        return {"prompt": self.core.tokenizer.decode(tokens, skip_special_tokens=False)}
+
     def _check_size(self, kind: str, kwargs: dict[str, Any]) -> None:
         """Refuse, before any per-message work, a request that cannot fit the context window
         whatever its tokens: more messages than the window has tokens, or more characters than
@@ -336,6 +383,16 @@ class _Frontend:
     def _completion_chunk(self, sub: _Submitted, choices: list[CompletionChoice],
                           usage: CompletionUsage | None = None) -> Completion:
         return Completion(f"cmpl-{sub.request_id}", sub.created, self.model, choices, usage)
+
+
+def _object_body(body: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("The request body must be a JSON object.", code="invalid_type")
+    for key in body:
+        if key not in keys:
+            raise InvalidRequestError(f"Unrecognized request argument supplied: '{key}'.",
+                                      param=key, code="unknown_parameter")
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def _content_chars(content: Any) -> int:

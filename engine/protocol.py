@@ -154,7 +154,6 @@ class SamplingFields:
     min_p: float = 0.0  # wick extension (as vLLM): 0 = off
     response_format: dict[str, Any] | None = None
     logprobs: Any = None  # chat: bool; completions: an int (legacy shape)
-    top_logprobs: int | None = None  # chat only
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str):
@@ -213,9 +212,9 @@ class SamplingFields:
     @property
     def num_logprobs(self) -> int:
         """-1: no logprobs; k >= 0: the sampled token's and the k most likely tokens'."""
-        if isinstance(self, CompletionRequest):
-            return -1 if self.logprobs is None else self.logprobs
-        return (self.top_logprobs or 0) if self.logprobs else -1
+        if isinstance(self, ChatCompletionRequest):
+            return (self.top_logprobs or 0) if self.logprobs else -1
+        return -1 if self.logprobs is None else self.logprobs
 
     @property
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
@@ -419,6 +418,7 @@ def _content_text(content: Any, where: str) -> str:
 @dataclass(slots=True)
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = field(default_factory=list)
+    top_logprobs: int | None = None  # needs logprobs: true
 
     def __post_init__(self) -> None:
         SamplingFields.__post_init__(self)
@@ -470,8 +470,6 @@ class CompletionRequest(SamplingFields):
         SamplingFields.__post_init__(self)
         # the legacy shape: how many most likely tokens to list beside each sampled one
         _check_optional_int("logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS)
-        if self.top_logprobs is not None:
-            raise _unknown_field("top_logprobs")
         p = self.prompt
         if isinstance(p, str):
             if p == "":

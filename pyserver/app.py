@@ -306,6 +306,25 @@ def create_app(
     async def completions(request: Request) -> Response:
         return await complete(request, "completion")
 
+    async def token_route(request: Request, work: str) -> JSONResponse:
+        body = await read_json_body(request, max_body_bytes, body_timeout)
+        engine = pool.select(body.get("model") if isinstance(body, dict) else None)
+        fn = engine.tokenize if work == "tokenize" else engine.detokenize
+        return JSONResponse(await engine.prepare_off_loop(lambda: fn(body)))
+
+    @app.post("/tokenize", dependencies=v1_json, openapi_extra=extra["tokenize"],
+              operation_id="tokenize")
+    async def tokenize(request: Request) -> Response:
+        """The prompt's token ids as the engine would prefill them (a wick extension, as
+        vLLM's and llama.cpp's servers have)."""
+        return await token_route(request, "tokenize")
+
+    @app.post("/detokenize", dependencies=v1_json, openapi_extra=extra["detokenize"],
+              operation_id="detokenize")
+    async def detokenize(request: Request) -> Response:
+        """Token ids back to text, special tokens as written (a wick extension)."""
+        return await token_route(request, "detokenize")
+
     def model_object(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": pool.created, "owned_by": "wick"}
 

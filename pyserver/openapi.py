@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 
 from ..engine.protocol import (
     INT32_MAX,
+    MAX_TOP_LOGPROBS,
     MAX_N,
     ROLES,
     ChatCompletion,
@@ -20,6 +21,22 @@ from ..engine.protocol import (
 )
 
 
+
+
+_RESPONSE_FORMAT = {"oneOf": [
+    {"type": "object", "additionalProperties": False, "required": ["type"],
+     "properties": {"type": {"enum": ["text", "json_object"]}}},
+    {"type": "object", "additionalProperties": False, "required": ["type", "json_schema"],
+     "properties": {"type": {"const": "json_schema"}, "json_schema": {
+         "type": "object", "additionalProperties": False, "required": ["name"], "properties": {
+             "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+             "description": {"type": "string"}, "schema": {"type": "object"},
+             "strict": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}}}}},
+    {"type": "object", "additionalProperties": False, "required": ["type", "grammar"],
+     "properties": {"type": {"const": "grammar"},
+                    "grammar": {"type": "string", "minLength": 1,
+                                "description": "xgrammar EBNF with a root rule (wick)"}}},
+]}
 
 
 def protocol_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
@@ -68,11 +85,35 @@ def protocol_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
         "completion": route(CompletionRequest, "prompt", Completion, Completion,
                             {"prompt": "Once upon a time", "max_tokens": 16}),
         "errors": errors,
+        "tokenize": _token_route({
+            "type": "object", "additionalProperties": False, "properties": {
+                "model": {"type": "string"}, "prompt": {"type": "string"},
+                "messages": {"type": "array", "minItems": 1,
+                             "items": {"$ref": "#/components/schemas/ChatMessage"}}}},
+            {"type": "object", "required": ["tokens", "count", "max_model_len"], "properties": {
+                "tokens": {"type": "array", "items": {"type": "integer"}},
+                "count": {"type": "integer"}, "max_model_len": {"type": "integer"}}},
+            {"prompt": "Hello!"}, errors),
+        "detokenize": _token_route({
+            "type": "object", "additionalProperties": False, "required": ["tokens"],
+            "properties": {"model": {"type": "string"},
+                           "tokens": {"type": "array", "items": {"type": "integer",
+                                                                 "minimum": 0}}}},
+            {"type": "object", "required": ["prompt"],
+             "properties": {"prompt": {"type": "string"}}},
+            {"tokens": [1, 2, 3]}, errors),
     }
     # the dataclass types role as str; its values are the protocol's ROLES
     components["ChatMessage"]["properties"]["role"]["enum"] = list(ROLES)
     _add_value_rules(components)
     return components, extras
+
+
+def _token_route(request: dict, response: dict, example: dict, errors: dict) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {
+                "schema": request, "example": example}}},
+            "responses": {"200": {"description": "OK", "content": {"application/json": {
+                "schema": response}}}, **errors}}
 
 
 def _add_value_rules(components: dict[str, dict]) -> None:
@@ -82,7 +123,11 @@ def _add_value_rules(components: dict[str, dict]) -> None:
               "temperature": {"minimum": 0, "maximum": 2},
               "top_p": {"exclusiveMinimum": 0, "maximum": 1},
               "top_k": {"minimum": 0, "maximum": INT32_MAX},
-              "n": {"minimum": 1, "maximum": MAX_N}}
+              "n": {"minimum": 1, "maximum": MAX_N},
+              "frequency_penalty": {"minimum": -2, "maximum": 2},
+              "presence_penalty": {"minimum": -2, "maximum": 2},
+              "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 10},
+              "min_p": {"minimum": 0, "maximum": 1}}
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         props = components[name]["properties"]
         for field_name, rule in ranges.items():
@@ -90,6 +135,25 @@ def _add_value_rules(components: dict[str, dict]) -> None:
                 if option.get("type") in ("integer", "number"):
                     option.update(rule)
     components["ChatCompletionRequest"]["properties"]["messages"]["minItems"] = 1
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        props = components[name]["properties"]
+        props["logit_bias"] = {"anyOf": [{"type": "object", "maxProperties": 1024,
+                                          "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                                          "additionalProperties": {"type": "number",
+                                                                   "minimum": -100,
+                                                                   "maximum": 100}},
+                                         {"type": "null"}],
+                               "description": "token id -> bias added to its logit"}
+        props["response_format"] = {"anyOf": [_RESPONSE_FORMAT, {"type": "null"}]}
+    chat = components["ChatCompletionRequest"]["properties"]
+    chat["logprobs"] = {"anyOf": [{"type": "boolean"}, {"type": "null"}]}
+    chat["top_logprobs"] = {"anyOf": [{"type": "integer", "minimum": 0,
+                                       "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}],
+                            "description": "needs logprobs: true"}
+    components["CompletionRequest"]["properties"]["logprobs"] = {
+        "anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+                  {"type": "null"}], "description": "how many most likely tokens to list"}
+
     tokens = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
     components["CompletionRequest"]["properties"]["prompt"] = {
         "anyOf": [{"type": "string", "minLength": 1}, tokens,

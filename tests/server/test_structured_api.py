@@ -1,0 +1,110 @@
+"""Structured output, logprobs and the token routes through ``wick serve``'s REST API with the
+official ``openai`` client (tiny random Llamas on lavapipe): outputs validated by ``jsonschema``
+and pydantic, token ids against HF ``tokenizers``."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+from tokenizers import Tokenizer
+
+from tests.server.conftest import HELLO, assert_openai_error, post
+
+SCHEMA = {"type": "object", "properties": {
+    "ok": {"type": "boolean"}, "size": {"enum": ["S", "M", "L"]},
+    "count": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["ok", "size", "count"]}
+
+
+class Shirt(BaseModel):
+    size: Literal["S", "M", "L"]
+    in_stock: bool
+    price: int = Field(ge=1, le=500)
+
+
+def test_json_schema_through_the_openai_client(client, names):
+    r = client.chat.completions.create(
+        model=names[0], messages=HELLO, max_tokens=64, temperature=0.8, seed=5, n=2,
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "thing", "schema": SCHEMA, "strict": True}})
+    for choice in r.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_parse_with_a_pydantic_model(client, names):
+    parse = getattr(getattr(client, "beta", client).chat.completions, "parse", None) or \
+        client.chat.completions.parse
+    r = parse(model=names[0], messages=HELLO, max_tokens=64, temperature=0,
+              response_format=Shirt)
+    shirt = r.choices[0].message.parsed
+    assert isinstance(shirt, Shirt) and 1 <= shirt.price <= 500
+    assert Shirt.model_validate_json(r.choices[0].message.content) == shirt
+
+
+def test_streamed_logprobs_and_choices_join(client, names):
+    kw = dict(model=names[0], messages=HELLO, max_tokens=6, temperature=1.0, seed=7, n=3,
+              logprobs=True, top_logprobs=4, frequency_penalty=0.5, presence_penalty=0.3,
+              logit_bias={"17": -100})
+    whole = client.chat.completions.create(**kw)
+    stream = client.chat.completions.create(**kw, stream=True)
+    texts, lps = ["", "", ""], [[], [], []]
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.logprobs and c.logprobs.content:
+                lps[c.index] += [e.logprob for e in c.logprobs.content]
+    for i, choice in enumerate(whole.choices):  # seeded: the stream repeats the whole reply
+        assert texts[i] == choice.message.content
+        assert lps[i] == [e.logprob for e in choice.logprobs.content]
+        assert len(lps[i]) == whole.usage.completion_tokens // 3 or choice.finish_reason == "stop"
+        for e in choice.logprobs.content:
+            assert len(e.top_logprobs) == 4 and e.logprob <= e.top_logprobs[0].logprob + 1e-5
+            assert e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob
+    assert len({c.message.content for c in whole.choices}) > 1
+
+
+def test_grammar_errors_through_the_client(client, names):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=names[0], messages=HELLO, max_tokens=4,
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "x", "schema": {"type": "nope"}}})
+    assert (e.value.body["param"], e.value.body["code"]) == (
+        "response_format.json_schema.schema", "invalid_json_schema")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=names[0], prompt="x", max_tokens=4,
+                                  extra_body={"response_format": {"type": "grammar",
+                                                                  "grammar": "root ::= ("}})
+    assert e.value.body["code"] == "invalid_grammar"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=names[0], messages=HELLO, max_tokens=4,
+                                       logprobs=True, top_logprobs=21)
+    assert e.value.body["param"] == "top_logprobs"
+
+
+def test_tokenize_and_detokenize(server, engine, names, tiny_a):
+    hf = Tokenizer.from_file(str(tiny_a / "tokenizer.json"))
+    r = post(server, "/tokenize", {"model": names[0], "prompt": "Hello, wick!"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == hf.encode("Hello, wick!", add_special_tokens=False).ids
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 128
+    r = post(server, "/tokenize", {"messages": HELLO}).json()
+    chat = engine.core.chat_prompt_ids([{"role": "user", "content": "hello there"}])
+    assert r["tokens"] == chat and hf.decode(chat, skip_special_tokens=False).startswith(
+        "<|im_start|>user\nhello there<|im_end|>")
+    r = post(server, "/detokenize", {"model": names[0], "tokens": chat}).json()
+    assert r == {"prompt": hf.decode(chat, skip_special_tokens=False)}
+    assert_openai_error(post(server, "/detokenize", {"tokens": [10**6]}), 400, param="tokens",
+                        code="invalid_value")
+    assert_openai_error(post(server, "/tokenize", {"prompt": "a", "messages": HELLO}), 400,
+                        param="prompt")
+    assert_openai_error(post(server, "/tokenize", {"text": "a"}), 400, param="text",
+                        code="unknown_parameter")
+    assert_openai_error(post(server, "/tokenize", {"model": "nope", "prompt": "a"}), 404,
+                        param="model")
