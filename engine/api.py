@@ -42,7 +42,7 @@ from .errors import (
     UnsupportedParameterError,
     WickError,
 )
-from .grammar import CompiledGrammar, response_format_spec
+from .grammar import CompiledGrammar, GrammarSpec, response_format_spec
 from .model_info import ModelInfo
 from .protocol import (
     ChatCompletion,
@@ -84,6 +84,7 @@ class _Prepared:
     include_usage: bool
     stream: bool
     grammar: CompiledGrammar | None = None
+    grammar_spec: GrammarSpec | None = None  # compiled later when the backend is async
 
 
 @dataclass(slots=True)
@@ -161,16 +162,21 @@ class _Frontend:
             top_logprobs=max(req.num_logprobs, 0),
         )
 
-    def _grammar(self, req: SamplingFields) -> CompiledGrammar | None:
-        """The compiled grammar of the request's response format (cached per spec)."""
+    def _grammar(self, req: SamplingFields) -> tuple[CompiledGrammar | None, GrammarSpec | None]:
+        """The request's response format: compiled now (cached per spec), or only its spec
+        when the backend compiles asynchronously (``compile_async``: the browser's wasm
+        xgrammar, awaited by the async facade)."""
         spec = response_format_spec(req.response_format)
         if spec is None:
-            return None
-        if self.core.grammar is None:
+            return None, None
+        backend = self.core.grammar
+        if backend is None:
             raise UnsupportedParameterError(
                 "response_format", "Structured output is not available in this engine: it was "
                 "created without a grammar backend.")
-        return self.core.grammar.compile(spec)
+        if hasattr(backend, "compile_async"):
+            return None, spec
+        return backend.compile(spec), spec
 
     def _prepare(self, kind: str, kwargs: dict[str, Any]) -> _Prepared:
         """Validate, render the chat template and tokenize. Reads the model's info and the
@@ -189,7 +195,7 @@ class _Frontend:
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
-                         req.stream, self._grammar(req))
+                         req.stream, *self._grammar(req))
 
     # -- /tokenize and /detokenize (as vLLM's and llama.cpp's servers) -------------------------
 
@@ -269,6 +275,9 @@ class _Frontend:
 
     def _add(self, prep: _Prepared) -> _Submitted:
         """Queue a prepared request in the core (on the step loop's thread)."""
+        if prep.grammar_spec is not None and prep.grammar is None:
+            raise WickError("this request's grammar must be compiled with compile_async "
+                            "first (use AsyncEngineAPI)", code="runner_contract")
         rid = self.core.add_request(prep.prompt_ids, prep.params, n=prep.n,
                                     prompt_param=prep.prompt_param, grammar=prep.grammar)
         return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage,
@@ -600,6 +609,8 @@ class AsyncEngineAPI(_Frontend):
 
     async def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
         prep = await self.prepare_off_loop(lambda: self._prepare(kind, kwargs))
+        if prep.grammar_spec is not None and prep.grammar is None:
+            prep.grammar = await self.core.grammar.compile_async(prep.grammar_spec)
         sub = self._add(prep)
         self._queues[sub.request_id] = asyncio.Queue()
         self._ensure_loop()
@@ -659,6 +670,8 @@ class AsyncEngineAPI(_Frontend):
             try:
                 state = core.begin_step()
                 tokens: list[int] = []
+                if core.needs_async_masks(state.batch):
+                    await core.fill_masks_async(state.batch)
                 if state.batch is not None:
                     if step_async is not None:
                         tokens = await step_async(state.batch)

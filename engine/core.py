@@ -305,12 +305,17 @@ class EngineCore:
         """One engine step: schedule -> runner.step -> postprocess."""
         state = self.begin_step()
         tokens: list[int] = []
+        if self.needs_async_masks(state.batch):
+            raise WickError("a grammar matcher answers asynchronously; drive this engine with "
+                            "AsyncEngineAPI", code="runner_contract")
         if state.batch is not None:
             tokens = self.runner.step(state.batch)
         return self.finish_step(state, tokens)
 
     def begin_step(self) -> StepState:
-        """Apply pending aborts and schedule. Then run ``state.batch`` (if any) on the runner."""
+        """Apply pending aborts, schedule, and fill the grammar masks of matchers that answer
+        at once. Then (after ``fill_masks_async`` when ``needs_async_masks``) run
+        ``state.batch`` (if any) on the runner."""
         started = self._clock()
         outputs = self._apply_aborts()
         batch = self.scheduler.schedule()
@@ -319,7 +324,26 @@ class EngineCore:
                 req = self._requests[self._seqs[sid].request_id]
                 if req.first_scheduled is None:
                     req.first_scheduled = started
+            for row, matcher in self._matchers(batch):
+                if not hasattr(matcher, "next_token_bitmask_async"):
+                    row.mask = matcher.next_token_bitmask()
         return StepState(batch, outputs, started, self._clock() - started)
+
+    def _matchers(self, batch: Batch):
+        """(sampling row, grammar matcher) of every row whose sequence follows a grammar."""
+        for index, row in zip(batch.sample_rows, batch.sampling):
+            matcher = self._seqs[batch.seq_ids[index]].matcher
+            if matcher is not None:
+                yield row, matcher
+
+    def needs_async_masks(self, batch: Batch | None) -> bool:
+        return batch is not None and any(row.mask is None for row, _ in self._matchers(batch))
+
+    async def fill_masks_async(self, batch: Batch) -> None:
+        """The masks of matchers that answer with a promise (xgrammar's wasm build)."""
+        for row, matcher in self._matchers(batch):
+            if row.mask is None:
+                row.mask = await matcher.next_token_bitmask_async()
 
     def finish_step(self, state: StepState, tokens: Seq[int]) -> list[SequenceOutput]:
         """Postprocess the runner's sampled tokens (one per ``batch.sample_rows`` entry)."""

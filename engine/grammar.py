@@ -65,7 +65,9 @@ class GrammarSpec:
 
 
 class GrammarMatcher(Protocol):
-    """One sequence's position in a compiled grammar."""
+    """One sequence's position in a compiled grammar. A matcher whose library answers with a
+    promise (the wasm build) offers ``async next_token_bitmask_async()`` instead of
+    ``next_token_bitmask``; the async facade awaits it before each step."""
 
     def next_token_bitmask(self) -> bytes:
         """Allowed next tokens: ceil(vocab_size / 32) little-endian int32 words, bit ``i % 32``
@@ -83,6 +85,8 @@ class CompiledGrammar(Protocol):
 
 
 class GrammarBackend(Protocol):
+    """Compiles specs: ``compile(spec)``, or (the wasm build) ``async compile_async(spec)``."""
+
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Compile (or fetch from the cache); raises ``InvalidRequestError`` with
         ``spec.param`` and code ``invalid_json_schema`` / ``invalid_grammar`` when the spec

@@ -165,8 +165,7 @@ class Sequence:
         return SamplingRow(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, uniform=self.rng.random(),
             min_p=p.min_p,
-            mask=self.matcher.next_token_bitmask() if self.matcher is not None else None,
-            adjust=adjust,
+            adjust=adjust,  # the grammar's mask: filled by the core (EngineCore.fill_masks)
             num_top_logprobs=p.top_logprobs if p.logprobs else -1,
         )
 

@@ -90,6 +90,13 @@ def _pending_utf8(context: Sequence[int]) -> bytes:
 
 
 def fake_next_token(context: Sequence[int], row: SamplingRow, eos_id: int | None) -> int:
+    if row.mask is not None:  # a grammar: the best-scoring allowed id
+        words = array.array("i")
+        words.frombytes(row.mask)
+        allowed = [i for i in range(32 * len(words)) if words[i // 32] >> (i % 32) & 1]
+        assert allowed, "a grammar mask that allows nothing"
+        key = array.array("H", context).tobytes()
+        return max(allowed, key=lambda i: (zlib.crc32(key + i.to_bytes(2, "little")), -i))
     pending = _pending_utf8(context)
     if pending:  # finish the character the model started
         for unit in UNITS:
@@ -172,3 +179,73 @@ class AsyncFakeRunner(FakeRunner):
         self.async_calls += 1
         await asyncio.sleep(0)
         return self.step(batch)
+
+
+class LiteralGrammar:
+    """A fake grammar backend for ``root ::= "<text>"``: the matcher allows the next byte of
+    the text, then only ``eos_id``. ``asynchronous=True`` gives it the wasm build's shape
+    (``compile_async``, ``next_token_bitmask_async``)."""
+
+    def __init__(self, vocab_size: int, eos_id: int, asynchronous: bool = False) -> None:
+        self.vocab_size, self.eos_id = vocab_size, eos_id
+        self.compiled: list[str] = []
+        if asynchronous:
+            self.compile_async = self._compile_async
+
+    def compile(self, spec):
+        from wick.engine.grammar import compile_error
+
+        prefix = 'root ::= "'
+        if spec.kind != "ebnf" or not spec.source.startswith(prefix) or \
+                not spec.source.endswith('"'):
+            raise compile_error(spec, f"[12:00:00] fake.cc:1: cannot parse {spec.source!r}")
+        self.compiled.append(spec.source)
+        return _LiteralCompiled(self, spec.source[len(prefix):-1].encode(),
+                                hasattr(self, "compile_async"))
+
+    async def _compile_async(self, spec):
+        import asyncio
+
+        await asyncio.sleep(0)
+        return self.compile(spec)
+
+
+class _LiteralCompiled:
+    def __init__(self, backend, text: bytes, asynchronous: bool) -> None:
+        self.backend, self.text, self.asynchronous = backend, text, asynchronous
+
+    def matcher(self):
+        return _LiteralMatcherAsync(self) if self.asynchronous else _LiteralMatcher(self)
+
+
+class _LiteralMatcher:
+    def __init__(self, compiled) -> None:
+        self.c, self.pos, self.done = compiled, 0, False
+
+    def next_token_bitmask(self) -> bytes:
+        words = array.array("i", [0] * ((self.c.backend.vocab_size + 31) // 32))
+        t = self.c.text[self.pos] if self.pos < len(self.c.text) else self.c.backend.eos_id
+        words[t // 32] |= 1 << (t % 32)
+        return words.tobytes()
+
+    def accept(self, token: int) -> bool:
+        if self.pos < len(self.c.text) and token == self.c.text[self.pos]:
+            self.pos += 1
+            return True
+        if self.pos == len(self.c.text) and token == self.c.backend.eos_id:
+            self.done = True
+            return True
+        return False
+
+    def is_terminated(self) -> bool:
+        return self.done
+
+
+class _LiteralMatcherAsync(_LiteralMatcher):
+    next_token_bitmask = None  # only the awaitable form, as the wasm build
+
+    async def next_token_bitmask_async(self) -> bytes:
+        import asyncio
+
+        await asyncio.sleep(0)
+        return _LiteralMatcher.next_token_bitmask(self)

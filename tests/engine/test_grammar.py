@@ -68,3 +68,52 @@ def test_logit_adjustments_fold_every_rule_once():
     assert logit_adjustments(SamplingParams(), frozenset([1]), {2: 1}) == []
     with pytest.raises(ValueError):
         SamplingParams(top_logprobs=21)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine driving a grammar backend (a fake one: engine_fakes.LiteralGrammar), sync and async
+
+
+def _apis(asynchronous: bool):
+    from engine_fakes import IM_END, AsyncFakeRunner, ByteTokenizer, LiteralGrammar, make_info
+
+    from wick.engine import AsyncEngineAPI, EngineAPI
+    from wick.engine.core import EngineCore
+
+    info = make_info()
+    grammar = LiteralGrammar(info.vocab_size, IM_END, asynchronous)
+    core = EngineCore(AsyncFakeRunner(64, info.page_size), ByteTokenizer(), info, num_pages=64,
+                      grammar=grammar)
+    return EngineAPI(core), AsyncEngineAPI(core), grammar
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_grammar_forces_the_output_and_ends_with_stop(asynchronous):
+    import asyncio
+
+    sync_api, async_api, grammar = _apis(asynchronous)
+    fmt = {"type": "grammar", "grammar": 'root ::= "si, claro"'}
+
+    async def two():
+        return await asyncio.gather(*(async_api.chat.completions.create(
+            messages=[{"role": "user", "content": f"q{i}"}], response_format=fmt, n=2,
+            temperature=1.0, seed=i) for i in range(2)))
+
+    for r in asyncio.run(two()):
+        assert [c.message.content for c in r.choices] == ["si, claro"] * 2
+        assert {c.finish_reason for c in r.choices} == {"stop"}
+        assert r.usage.completion_tokens == 2 * (len("si, claro") + 1)  # + the stop token
+    if asynchronous:  # the sync facade cannot await the wasm build's promises
+        with pytest.raises(Exception, match="AsyncEngineAPI"):
+            sync_api.chat.completions.create(messages=[{"role": "user", "content": "x"}],
+                                             response_format=fmt)
+    else:
+        r = sync_api.completions.create(prompt="x", response_format=fmt, max_tokens=4)
+        assert (r.choices[0].text, r.choices[0].finish_reason) == ("si, ", "length")
+    with pytest.raises(Exception) as e:
+        asyncio.run(async_api.chat.completions.create(
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "grammar", "grammar": "root ::= ("}))
+    assert (e.value.param, e.value.code) == ("response_format.grammar", "invalid_grammar")
+    assert e.value.message == "Invalid grammar: cannot parse 'root ::= ('"
+    assert not async_api.core.has_unfinished()
