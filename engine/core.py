@@ -9,6 +9,7 @@ calling ``step()`` until its request is done, the async one from one background 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 import uuid
@@ -81,6 +82,10 @@ class EngineStats:
     last_step_runner_ms: float = 0.0
     total_host_ms: float = 0.0
     max_batch_seen: int = 0  # most sequences in one step so far
+    grammar_masks: int = 0  # grammar bitmasks applied so far
+    # sha256 over every mask applied, in order: two engines that constrained the same requests
+    # the same way (the server and the browser worker) show the same digest
+    grammar_mask_digest: str = ""
 
     @property
     def mean_step_host_ms(self) -> float:
@@ -149,6 +154,7 @@ class EngineCore:
             separate_prefill=batch_invariant,
         )
         self.stats = EngineStats()
+        self._mask_hash = hashlib.sha256()
         self._clock = clock
         self._seq_ids = itertools.count()
         self._requests: dict[str, _Request] = {}  # unfinished only
@@ -326,8 +332,14 @@ class EngineCore:
                     req.first_scheduled = started
             for row, matcher in self._matchers(batch):
                 if not hasattr(matcher, "next_token_bitmask_async"):
-                    row.mask = matcher.next_token_bitmask()
+                    self._set_mask(row, matcher.next_token_bitmask())
         return StepState(batch, outputs, started, self._clock() - started)
+
+    def _set_mask(self, row, mask: bytes) -> None:
+        row.mask = mask
+        self._mask_hash.update(mask)
+        self.stats.grammar_masks += 1
+        self.stats.grammar_mask_digest = self._mask_hash.hexdigest()
 
     def _matchers(self, batch: Batch):
         """(sampling row, grammar matcher) of every row whose sequence follows a grammar."""
@@ -343,7 +355,7 @@ class EngineCore:
         """The masks of matchers that answer with a promise (xgrammar's wasm build)."""
         for row, matcher in self._matchers(batch):
             if row.mask is None:
-                row.mask = await matcher.next_token_bitmask_async()
+                self._set_mask(row, await matcher.next_token_bitmask_async())
 
     def finish_step(self, state: StepState, tokens: Seq[int]) -> list[SequenceOutput]:
         """Postprocess the runner's sampled tokens (one per ``batch.sample_rows`` entry)."""
@@ -431,6 +443,9 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish(reason)
+        close = getattr(seq.matcher, "close", None)
+        if close is not None:  # a wasm matcher holds memory outside Python's reach
+            close()
         self.scheduler.remove(seq)
         del self._seqs[seq.seq_id]
         req = self._requests[seq.request_id]

@@ -93,7 +93,8 @@ class GrammarBackend(Protocol):
         is not valid."""
 
 
-_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+# natively "[12:11:34] /project/cpp/x.cc:902: ", in wasm "[FATAL] /Users/.../x.cc:902: "
+_LOG_PREFIX = re.compile(r"^\[(?:[\d:]+|FATAL)\] \S+:\d+: ")
 
 
 def compile_error(spec: GrammarSpec, detail: str) -> InvalidRequestError:
@@ -109,29 +110,33 @@ def compile_error(spec: GrammarSpec, detail: str) -> InvalidRequestError:
 
 
 class GrammarCache:
-    """Compiled grammars by spec, least recently used dropped past ``capacity``. The backends
-    put this in front of their compiler: compiling a schema costs milliseconds to seconds,
-    matching against it microseconds."""
+    """Compiled grammars by spec, least recently used dropped past ``capacity`` (and handed to
+    ``on_evict``, e.g. to free wasm memory). Both backends put this in front of their
+    compiler: compiling a schema costs milliseconds to seconds, matching microseconds."""
 
-    def __init__(self, compile_fn, capacity: int = 64) -> None:
-        self._compile = compile_fn
+    def __init__(self, capacity: int = 64, on_evict=None) -> None:
         self._capacity = capacity
+        self._on_evict = on_evict
         self._items: dict[tuple[str, str], CompiledGrammar] = {}
         self.hits = 0
         self.misses = 0
 
-    def get(self, spec: GrammarSpec) -> CompiledGrammar:
-        key = (spec.kind, spec.source)
-        hit = self._items.pop(key, None)
-        if hit is not None:
-            self.hits += 1
-        else:
+    def get(self, spec: GrammarSpec) -> CompiledGrammar | None:
+        hit = self._items.pop((spec.kind, spec.source), None)
+        if hit is None:
             self.misses += 1
-            hit = self._compile(spec)
-        self._items[key] = hit  # most recent last
-        while len(self._items) > self._capacity:
-            self._items.pop(next(iter(self._items)))
+            return None
+        self.hits += 1
+        self._items[(spec.kind, spec.source)] = hit  # most recent last
         return hit
+
+    def put(self, spec: GrammarSpec, compiled: CompiledGrammar) -> CompiledGrammar:
+        self._items[(spec.kind, spec.source)] = compiled
+        while len(self._items) > self._capacity:
+            evicted = self._items.pop(next(iter(self._items)))
+            if self._on_evict is not None:
+                self._on_evict(evicted)
+        return compiled
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,12 +87,12 @@ class XGrammarBackend:
                                   list(stop_token_ids), vocab.add_prefix_space)
         self._compiler = core.GrammarCompiler(info, 8, True, -1)
         self._words = (vocab_size + 31) // 32
-        self._cache = GrammarCache(self._compile)
+        self._cache = GrammarCache()
         self._lock = threading.Lock()  # requests are prepared on worker threads
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         with self._lock:
-            return self._cache.get(spec)
+            return self._cache.get(spec) or self._cache.put(spec, self._compile(spec))
 
     def _compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         try:

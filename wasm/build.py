@@ -12,6 +12,8 @@ Writes, each under a content-hashed name (immutable, cacheable forever):
   (it falls back to pure Python);
 - ``pyodide-<hash>/``: Pyodide's runtime from the npm package (no CDN);
 - ``web-tokenizers-<hash>.js``: ``@mlc-ai/web-tokenizers`` (HF tokenizers in wasm, embedded);
+- ``web-xgrammar-<hash>.js``: ``@mlc-ai/web-xgrammar`` (xgrammar in wasm, embedded; imported by
+  the worker on the first request with a grammar);
 
 and ``manifest.json`` (not hashed, served no-cache) naming them. The worker reads the manifest.
 """
@@ -141,6 +143,10 @@ def build(out: Path, node_modules: Path) -> dict:
     tname = f"web-tokenizers-{_digest(tok)[:16]}.js"
     (out / tname).write_bytes(tok)
     manifest["tokenizers"] = tname
+    xgr = (node_modules / "@mlc-ai" / "web-xgrammar" / "lib" / "index.js").read_bytes()
+    xname = f"web-xgrammar-{_digest(xgr)[:16]}.js"
+    (out / xname).write_bytes(xgr)
+    manifest["xgrammar"] = xname
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 

@@ -52,12 +52,15 @@ def test_response_format_specs():
 
 
 def test_grammar_cache_is_lru():
-    built = []
-    cache = GrammarCache(lambda spec: built.append(spec.source) or spec.source, capacity=2)
+    built, evicted = [], []
+    cache = GrammarCache(capacity=2, on_evict=evicted.append)
     for source in ["a", "b", "a", "c", "b", "a"]:
-        assert cache.get(GrammarSpec("ebnf", source)) == source
-    # a, b, (a hit), c evicts b, b evicts a, a again
+        spec = GrammarSpec("ebnf", source)
+        got = cache.get(spec) or cache.put(spec, built.append(source) or source.upper())
+        assert got == source.upper()
+    # a, b, (a hit), c evicts b, b evicts a, a again (evicts c)
     assert built == ["a", "b", "c", "b", "a"] and (cache.hits, cache.misses) == (1, 5)
+    assert evicted == ["B", "A", "C"]
 
 
 def test_logit_adjustments_fold_every_rule_once():

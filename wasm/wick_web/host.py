@@ -22,6 +22,7 @@ from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
 from wick.engine.runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
 
 from .backend import WebGPUBackend
+from .grammar import WebGrammarBackend
 from .tokenizer import WebTokenizer
 
 def error_payload(e: BaseException) -> str:
@@ -50,6 +51,12 @@ class Host:
         except Exception as e:
             raise RuntimeError(error_payload(e)) from None
 
+    def grammar_json(self) -> str:
+        """How many grammar masks were applied so far and the digest over all of them (the
+        native engine's ``stats`` has the same two numbers for the same requests)."""
+        stats = self.api.core.stats
+        return json.dumps({"masks": stats.grammar_masks, "digest": stats.grammar_mask_digest})
+
     def info_json(self) -> str:
         """The model, the device and host-side step timings: the last step's and the sums over
         all steps, split into the Python engine (scheduling, postprocessing), building the
@@ -65,7 +72,8 @@ class Host:
                            "totals": {"steps": t.steps, "engine_ms": stats.total_host_ms,
                                       "plan_ms": t.plan_ms_total, "backend_ms": t.backend_ms_total,
                                       "js_encode_ms": float(self.backend.js_encode_ms),
-                                      "device_wait_ms": float(self.backend.device_wait_ms)}})
+                                      "device_wait_ms": float(self.backend.device_wait_ms)},
+                           "grammar": json.loads(self.grammar_json())})
 
     def start(self, rid: int, kind: str, body_json: str) -> None:
         self._tasks[rid] = asyncio.ensure_future(self._run(rid, kind, body_json))
@@ -111,21 +119,23 @@ class Host:
 
 
 async def load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-               kv_cache_bytes: int = 0) -> Host:
+               kv_cache_bytes: int = 0, create_grammar: Any = None) -> Host:
     """``get_file(path)`` -> Uint8Array | None of the (already verified) small artifact files
     (tokenizer, kernels). The weight buffers are only allocated: the caller fills them as
-    ``Host.placements_json()`` says, then awaits ``Host.ready()``.
+    ``Host.placements_json()`` says, then awaits ``Host.ready()``. ``create_grammar``: the
+    factory of web/src/grammar.ts (None: structured output is refused with a 400).
 
     A failure raises RuntimeError whose message is the error payload's JSON (the worker
     rebuilds the typed JS error from it)."""
     try:
-        return await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes)
+        return await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes,
+                           create_grammar)
     except Exception as e:
         raise RuntimeError(error_payload(e)) from None
 
 
 async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-                kv_cache_bytes: int) -> Host:
+                kv_cache_bytes: int, create_grammar: Any) -> Host:
 
     def read(path: str) -> bytes:
         data = get_file(path)
@@ -145,5 +155,7 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
     tokenizer = WebTokenizer(js_tokenizer, tokenizer_json)
     info = ModelInfo.from_manifest(art.manifest)
     vocab = VocabInfo.from_tokenizer_json(tokenizer_json, info.vocab_size)
-    core = EngineCore(runner, tokenizer, info, num_pages=pages, vocab=vocab)
+    grammar = (WebGrammarBackend(create_grammar, vocab, info.vocab_size, info.eos_token_ids)
+               if create_grammar is not None else None)
+    core = EngineCore(runner, tokenizer, info, num_pages=pages, vocab=vocab, grammar=grammar)
     return Host(AsyncEngineAPI(core), backend, post)

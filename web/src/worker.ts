@@ -11,6 +11,7 @@ import { Executor } from "./executor.js";
 import {
   ErrorPayload, WickError, missingFeature, modelNotFound, payload,
 } from "./errors.js";
+import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
@@ -47,7 +48,10 @@ interface WasmManifest {
   wheels: { file: string; sha256: string }[];
   pyodide: string;
   tokenizers: string;
+  xgrammar: string;
 }
+
+let xgrammarUrl = ""; // web-xgrammar's bundle, imported on the first request with a grammar
 
 async function boot(base: string, progress: (p: Progress) => void): Promise<void> {
   if (pyodide) return;
@@ -55,6 +59,7 @@ async function boot(base: string, progress: (p: Progress) => void): Promise<void
   const man = (await (await fetchOk(`${wasm}manifest.json`, "wasm manifest", { cache: "no-cache" })).json()) as WasmManifest;
   progress({ stage: "boot", loaded: 0, total: 3, text: "starting Python (Pyodide)" });
   const tokLib = import(/* webpackIgnore: true */ `${wasm}${man.tokenizers}`);
+  xgrammarUrl = `${wasm}${man.xgrammar}`;
   const { loadPyodide } = await import(/* webpackIgnore: true */ `${wasm}${man.pyodide}pyodide.mjs`);
   const py = await loadPyodide({ indexURL: `${wasm}${man.pyodide}`, fullStdLib: false });
   progress({ stage: "boot", loaded: 1, total: 3, text: "installing the wick engine" });
@@ -189,8 +194,10 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
     const mod = pyodide.pyimport("wick_web.host");
     try {
       // kernels compiled, weight buffers allocated (empty), tokenizer and engine built
+      const grammar = (vocab: string[], type: number, prefix: boolean, size: number, stops: number[]) =>
+        createGrammar(xgrammarUrl, vocab, type, prefix, size, stops);
       host = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
-        msg.kvCacheBytes ?? 0);
+        msg.kvCacheBytes ?? 0, grammar);
     } catch (e) {
       throw new Failure(pythonError(e));
     } finally {
