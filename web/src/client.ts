@@ -40,13 +40,41 @@ export interface SamplingParams {
   seed?: number | null;
   ignore_eos?: boolean;
   stream_options?: { include_usage?: boolean } | null;
+  frequency_penalty?: number | null;
+  presence_penalty?: number | null;
+  /** token id (as a string) -> bias in [-100, 100] added to its logit */
+  logit_bias?: Record<string, number> | null;
+  /** wick extension (as vLLM): > 1 discourages tokens already in the prompt or output */
+  repetition_penalty?: number | null;
+  /** wick extension (as vLLM): keep tokens with p >= min_p * max p */
+  min_p?: number | null;
+  response_format?: ResponseFormat | null;
   [key: string]: unknown;
 }
+/** OpenAI's response formats, and wick's `grammar` (xgrammar EBNF with a `root` rule). */
+export type ResponseFormat =
+  | { type: "text" }
+  | { type: "json_object" }
+  | { type: "json_schema"; json_schema: { name: string; schema?: Record<string, unknown>;
+      strict?: boolean | null; description?: string } }
+  | { type: "grammar"; grammar: string };
 export interface ChatCompletionCreateParamsBase extends SamplingParams {
   messages: ChatCompletionMessageParam[];
+  logprobs?: boolean | null;
+  /** 0-20, needs logprobs: true */
+  top_logprobs?: number | null;
 }
 export interface CompletionCreateParamsBase extends SamplingParams {
   prompt: string | number[];
+  /** legacy shape: how many most likely tokens to list beside each sampled one (0-20) */
+  logprobs?: number | null;
+}
+export interface TopLogprob { token: string; logprob: number; bytes: number[] | null }
+export interface ChatCompletionTokenLogprob extends TopLogprob { top_logprobs: TopLogprob[] }
+export interface ChoiceLogprobs { content: ChatCompletionTokenLogprob[] | null; refusal: null }
+export interface CompletionLogprobs {
+  tokens: string[]; token_logprobs: number[]; top_logprobs: Record<string, number>[];
+  text_offset: number[];
 }
 export interface CompletionUsage { prompt_tokens: number; completion_tokens: number; total_tokens: number }
 export interface ChatCompletion {
@@ -54,7 +82,7 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: number; message: { role: "assistant"; content: string | null }; finish_reason: string | null; logprobs: null }[];
+  choices: { index: number; message: { role: "assistant"; content: string | null }; finish_reason: string | null; logprobs: ChoiceLogprobs | null }[];
   usage?: CompletionUsage;
 }
 export interface ChatCompletionChunk {
@@ -62,7 +90,7 @@ export interface ChatCompletionChunk {
   object: "chat.completion.chunk";
   created: number;
   model: string;
-  choices: { index: number; delta: { role?: "assistant"; content?: string | null }; finish_reason: string | null; logprobs?: null }[];
+  choices: { index: number; delta: { role?: "assistant"; content?: string | null }; finish_reason: string | null; logprobs?: ChoiceLogprobs | null }[];
   usage?: CompletionUsage | null;
 }
 export interface Completion {
@@ -70,7 +98,7 @@ export interface Completion {
   object: "text_completion";
   created: number;
   model: string;
-  choices: { index: number; text: string; finish_reason: string | null; logprobs: null }[];
+  choices: { index: number; text: string; finish_reason: string | null; logprobs: CompletionLogprobs | null }[];
   usage?: CompletionUsage | null;
 }
 export interface RequestOptions { signal?: AbortSignal }
@@ -100,6 +128,9 @@ export interface EngineStats {
   last_step: { plan_ms: number; backend_ms: number; engine_ms: number };
   totals: { steps: number; engine_ms: number; plan_ms: number; backend_ms: number;
     js_encode_ms: number; device_wait_ms: number };
+  /** grammar bitmasks applied so far, and a sha256 over all of them (the native engine's
+   * stats show the same digest for the same constrained requests) */
+  grammar: { masks: number; digest: string };
 }
 
 type Listener = (m: FromWorker) => void;
