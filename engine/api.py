@@ -26,6 +26,7 @@ characters, which no prompt that fits the window can exceed.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -43,6 +44,14 @@ from .errors import (
     WickError,
 )
 from .grammar import CompiledGrammar, GrammarSpec, response_format_spec
+from .tools import (
+    ToolCall,
+    ToolCallParser,
+    fallback_system_prompt,
+    history_as_text,
+    template_knows_tools,
+    tools_spec_source,
+)
 from .model_info import ModelInfo
 from .protocol import (
     ChatCompletion,
@@ -85,6 +94,7 @@ class _Prepared:
     stream: bool
     grammar: CompiledGrammar | None = None
     grammar_spec: GrammarSpec | None = None  # compiled later when the backend is async
+    tools: bool = False  # the output may hold tool calls (chat with tools, tool_choice != none)
 
 
 @dataclass(slots=True)
@@ -95,6 +105,7 @@ class _Submitted:
     num_prompt_tokens: int
     include_usage: bool
     logprobs: bool = False
+    tools: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -106,10 +117,12 @@ class _Collected:
     finish: list[str | None]
     completion_tokens: list[int]
     logprobs: list[list[SampledToken]]
+    calls: list[ToolCallParser]  # per choice, when the request has tools
 
     @classmethod
     def empty(cls, n: int) -> _Collected:
-        return cls([[] for _ in range(n)], [None] * n, [0] * n, [[] for _ in range(n)])
+        return cls([[] for _ in range(n)], [None] * n, [0] * n, [[] for _ in range(n)],
+                   [ToolCallParser() for _ in range(n)])
 
     def add(self, out: SequenceOutput) -> None:
         self.texts[out.index].append(out.text)
@@ -162,18 +175,19 @@ class _Frontend:
             top_logprobs=max(req.num_logprobs, 0),
         )
 
-    def _grammar(self, req: SamplingFields) -> tuple[CompiledGrammar | None, GrammarSpec | None]:
-        """The request's response format: compiled now (cached per spec), or only its spec
-        when the backend compiles asynchronously (``compile_async``: the browser's wasm
-        xgrammar, awaited by the async facade)."""
-        spec = response_format_spec(req.response_format)
+    def _grammar(self, spec: GrammarSpec | None
+                 ) -> tuple[CompiledGrammar | None, GrammarSpec | None]:
+        """The request's grammar (response format or tool calls): compiled now (cached per
+        spec), or only its spec when the backend compiles asynchronously (``compile_async``:
+        the browser's wasm xgrammar, awaited by the async facade)."""
         if spec is None:
             return None, None
         backend = self.core.grammar
         if backend is None:
+            what = "Tool calls" if spec.kind == "tool_calls" else "Structured output"
             raise UnsupportedParameterError(
-                "response_format", "Structured output is not available in this engine: it was "
-                "created without a grammar backend.")
+                "tools" if spec.kind == "tool_calls" else "response_format",
+                f"{what} need a grammar backend, and this engine was created without one.")
         if hasattr(backend, "compile_async"):
             return None, spec
         return backend.compile(spec), spec
@@ -182,10 +196,11 @@ class _Frontend:
         """Validate, render the chat template and tokenize. Reads the model's info and the
         tokenizer only, so it may run on another thread than the step loop."""
         self._check_size(kind, kwargs)
+        tools = False
         if kind == "chat":
             req: SamplingFields = ChatCompletionRequest.from_dict(kwargs)
             self._check_model(req.model)
-            ids = self.core.chat_prompt_ids([_template_message(m) for m in req.messages])
+            ids, tools = self._chat_prompt(req)
             param = "messages"
         else:
             req = CompletionRequest.from_dict(kwargs)
@@ -194,8 +209,31 @@ class _Frontend:
             # Token ids are used as given (no BOS added): the caller chose them.
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
+        spec = response_format_spec(req.response_format)
+        if tools and (req.tool_choice != "auto" or self.core.grammar is not None):
+            # ("auto" without a grammar backend: the reply is parsed, not constrained)
+            spec = GrammarSpec("tool_calls", tools_spec_source(
+                req.tools, req.tool_choice, req.parallel_tool_calls), param="tools")
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
-                         req.stream, *self._grammar(req))
+                         req.stream, *self._grammar(spec), tools=tools)
+
+    def _chat_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], bool]:
+        """The prompt ids, and whether the reply may call tools. A template that knows tools
+        gets them (and the history's calls) as the model was trained; any other gets wick's
+        system prompt and the history's calls and results as text (engine/tools.py)."""
+        messages = [_template_message(m) for m in req.messages]
+        tools = bool(req.tools) and req.tool_choice != "none"
+        if template_knows_tools(self.core.info.chat_template):
+            extra = {"tools": [t.to_openai() for t in req.tools]} if tools else {}
+            return self.core.chat_prompt_ids(messages, **extra), tools
+        messages = history_as_text(messages)
+        if tools:
+            prompt = fallback_system_prompt(req.tools)
+            if messages and messages[0]["role"] == "system":
+                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}"}
+            else:
+                messages.insert(0, {"role": "system", "content": prompt})
+        return self.core.chat_prompt_ids(messages), tools
 
     # -- /tokenize and /detokenize (as vLLM's and llama.cpp's servers) -------------------------
 
@@ -281,7 +319,7 @@ class _Frontend:
         rid = self.core.add_request(prep.prompt_ids, prep.params, n=prep.n,
                                     prompt_param=prep.prompt_param, grammar=prep.grammar)
         return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage,
-                          prep.params.logprobs)
+                          prep.params.logprobs, prep.tools)
 
     # -- logprobs ---------------------------------------------------------------------------
 
@@ -329,16 +367,19 @@ class _Frontend:
         usage = CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens))
         texts = ["".join(t) for t in col.texts]
         if sub.kind == "chat":
-            return ChatCompletion(
-                id=f"chatcmpl-{sub.request_id}", created=sub.created, model=self.model,
-                choices=[
-                    ChatCompletionChoice(
-                        i, ChatMessage("assistant", texts[i]), col.finish[i],
-                        self._chat_logprobs(col.logprobs[i]) if sub.logprobs else None)
-                    for i in range(sub.n)
-                ],
-                usage=usage,
-            )
+            choices = []
+            for i in range(sub.n):
+                message, finish = ChatMessage("assistant", texts[i]), col.finish[i]
+                if sub.tools:
+                    parser = col.calls[i]
+                    content = parser.push(texts[i])[0] + parser.finish()[0]
+                    message = _with_calls(content, parser.calls)
+                    finish = "tool_calls" if parser.calls and finish == "stop" else finish
+                choices.append(ChatCompletionChoice(
+                    i, message, finish,
+                    self._chat_logprobs(col.logprobs[i]) if sub.logprobs else None))
+            return ChatCompletion(id=f"chatcmpl-{sub.request_id}", created=sub.created,
+                                  model=self.model, choices=choices, usage=usage)
         return Completion(
             id=f"cmpl-{sub.request_id}", created=sub.created, model=self.model,
             choices=[CompletionChoice(
@@ -363,13 +404,25 @@ class _Frontend:
         # held back (a possible stop string, an unfinished UTF-8 character)
         lp = out.logprobs if sub.logprobs else []
         if sub.kind == "chat":
-            if out.text or lp:
+            text, calls, finish = out.text, [], out.finish_reason
+            if sub.tools:  # calls leave the text; each goes out whole once its block closes
+                parser = col.calls[out.index]
+                before = len(parser.calls)
+                text, _ = parser.push(out.text)
+                if finish is not None:
+                    text += parser.finish()[0]
+                    if parser.calls and finish == "stop":
+                        finish = "tool_calls"
+                calls = [{"index": before + j, **c.to_dict()}
+                         for j, c in enumerate(parser.calls[before:])]
+            if text or lp or calls:
                 chunks.append(self._chat_chunk(sub, [ChunkChoice(
-                    out.index, ChoiceDelta(content=out.text), None,
+                    out.index, ChoiceDelta(content=text or None if calls else text,
+                                           tool_calls=calls or None), None,
                     self._chat_logprobs(lp) if lp else None)]))
-            if out.finish_reason is not None:
+            if finish is not None:
                 chunks.append(self._chat_chunk(
-                    sub, [ChunkChoice(out.index, ChoiceDelta(), out.finish_reason)]))
+                    sub, [ChunkChoice(out.index, ChoiceDelta(), finish)]))
         elif out.text or lp or out.finish_reason is not None:
             chunks.append(self._completion_chunk(sub, [CompletionChoice(
                 out.text, out.index, out.finish_reason,
@@ -392,6 +445,15 @@ class _Frontend:
     def _completion_chunk(self, sub: _Submitted, choices: list[CompletionChoice],
                           usage: CompletionUsage | None = None) -> Completion:
         return Completion(f"cmpl-{sub.request_id}", sub.created, self.model, choices, usage)
+
+
+def _with_calls(content: str, calls: list[ToolCall]) -> ChatMessage:
+    """The assistant message of a reply that may hold tool calls (content None when the reply
+    is only calls, as OpenAI's)."""
+    if not calls:
+        return ChatMessage("assistant", content)
+    return ChatMessage("assistant", content if content.strip() else None,
+                       tool_calls=[c.to_dict() for c in calls])
 
 
 def _object_body(body: Any, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -421,7 +483,19 @@ def _template_message(m: ChatMessage) -> dict[str, Any]:
                            "content": m.content}
     if m.name is not None:
         out["name"] = m.name
+    if m.tool_calls:  # templates (as transformers passes them) want the arguments as objects
+        out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _arguments(
+            c["function"]["arguments"])}} for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
     return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class _Namespace:

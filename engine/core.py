@@ -171,11 +171,12 @@ class EngineCore:
         whole KV pool when that is smaller."""
         return min(self.info.context_window, self.kv.capacity_tokens)
 
-    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Render the chat template and tokenize (with the BOS rule of ``prompt_ids``)."""
+    def chat_prompt_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
+        """Render the chat template (with ``template_vars``, e.g. ``tools``) and tokenize
+        (with the BOS rule of ``prompt_ids``)."""
         text = render_chat_template(
             self.info.chat_template, messages, bos_token=self._bos_text, eos_token=self._eos_text,
-            add_generation_prompt=True,
+            add_generation_prompt=True, **template_vars,
         )
         return self.prompt_ids(text)
 

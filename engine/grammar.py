@@ -52,7 +52,8 @@ VOCAB_RAW, VOCAB_BYTE_FALLBACK, VOCAB_BYTE_LEVEL = 0, 1, 2  # xgrammar's VocabTy
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
     """What the output must be: ``kind`` "json" (any JSON object), "json_schema" (``source`` is
-    the schema as JSON text) or "ebnf" (``source`` is xgrammar EBNF with a ``root`` rule).
+    the schema as JSON text), "ebnf" (``source`` is xgrammar EBNF with a ``root`` rule) or
+    "tool_calls" (``source`` from ``tools.tools_spec_source``: compiled as a structural tag).
     ``param`` names the request field a compile error is blamed on."""
 
     kind: str
@@ -60,7 +61,7 @@ class GrammarSpec:
     param: str = "response_format"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("json", "json_schema", "ebnf"):
+        if self.kind not in ("json", "json_schema", "ebnf", "tool_calls"):
             raise ValueError(f"unknown grammar kind {self.kind!r}")
 
 

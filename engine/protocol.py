@@ -14,8 +14,8 @@ from typing import Any, Literal
 from .batch import MAX_TOP_LOGPROBS  # OpenAI's bound (chat); wick allows it for completions too
 from .errors import InvalidRequestError, UnsupportedParameterError
 
-FinishReason = Literal["stop", "length", "abort"]
-FINISH_REASONS = ("stop", "length", "abort")
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+FINISH_REASONS = ("stop", "length", "abort", "tool_calls")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
 
@@ -24,8 +24,6 @@ MAX_STOP_SEQUENCES = 4
 _DEFAULT_ONLY_COMMON: dict[str, tuple[Any, ...]] = {}
 _DEFAULT_ONLY_CHAT: dict[str, tuple[Any, ...]] = {
     **_DEFAULT_ONLY_COMMON,
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),  # without tools, "auto" means "none"
     "functions": (None, []),
     "function_call": (None, "none"),
     "audio": (None,),
@@ -40,7 +38,7 @@ _DEFAULT_ONLY_COMPLETION: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
 }
 # Accepted and ignored: they change nothing about the output.
-_IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
+_IGNORED = ("user", "metadata", "store", "service_tier")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,11 +335,15 @@ def _split_fields(
 
 @dataclass(slots=True)
 class ChatMessage:
-    """One message: in a request (any role) or as a response's ``message`` (assistant)."""
+    """One message: in a request (any role) or as a response's ``message`` (assistant).
+    An assistant message may carry ``tool_calls`` (then ``content`` may be None); a "tool"
+    message answers one of them by ``tool_call_id``."""
 
     role: str
     content: str | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -357,8 +359,8 @@ class ChatMessage:
         if not isinstance(d, dict):
             raise _type_error(where, "an object", d)
         for key in d:
-            if key not in ("role", "content", "name"):
-                if key in ("tool_calls", "tool_call_id", "function_call", "audio", "refusal"):
+            if key not in ("role", "content", "name", "tool_calls", "tool_call_id"):
+                if key in ("function_call", "audio", "refusal"):
                     if d[key] is None:
                         continue
                     raise UnsupportedParameterError(f"{where}.{key}")
@@ -374,13 +376,53 @@ class ChatMessage:
         name = d.get("name")
         if name is not None and not isinstance(name, str):
             raise _type_error(f"{where}.name", "a string", name)
-        return cls(role=role, content=_content_text(d.get("content"), where), name=name)
+        tool_calls = _check_tool_calls(d.get("tool_calls"), f"{where}.tool_calls", role)
+        tool_call_id = d.get("tool_call_id")
+        if role == "tool":
+            if not isinstance(tool_call_id, str):
+                raise InvalidRequestError(
+                    f"Missing required parameter: '{where}.tool_call_id'.",
+                    param=f"{where}.tool_call_id", code="missing_required_parameter")
+        elif tool_call_id is not None:
+            raise _unknown_field(f"{where}.tool_call_id")
+        content = d.get("content")
+        text = None if content is None and tool_calls else _content_text(content, where)
+        return cls(role=role, content=text, name=name, tool_calls=tool_calls,
+                   tool_call_id=tool_call_id)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
+
+
+def _check_tool_calls(value: Any, where: str, role: str) -> list[dict[str, Any]] | None:
+    """An assistant message's earlier calls: ``[{"id", "type": "function", "function":
+    {"name", "arguments": "<JSON text>"}}]``."""
+    if value is None or value == []:
+        return None
+    if role != "assistant":
+        raise _unknown_field(where)
+    if not isinstance(value, list):
+        raise _type_error(where, "an array", value)
+    calls = []
+    for i, c in enumerate(value):
+        w = f"{where}[{i}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                not isinstance(fn.get("arguments"), str):
+            raise InvalidRequestError(
+                f"Invalid value for '{w}': expected {{\"id\", \"type\": \"function\", "
+                "\"function\": {\"name\", \"arguments\"}} with string name and arguments.",
+                param=w, code="invalid_value")
+        calls.append({"id": str(c.get("id", "")), "type": "function",
+                      "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+    return calls
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -419,6 +461,9 @@ def _content_text(content: Any, where: str) -> str:
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = field(default_factory=list)
     top_logprobs: int | None = None  # needs logprobs: true
+    tools: list[Any] | None = None  # OpenAI's function tools (checked by engine/tools.py)
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         SamplingFields.__post_init__(self)
@@ -437,11 +482,22 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequestError(
                 "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs",
                 code="invalid_value")
+        _check_bool("parallel_tool_calls", self.parallel_tool_calls)
+        from .tools import parse_tool_choice, parse_tools
+
+        tools = parse_tools(self.tools) if self.tools is not None else []
+        self.tool_choice = parse_tool_choice(self.tool_choice, tools)
+        self.tools = tools or None
+        if self.tools and self.tool_choice != "none" and self.response_format is not None:
+            raise InvalidRequestError(
+                "'response_format' cannot be combined with 'tools' (unless tool_choice is "
+                "'none'): the tool calls have their own format.", param="response_format",
+                code="invalid_value")
 
     @classmethod
     def from_dict(cls, d: Any) -> ChatCompletionRequest:
-        kwargs = _split_fields(d, ("messages", "max_completion_tokens", "top_logprobs"),
-                               _DEFAULT_ONLY_CHAT)
+        kwargs = _split_fields(d, ("messages", "max_completion_tokens", "top_logprobs", "tools",
+                                   "tool_choice", "parallel_tool_calls"), _DEFAULT_ONLY_CHAT)
         if "messages" not in kwargs:
             raise InvalidRequestError(
                 "Missing required parameter: 'messages'.", param="messages",
@@ -618,6 +674,9 @@ class ChatCompletion:
 class ChoiceDelta:
     role: str | None = None  # "assistant" in a choice's first chunk only
     content: str | None = None
+    # whole calls, each with its "index" among the choice's calls (OpenAI streams a call in
+    # pieces joined by index; wick sends each complete, once parsed)
+    tool_calls: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -625,6 +684,8 @@ class ChoiceDelta:
             out["role"] = self.role
         if self.content is not None:
             out["content"] = self.content
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
         return out
 
 

@@ -26,6 +26,7 @@ from ..engine.grammar import (
     compile_error,
     patch_json_ebnf,
 )
+from ..engine.tools import structural_tag, tool_parameter_schemas
 
 XGRAMMAR_VERSION = "0.1.27"
 
@@ -98,6 +99,11 @@ class XGrammarBackend:
         try:
             if spec.kind == "ebnf":
                 compiled = self._compiler.compile_grammar(spec.source, "root")
+            elif spec.kind == "tool_calls":
+                arguments = [self.schema_ebnf(s, True) for s in tool_parameter_schemas(spec.source)]
+                grammar = self._core.Grammar.from_structural_tag(
+                    structural_tag(spec.source, arguments))
+                compiled = self._compiler.compile_grammar(grammar)
             else:
                 compiled = self._compiler.compile_grammar(self.json_ebnf(spec), "root")
         except (RuntimeError, ValueError, TypeError) as e:
@@ -106,7 +112,11 @@ class XGrammarBackend:
 
     def json_ebnf(self, spec: GrammarSpec) -> str:
         """The (patched) EBNF of a "json" or "json_schema" spec."""
-        schema, strict = (OBJECT_SCHEMA, False) if spec.kind == "json" else (spec.source, True)
+        if spec.kind == "json":
+            return self.schema_ebnf(OBJECT_SCHEMA, False)
+        return self.schema_ebnf(spec.source, True)
+
+    def schema_ebnf(self, schema: str, strict: bool) -> str:
         json.loads(schema)  # a clear error before xgrammar's
         grammar = self._core.Grammar.from_json_schema(schema, JSON_ANY_WHITESPACE, JSON_INDENT,
                                                       None, strict, None, False)

@@ -25,7 +25,8 @@ def byte_level_tokenizer():
     return tok
 
 
-def make_tiny_llama(out: Path, *, seed: int = 0, layers: int = 2, tie: bool = False) -> Path:
+def make_tiny_llama(out: Path, *, seed: int = 0, layers: int = 2, tie: bool = False,
+                    context: int = 512) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -40,7 +41,7 @@ def make_tiny_llama(out: Path, *, seed: int = 0, layers: int = 2, tie: bool = Fa
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie,
         bos_token_id=tok.token_to_id("<|im_start|>"), eos_token_id=tok.token_to_id("<|im_end|>"),
     )

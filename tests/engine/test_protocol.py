@@ -58,7 +58,17 @@ def chat(**kw):
         ({"logit_bias": {"5": 101}}, "logit_bias.5", "invalid_value"),
         ({"logit_bias": {"x": 1}}, "logit_bias", "invalid_value"),
         ({"logit_bias": [1]}, "logit_bias", "invalid_type"),
-        ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+        ({"tools": [{"type": "function"}]}, "tools[0]", "invalid_value"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]},
+         "tools[0].function.name", "invalid_value"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice",
+         "invalid_value"),
+        ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}],
+          "response_format": {"type": "json_object"}}, "response_format", "invalid_value"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id",
+         "missing_required_parameter"),
         ({"response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
         ({"response_format": "json"}, "response_format", "invalid_type"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema",
@@ -91,9 +101,9 @@ def test_bad_chat_params_name_the_param(kw, param, code):
 
 def test_unsupported_is_a_typed_subclass():
     with pytest.raises(UnsupportedParameterError) as e:
-        chat(tools=[{"type": "function"}])
+        chat(functions=[{"name": "f"}])  # the deprecated form of tools
     assert e.value.message == (
-        "Unsupported parameter: 'tools' is not supported by wick yet; remove it.")
+        "Unsupported parameter: 'functions' is not supported by wick yet; remove it.")
 
 
 @pytest.mark.parametrize(

@@ -174,8 +174,8 @@ def test_client_errors_through_the_openai_client(client, names):
     assert bad_request(extra_body={"bogus": 1})["param"] == "bogus"
     err = bad_request(frequency_penalty=2.5)
     assert (err["param"], err["code"]) == ("frequency_penalty", "invalid_value")
-    err = bad_request(tools=[{"type": "function", "function": {"name": "f"}}])
-    assert (err["param"], err["code"]) == ("tools", "unsupported_parameter")
+    err = bad_request(tools=[{"type": "function", "function": {"name": "f g"}}])
+    assert (err["param"], err["code"]) == ("tools[0].function.name", "invalid_value")
     assert bad_request(temperature=5)["param"] == "temperature"
     assert bad_request(max_tokens=0)["param"] == "max_tokens"
     err = bad_request(messages=[{"role": "user", "content": "x" * 200}])

@@ -1,6 +1,7 @@
-"""Structured output, logprobs and the token routes through ``wick serve``'s REST API with the
-official ``openai`` client (tiny random Llamas on lavapipe): outputs validated by ``jsonschema``
-and pydantic, token ids against HF ``tokenizers``."""
+"""Structured output, tools, logprobs and the token routes through ``wick serve``'s REST API
+with the official ``openai`` client (a tiny random Llama with a 2048-token window, on lavapipe:
+the tool prompt of a template without tools support is ~800 byte tokens): outputs validated by
+``jsonschema`` and pydantic, token ids against HF ``tokenizers``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,28 @@ import pytest
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from tests.server.conftest import HELLO, assert_openai_error, post
+from tests.server.conftest import HELLO, LiveServer, assert_openai_error, engine_loader, post
+
+LONG_WINDOW = 2048
+
+
+@pytest.fixture(scope="module")
+def tiny_long(tmp_path_factory, compiled):
+    from tests.tiny_models import make_tiny_llama
+
+    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-long") / "tiny-llama-long", seed=3,
+                          context=LONG_WINDOW)
+    return compiled(src, "q0f32", context_window=LONG_WINDOW, max_batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_long):
+    from wick.server.app import ModelPool, create_app
+
+    live = LiveServer(create_app(ModelPool([engine_loader(tiny_long)])))
+    live.wait_ready()
+    yield live
+    live.stop()
 
 SCHEMA = {"type": "object", "properties": {
     "ok": {"type": "boolean"}, "size": {"enum": ["S", "M", "L"]},
@@ -87,13 +109,13 @@ def test_grammar_errors_through_the_client(client, names):
     assert e.value.body["param"] == "top_logprobs"
 
 
-def test_tokenize_and_detokenize(server, engine, names, tiny_a):
-    hf = Tokenizer.from_file(str(tiny_a / "tokenizer.json"))
+def test_tokenize_and_detokenize(server, engine, names, tiny_long):
+    hf = Tokenizer.from_file(str(tiny_long / "tokenizer.json"))
     r = post(server, "/tokenize", {"model": names[0], "prompt": "Hello, wick!"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["tokens"] == hf.encode("Hello, wick!", add_special_tokens=False).ids
-    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 128
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == LONG_WINDOW
     r = post(server, "/tokenize", {"messages": HELLO}).json()
     chat = engine.core.chat_prompt_ids([{"role": "user", "content": "hello there"}])
     assert r["tokens"] == chat and hf.decode(chat, skip_special_tokens=False).startswith(
@@ -108,3 +130,85 @@ def test_tokenize_and_detokenize(server, engine, names, tiny_a):
                         code="unknown_parameter")
     assert_openai_error(post(server, "/tokenize", {"model": "nope", "prompt": "a"}), 404,
                         param="model")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tools
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
+
+
+def _check_calls(calls, names) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_named_and_required_tool_choice_give_valid_calls(client, names):
+    r = client.chat.completions.create(
+        model=names[0], messages=ASK, tools=[WEATHER, TIME], max_tokens=160, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    _check_calls(choice.message.tool_calls, {"get_weather"})
+    r = client.chat.completions.create(
+        model=names[0], messages=ASK, tools=[WEATHER, TIME], max_tokens=160, temperature=1.0,
+        seed=4, n=2, tool_choice="required", parallel_tool_calls=False)
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls"
+        assert len(choice.message.tool_calls) == 1
+        _check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
+
+
+def test_streamed_tool_calls_join_to_the_whole(client, names):
+    kw = dict(model=names[0], messages=ASK, tools=[WEATHER, TIME], max_tokens=160,
+              temperature=0.8, seed=9, tool_choice="required")
+    whole = client.chat.completions.create(**kw).choices[0]
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += d.id or ""
+                call["name"] += d.function.name or ""
+                call["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+        (t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+
+
+def test_tool_round_trip_and_auto(client, names):
+    first = client.chat.completions.create(
+        model=names[0], messages=ASK, tools=[WEATHER], max_tokens=160, temperature=0,
+        tool_choice="required").choices[0].message
+    history = ASK + [first.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": first.tool_calls[0].id,
+                      "content": '{"temperature": 21}'}]
+    final = client.chat.completions.create(model=names[0], messages=history, tools=[WEATHER],
+                                           tool_choice="none", max_tokens=8, temperature=0)
+    assert final.choices[0].message.tool_calls is None
+    assert isinstance(final.choices[0].message.content, str)
+    assert final.choices[0].finish_reason in ("stop", "length")
+    # auto: text, calls, or both; any call it makes is valid
+    for seed in range(3):
+        r = client.chat.completions.create(model=names[0], messages=ASK, tools=[WEATHER, TIME],
+                                           max_tokens=40, temperature=1.0, seed=seed)
+        msg = r.choices[0].message
+        if msg.tool_calls:
+            _check_calls(msg.tool_calls, {"get_weather", "get_time"})
+            assert r.choices[0].finish_reason == "tool_calls"
+        else:
+            assert "<tool_call>" not in (msg.content or "")

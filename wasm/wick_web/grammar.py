@@ -22,6 +22,7 @@ from wick.engine.grammar import (
     compile_error,
     patch_json_ebnf,
 )
+from wick.engine.tools import structural_tag, tool_parameter_schemas
 
 class WebGrammarBackend:
     def __init__(self, create_js: Any, vocab: VocabInfo, vocab_size: int,
@@ -50,20 +51,27 @@ class WebGrammarBackend:
         js = await self._lib()
         try:
             if spec.kind == "ebnf":
-                ebnf = spec.source
+                compiled = await js.compileEBNF(spec.source)
+            elif spec.kind == "tool_calls":
+                arguments = [await self._schema_ebnf(js, s, True)
+                             for s in tool_parameter_schemas(spec.source)]
+                compiled = await js.compileStructuralTag(structural_tag(spec.source, arguments))
+            elif spec.kind == "json":
+                compiled = await js.compileEBNF(await self._schema_ebnf(js, OBJECT_SCHEMA, False))
             else:
-                schema, strict = ((OBJECT_SCHEMA, False) if spec.kind == "json"
-                                  else (spec.source, True))
-                json.loads(schema)  # a clear error before xgrammar's (as the native backend)
-                ebnf = patch_json_ebnf(await js.jsonSchemaEBNF(
-                    schema, JSON_ANY_WHITESPACE, -1 if JSON_INDENT is None else JSON_INDENT,
-                    strict))
-            compiled = await js.compileEBNF(ebnf)
+                compiled = await js.compileEBNF(await self._schema_ebnf(js, spec.source, True))
         except ValueError as e:
             raise compile_error(spec, str(e)) from None
         except Exception as e:  # a JsException: the reason xgrammar printed
             raise compile_error(spec, _js_message(e)) from None
         return WebCompiled(js, compiled)
+
+
+    @staticmethod
+    async def _schema_ebnf(js: Any, schema: str, strict: bool) -> str:
+        json.loads(schema)  # a clear error before xgrammar's (as the native backend)
+        return patch_json_ebnf(await js.jsonSchemaEBNF(
+            schema, JSON_ANY_WHITESPACE, -1 if JSON_INDENT is None else JSON_INDENT, strict))
 
 
 def _js_message(e: Exception) -> str:

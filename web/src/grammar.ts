@@ -61,6 +61,10 @@ export async function createGrammar(url: string, encodedVocab: string[], vocabTy
     compileEBNF(ebnf: string): Promise<Any> {
       return guarded(() => compiler.compileGrammar(ebnf, "root"));
     },
+    /** A structural tag (JSON text, xgrammar's format): how wick constrains tool calls. */
+    compileStructuralTag(tag: string): Promise<Any> {
+      return guarded(() => compiler.compileStructuralTag(tag));
+    },
     matcher(compiled: Any): Promise<Any> {
       return guarded(() => xgr.GrammarMatcher.createGrammarMatcher(compiled));
     },
