@@ -94,7 +94,19 @@ def tiny_q4_artifact(tiny_llama_dir, compiled) -> Path:
 
 
 @pytest.fixture(scope="session")
-def web_server(web_bundle, tiny_artifact, tiny_f16_artifact, tiny_q4_artifact):
+def tiny_long_artifact(tmp_path_factory, compiled) -> Path:
+    """A tiny model with a 1024-token window: room for the tool-calling system prompt (~800
+    byte tokens)."""
+    from tests.tiny_models import make_tiny_llama
+
+    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-long") / "tiny-llama-long", seed=3,
+                          context=1024)
+    return compiled(src, "q0f32", context_window=1024, prefill_chunk_size=256, max_batch_size=4)
+
+
+@pytest.fixture(scope="session")
+def web_server(web_bundle, tiny_artifact, tiny_f16_artifact, tiny_q4_artifact,
+               tiny_long_artifact):
     from wick.server.app import ModelPool, create_app
     from wick.server.artifact_host import ArtifactHost
     from wick.server.serve import ServerThread
@@ -103,6 +115,7 @@ def web_server(web_bundle, tiny_artifact, tiny_f16_artifact, tiny_q4_artifact):
     host.add(tiny_artifact)
     host.add(tiny_f16_artifact)
     host.add(tiny_q4_artifact)
+    host.add(tiny_long_artifact)
     live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
     yield live
     live.stop()

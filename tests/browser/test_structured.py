@@ -53,7 +53,7 @@ def native(tiny_artifact):
 
 
 @pytest.fixture(scope="module")
-def browser(page, native):
+def in_browser(page, native):
     return page.run("""async ([model, requests, bad]) => {
         const engine = await wick.createEngine(model, {quantization: "q0f32"});
         const results = [];
@@ -77,37 +77,66 @@ def _texts(result: dict) -> list[str]:
     return [c["message"]["content"] if "message" in c else c["text"] for c in result["choices"]]
 
 
-def test_constrained_outputs_equal_native_and_validate(native, browser):
-    for (kind, body), want, got in zip(REQUESTS, native["results"], browser["results"]):
+def test_constrained_outputs_equal_native_and_validate(native, in_browser):
+    for (kind, body), want, got in zip(REQUESTS, native["results"], in_browser["results"]):
         assert _texts(got) == _texts(want), body
         assert [c["finish_reason"] for c in got["choices"]] == \
             [c["finish_reason"] for c in want["choices"]]
-    jsonschema.validate(json.loads(_texts(browser["results"][0])[0]), SCHEMA)
-    for text in _texts(browser["results"][1]):
+    jsonschema.validate(json.loads(_texts(in_browser["results"][0])[0]), SCHEMA)
+    for text in _texts(in_browser["results"][1]):
         if text.endswith("}"):
             assert isinstance(json.loads(text), dict)
-    answer = _texts(browser["results"][2])[0]
+    answer = _texts(in_browser["results"][2])[0]
     assert answer[:-1] in ("yes", "no") and answer[-1].isdigit()
 
 
-def test_masks_equal_native_byte_for_byte(native, browser):
-    assert browser["grammar"]["masks"] == native["masks"] > 20
-    assert browser["grammar"]["digest"] == native["digest"]
+def test_masks_equal_native_byte_for_byte(native, in_browser):
+    assert in_browser["grammar"]["masks"] == native["masks"] > 20
+    assert in_browser["grammar"]["digest"] == native["digest"]
 
 
-def test_logprobs_equal_native(native, browser):
+def test_logprobs_equal_native(native, in_browser):
     want = native["results"][3]["choices"][0]["logprobs"]["content"]
-    got = browser["results"][3]["choices"][0]["logprobs"]["content"]
+    got = in_browser["results"][3]["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in got] == [e["token"] for e in want] and len(got) == 6
     for g, w in zip(got, want):
         assert abs(g["logprob"] - w["logprob"]) < 1e-3 and g["bytes"] == w["bytes"]
         assert [t["token"] for t in g["top_logprobs"]] == [t["token"] for t in w["top_logprobs"]]
 
 
-def test_bad_schema_is_the_same_error(native, browser):
-    err = browser["error"]
+def test_bad_schema_is_the_same_error(native, in_browser):
+    err = in_browser["error"]
     assert err["invalid"]
     assert {k: err[k] for k in ("message", "param", "code", "type")} == {
         k: native["error"][k] for k in ("message", "param", "code", "type")}
     assert err["code"] == "invalid_json_schema" and "objectx" in err["message"]
-    assert _texts(browser["after"]) == _texts(native["results"][0])
+    assert _texts(in_browser["after"]) == _texts(native["results"][0])
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"]}}}
+TOOL_REQUEST = {"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [WEATHER], "max_tokens": 120, "temperature": 0,
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+
+
+def test_tool_call_equals_native(page, tiny_long_artifact):
+    """A forced call through the structural tag of web-xgrammar: the native engine's call."""
+    from wick.server.local import Engine
+
+    eng = Engine(str(tiny_long_artifact))
+    want = eng.chat.completions.create(**TOOL_REQUEST).to_dict()["choices"][0]
+    got = page.run("""async ([model, body]) => {
+        const engine = await wick.createEngine(model, {quantization: "q0f32"});
+        const r = await engine.chat.completions.create(body);
+        await engine.unload();
+        return r.choices[0];
+    }""", [eng.core.info.model_id, TOOL_REQUEST])
+    assert want["finish_reason"] == got["finish_reason"] == "tool_calls"
+    call, want_call = got["message"]["tool_calls"][0], want["message"]["tool_calls"][0]
+    assert call["function"] == want_call["function"]
+    assert call["function"]["name"] == "get_weather"
+    args = json.loads(call["function"]["arguments"])
+    jsonschema.validate(args, WEATHER["function"]["parameters"])
