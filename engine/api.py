@@ -416,9 +416,9 @@ class _Frontend:
                 calls = [{"index": before + j, **c.to_dict()}
                          for j, c in enumerate(parser.calls[before:])]
             if text or lp or calls:
+                content = (text or None) if calls else text
                 chunks.append(self._chat_chunk(sub, [ChunkChoice(
-                    out.index, ChoiceDelta(content=text or None if calls else text,
-                                           tool_calls=calls or None), None,
+                    out.index, ChoiceDelta(content=content, tool_calls=calls or None), None,
                     self._chat_logprobs(lp) if lp else None)]))
             if finish is not None:
                 chunks.append(self._chat_chunk(

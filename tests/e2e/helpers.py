@@ -96,7 +96,7 @@ def record(runner: Runner) -> Iterator[Recorder]:
         qo = batch.kv.qo_indptr
         rec.steps.append(StepRecord(len(batch.seq_ids), batch.num_tokens,
                                     [qo[i + 1] - qo[i] for i in range(len(batch.seq_ids))],
-                                    list(out)))
+                                    [getattr(t, "token", t) for t in out]))  # SampledToken
         return out
 
     def spy(name, plan):

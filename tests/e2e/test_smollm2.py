@@ -55,11 +55,17 @@ def test_greedy_chat_equals_transformers(api, core, smollm2_hf):
 
 
 def test_greedy_completion_equals_transformers(api, core, smollm2_hf):
+    """... and its logprobs equal torch.log_softmax of transformers' logits (|d| < 1e-2), the
+    top 5 being torch's top 5."""
+    import torch
+
+    from tests.e2e.helpers import hf_logits
+
     prompt = "The capital of France is"
     ids = core.prompt_ids(prompt)
     assert ids == core.tokenizer.encode(prompt)  # SmolLM2 adds no BOS
     with record(core.runner) as rec:
-        r = api.completions.create(prompt=prompt, temperature=0, max_tokens=8)
+        r = api.completions.create(prompt=prompt, temperature=0, max_tokens=8, logprobs=5)
     want = hf_greedy(smollm2_hf, ids, 8, stop_at_eos=True)
     print(f"wick: {rec.sampled}\nhf:   {want}\ntext: {r.choices[0].text!r}")
     assert rec.sampled == want
@@ -68,3 +74,31 @@ def test_greedy_completion_equals_transformers(api, core, smollm2_hf):
     text = r.choices[0].text
     assert text == core.tokenizer.decode([t for t in want if t not in core.info.eos_token_ids])
     assert "Paris" in text
+    ref = torch.log_softmax(torch.tensor(hf_logits(smollm2_hf, ids + want)[len(ids) - 1:],
+                                         dtype=torch.float64), -1)
+    lp = r.choices[0].logprobs
+    for i, token in enumerate(want):
+        assert abs(lp.token_logprobs[i] - float(ref[i, token])) < 1e-2, i
+        top = torch.topk(ref[i], 5)
+        assert list(lp.top_logprobs[i].values()) == pytest.approx(top.values.tolist(), abs=1e-2)
+
+
+def test_json_schema_output_validates(api, core):
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 24}, "country": {"type": "string",
+                                                                 "maxLength": 24}},
+        "required": ["city", "country"]}
+    r = api.chat.completions.create(
+        messages=[{"role": "user", "content": "Which city is the capital of France? JSON."}],
+        temperature=0, max_tokens=40, response_format={
+            "type": "json_schema", "json_schema": {"name": "capital", "schema": schema}})
+    print(r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
+    answer = json.loads(r.choices[0].message.content)
+    jsonschema.validate(answer, schema)
+    assert answer["city"] == "Paris"
+    assert core.kv.free_pages == core.kv.num_pages
