@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct (the bundled GGUF) in q0f32 -- SwiftShader has no shader-f16 -- in the
 browser equals the native engine on the same artifact: greedy chat and completion token for
-token, and the streamed chunks join to the non-stream text."""
+token, the streamed chunks join to the non-stream text, and a JSON-schema answer (web-xgrammar
+over SmolLM2's vocabulary) is the native one and validates."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The three primary colors are"
 N = 8
+SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}},
+    "required": ["city", "country"]}
+JSON_REQUEST = {"messages": [{"role": "user", "content": "Which city is the capital of France? JSON."}],
+                "temperature": 0, "max_tokens": 40, "response_format": {
+                    "type": "json_schema", "json_schema": {"name": "capital", "schema": SCHEMA}}}
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +46,10 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
     eng = Engine(str(smol_artifact))
     chat = eng.chat.completions.create(messages=MESSAGES, max_tokens=N, temperature=0).to_dict()
     comp = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0).to_dict()
+    constrained = eng.chat.completions.create(**JSON_REQUEST).to_dict()
     del eng
     page = Page(context, smol_server.url)
-    out = page.run("""async ([messages, prompt, n]) => {
+    out = page.run("""async ([messages, prompt, n, jsonRequest]) => {
         const t0 = performance.now();
         const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32"});
         const loadMs = performance.now() - t0;
@@ -52,9 +60,10 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
                 {messages, max_tokens: n, temperature: 0, stream: true})) {
             parts.push(c.choices.length ? (c.choices[0].delta.content ?? "") : "");
         }
+        const constrained = await engine.chat.completions.create(jsonRequest);
         await engine.unload();
-        return {chat, comp, streamed: parts.join(""), loadMs, info: engine.info};
-    }""", [MESSAGES, PROMPT, N], timeout=900_000)
+        return {chat, comp, streamed: parts.join(""), loadMs, info: engine.info, constrained};
+    }""", [MESSAGES, PROMPT, N, JSON_REQUEST], timeout=900_000)
     print(f"SmolLM2 q0f32 in Chromium: load {out['loadMs'] / 1e3:.1f} s")
     assert out["info"]["quantization"] == "q0f32"
     text = out["chat"]["choices"][0]["message"]["content"]
@@ -64,4 +73,12 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
     assert out["comp"]["choices"][0]["text"] == comp["choices"][0]["text"]
     assert out["comp"]["usage"] == comp["usage"]
     assert out["streamed"] == text
+    answer = out["constrained"]["choices"][0]
+    assert answer["message"] == constrained["choices"][0]["message"]
+    assert answer["finish_reason"] == "stop"
+    import json
+
+    import jsonschema
+
+    jsonschema.validate(json.loads(answer["message"]["content"]), SCHEMA)
     assert not page.console_errors
