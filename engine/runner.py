@@ -234,6 +234,7 @@ class Runner:
         t0 = time.perf_counter()
         b = len(batch.seq_ids)
         writes, dispatches, logits = self._forward_call(batch)
+        dispatches = list(dispatches)  # the plan's cached list: never extend it in place
         rows = [None] * b
         for row, s in zip(batch.sample_rows, batch.sampling):
             rows[row] = s
@@ -254,7 +255,7 @@ class Runner:
             writes.append(Write(handle, 0, array(code, columns[name]).tobytes()))
             sample_inputs[name] = TensorRef(handle, 0, (b,), dtype)
         sample_dispatches, (tokens,) = self.sample(sample_inputs)
-        dispatches = dispatches + sample_dispatches
+        dispatches += sample_dispatches
         reads = [Read(tokens.buffer, tokens.offset, 4 * b)]
         if any(s is not None and s.num_top_logprobs >= 0 for s in rows):
             if self.logprobs is None:

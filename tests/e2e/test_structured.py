@@ -184,3 +184,20 @@ def test_bad_grammars_are_400s(api, fmt, param, code):
     assert (e.value.param, e.value.code, e.value.status) == (param, code, 400)
     assert "[" not in e.value.message.split(":")[0]  # no C++ log prefix
     assert not api.core.has_unfinished()
+
+
+def test_processing_leaves_the_plans_cached_dispatches_alone(api, PROMPT):
+    """A step with logit processing adds its dispatches to its own list, never to the plan's
+    cached one (which the next step of that shape reuses)."""
+    runner = api.core.runner
+
+    def lengths():
+        return {(plan.name, key): len(hit[0]) for plan in (runner.forward, runner.decode,
+                                                           runner.decode1, runner.sample)
+                for key, hit in plan._cache.items()}
+
+    kw = dict(prompt=PROMPT, max_tokens=4, temperature=0, logit_bias={"7": 3.0}, logprobs=2)
+    api.completions.create(**kw)
+    first = lengths()
+    api.completions.create(**kw)
+    assert {k: v for k, v in lengths().items() if k in first} == first
