@@ -22,8 +22,14 @@ def f16_artifact(tmp_path_factory):
     in the cache yet."""
     from tests.tiny_models import make_tiny_llama
 
+    from wick.compiler.paths import artifacts_dir
+
     src = make_tiny_llama(tmp_path_factory.mktemp("variants") / "tiny-variants", seed=3,
                           layers=1)
+    # a twin left in the test cache by an earlier session would be "built" in milliseconds,
+    # too fast to be seen announced
+    for old in artifacts_dir().glob("tiny-variants-q4f32_1-*"):
+        shutil.rmtree(old)
     return compile_model(str(src), "q4f16_1", context_window=96, max_batch_size=2)
 
 
