@@ -42,6 +42,16 @@ _LOOSE_STRING_CHAR = '[^\\"\\\\\\r\\n]'
 _STRICT_STRING_CHAR = '[^\\"\\\\\\0-\\x1f]'
 
 
+def json_schema_of(spec: GrammarSpec) -> tuple[str, bool]:
+    """(schema as JSON text, strict) of a "json" or "json_schema" spec, for both backends'
+    ``Grammar.from_json_schema``. Raises ValueError (json's own message, the same in CPython
+    and Pyodide) for text that is not JSON, before xgrammar sees it."""
+    if spec.kind == "json":
+        return OBJECT_SCHEMA, False
+    json.loads(spec.source)
+    return spec.source, True
+
+
 def patch_json_ebnf(ebnf: str) -> str:
     """Fix xgrammar's EBNF for a JSON schema (see ``_LOOSE_STRING_CHAR``)."""
     return ebnf.replace(_LOOSE_STRING_CHAR, _STRICT_STRING_CHAR)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import json
 import sys
 import threading
 from pathlib import Path
@@ -19,11 +18,11 @@ import numpy as np
 from ..engine.grammar import (
     JSON_ANY_WHITESPACE,
     JSON_INDENT,
-    OBJECT_SCHEMA,
     GrammarCache,
     GrammarSpec,
     VocabInfo,
     compile_error,
+    json_schema_of,
     patch_json_ebnf,
 )
 from ..engine.tools import structural_tag, tool_parameter_schemas
@@ -112,12 +111,9 @@ class XGrammarBackend:
 
     def json_ebnf(self, spec: GrammarSpec) -> str:
         """The (patched) EBNF of a "json" or "json_schema" spec."""
-        if spec.kind == "json":
-            return self.schema_ebnf(OBJECT_SCHEMA, False)
-        return self.schema_ebnf(spec.source, True)
+        return self.schema_ebnf(*json_schema_of(spec))
 
     def schema_ebnf(self, schema: str, strict: bool) -> str:
-        json.loads(schema)  # a clear error before xgrammar's
         grammar = self._core.Grammar.from_json_schema(schema, JSON_ANY_WHITESPACE, JSON_INDENT,
                                                       None, strict, None, False)
         return patch_json_ebnf(grammar.to_string())

@@ -9,17 +9,16 @@ asks for JSON never loads it.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from wick.engine.grammar import (
     JSON_ANY_WHITESPACE,
     JSON_INDENT,
-    OBJECT_SCHEMA,
     GrammarCache,
     GrammarSpec,
     VocabInfo,
     compile_error,
+    json_schema_of,
     patch_json_ebnf,
 )
 from wick.engine.tools import structural_tag, tool_parameter_schemas
@@ -56,10 +55,9 @@ class WebGrammarBackend:
                 arguments = [await self._schema_ebnf(js, s, True)
                              for s in tool_parameter_schemas(spec.source)]
                 compiled = await js.compileStructuralTag(structural_tag(spec.source, arguments))
-            elif spec.kind == "json":
-                compiled = await js.compileEBNF(await self._schema_ebnf(js, OBJECT_SCHEMA, False))
             else:
-                compiled = await js.compileEBNF(await self._schema_ebnf(js, spec.source, True))
+                compiled = await js.compileEBNF(
+                    await self._schema_ebnf(js, *json_schema_of(spec)))
         except ValueError as e:
             raise compile_error(spec, str(e)) from None
         except Exception as e:  # a JsException: the reason xgrammar printed
@@ -69,7 +67,6 @@ class WebGrammarBackend:
 
     @staticmethod
     async def _schema_ebnf(js: Any, schema: str, strict: bool) -> str:
-        json.loads(schema)  # a clear error before xgrammar's (as the native backend)
         return patch_json_ebnf(await js.jsonSchemaEBNF(
             schema, JSON_ANY_WHITESPACE, -1 if JSON_INDENT is None else JSON_INDENT, strict))
 
