@@ -87,14 +87,23 @@ def write_artifact(
     return out_dir
 
 
+def _file_stem(name: str, src: bytes, limit: int = 120) -> str:
+    """The kernel's name, or for a name too long for a file system (TVM names fused kernels
+    after every op they fuse: a split vocabulary table makes names of 400+ characters) its
+    start and a hash of the source. The manifest maps names to files, so nothing else cares."""
+    if len(name) <= limit:
+        return name
+    return f"{name[:limit - 17]}-{_sha256(src)[:16]}"
+
+
 def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[str, np.ndarray]],
            num_params: int, tokenizer_json: str, progress: Progress | None,
            shard_max_bytes: int) -> None:
     (tmp / "kernels" / "webgpu").mkdir(parents=True)
     kernels = []
     for k in lowered.kernels:
-        rel = f"kernels/webgpu/{k.name}.wgsl"
         src = k.wgsl.encode("utf-8")
+        rel = f"kernels/webgpu/{_file_stem(k.name, src)}.wgsl"
         (tmp / rel).write_bytes(src)
         kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
                         "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})

@@ -116,7 +116,7 @@ def _sampler_module(vocab_size: int):
     return mod
 
 
-_PART = re.compile(r"^(.*)\.parts\.(\d+)\.(weight|weight_q)$")
+_PART = re.compile(r"^(.*)\.parts\.(\d+)\.(weight|weight_q|bias)$")
 
 
 def _weight_for(name: str, converted: dict[str, np.ndarray], quant: Quantization,
@@ -128,8 +128,9 @@ def _weight_for(name: str, converted: dict[str, np.ndarray], quant: Quantization
     m = _PART.match(name)
     if m is None:
         raise KeyError(f"no source weight for parameter {name}")
-    whole = converted[f"{m.group(1)}.weight"]
-    start, stop = row_splits(whole.shape[0], whole.shape[1], quant, max_bytes)[int(m.group(2))]
+    weight = converted[f"{m.group(1)}.weight"]
+    whole = converted[f"{m.group(1)}.bias"] if m.group(3) == "bias" else weight
+    start, stop = row_splits(weight.shape[0], weight.shape[1], quant, max_bytes)[int(m.group(2))]
     return whole[start:stop]
 
 
@@ -152,6 +153,8 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantiza
 
 def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window: int,
                    prefill_chunk: int, max_batch: int, quant: Quantization) -> dict:
+    """The manifest's ``model`` section (engine/model_info.py reads it). ``family`` is the
+    compiler's family module; ``model_type`` what the checkpoint called itself."""
     eos = hf.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     for extra in tok_cfg.get("eos_token_ids", []):
@@ -159,6 +162,7 @@ def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window:
             eos_ids.append(extra)
     return {
         "family": family,
+        "model_type": hf.get("model_type"),
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_layers": cfg.num_hidden_layers,
@@ -308,7 +312,7 @@ def compile_model(
         "model_id": source.name,
         "quantization": quant.name,
         "cache_key": key,
-        "model": _model_section(hf.get("model_type", "llama"), cfg, hf, loaded.tokenizer_config,
+        "model": _model_section(family.NAME, cfg, hf, loaded.tokenizer_config,
                                 context_window=window, prefill_chunk=prefill_chunk_size,
                                 max_batch=max_batch_size, quant=quant),
         "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},

@@ -4,7 +4,7 @@ The tensors are dequantized with ``gguf.quants.dequantize`` (llama.cpp's block f
 bit-exact). Then two things llama.cpp's converter did are undone:
 
 - names: ``blk.N.attn_q.weight`` -> ``model.layers.N.self_attn.q_proj.weight`` and so on;
-- for Llama, the q/k projection rows: ``convert_hf_to_gguf.py`` reorders each head's rows from
+- for Llama (``GGUF_PERMUTED_QK`` of the family), the q/k projection rows: ``convert_hf_to_gguf.py`` reorders each head's rows from
   HF's rotate-half RoPE layout (first half, second half) to llama.cpp's interleaved pairs. Per head
   it viewed the rows as ``(2, head_dim/2)`` and transposed them to ``(head_dim/2, 2)``; we view
   them as ``(head_dim/2, 2)`` and transpose back.
@@ -33,15 +33,15 @@ from .tokenizer_build import BuiltTokenizer, build_from_gguf
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_NAMES = {
+# llama.cpp's layer tensor names shared by the families; each family adds or overrides its own
+# (``GGUF_LAYER_NAMES`` in compiler/models/<family>.py)
+COMMON_LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
@@ -73,11 +73,15 @@ class GGUFModel:
         self.reader = GGUFReader(self.path)
         self.meta: dict[str, Any] = {k: f.contents() for k, f in self.reader.fields.items()}
         self.arch = self.meta.get("general.architecture")
-        if self.arch not in SUPPORTED_ARCHITECTURES:
+        from .models import GGUF_ARCHITECTURES, family_for_gguf
+
+        self.family = family_for_gguf(str(self.arch))
+        if self.family is None:
             raise GGUFFormatError(
                 f"{self.path}: architecture {self.arch!r} is not supported "
-                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+                f"(supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
             )
+        self.layer_names = {**COMMON_LAYER_NAMES, **self.family.GGUF_LAYER_NAMES}
         self.tensor_types: dict[str, str] = {
             t.name: GGMLQuantizationType(t.tensor_type).name for t in self.reader.tensors
         }
@@ -117,8 +121,8 @@ class GGUFModel:
         if eot is not None and eos is not None and eot != eos:
             eos = [int(eos), int(eot)]
         bos = self.meta.get("tokenizer.ggml.bos_token_id")
-        return {
-            "model_type": self.arch,
+        extra = getattr(self.family, "gguf_config", lambda key: {})(key)
+        return extra | {
             "vocab_size": int(vocab),
             "hidden_size": hidden,
             "intermediate_size": int(key("feed_forward_length")),
@@ -133,6 +137,7 @@ class GGUFModel:
             "tie_word_embeddings": "output.weight" not in self.tensor_types,
             "bos_token_id": None if bos is None else int(bos),
             "eos_token_id": eos if eos is None or isinstance(eos, list) else int(eos),
+            "model_type": self.family.HF_MODEL_TYPES[0],
         }
 
     def _rope_scaling(self, key: Callable[..., Any]) -> dict[str, Any] | None:
@@ -159,29 +164,44 @@ class GGUFModel:
         out: dict[str, np.ndarray] = {}
         tensors = self.reader.tensors
         for done, tensor in enumerate(tensors):
-            name = hf_name(tensor.name)
+            name = self.hf_name(tensor.name)
             shape = tuple(int(d) for d in reversed(tensor.shape))  # numpy order
             data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
             array = np.array(data, dtype=np.float32, copy=True).reshape(shape)  # own the memory
-            if self.arch == "llama" and ".self_attn.q_proj." in name:
+            if self.family.GGUF_PERMUTED_QK and ".self_attn.q_proj." in name:
                 array = unpermute_rope_rows(array, config["num_attention_heads"])
-            elif self.arch == "llama" and ".self_attn.k_proj." in name:
+            elif self.family.GGUF_PERMUTED_QK and ".self_attn.k_proj." in name:
                 array = unpermute_rope_rows(array, config["num_key_value_heads"])
             out[name] = array
             if progress is not None:
                 progress("dequantize", done + 1, len(tensors))
-        _check_complete(out, config, self.path)
+        self._check_complete(out, config)
         return out
 
+    def hf_name(self, gguf_name: str) -> str:
+        """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
+        if gguf_name in _GLOBAL_NAMES:
+            return _GLOBAL_NAMES[gguf_name]
+        match = _LAYER.fullmatch(gguf_name)
+        if match and match.group(2) in self.layer_names:
+            return f"model.layers.{match.group(1)}.{self.layer_names[match.group(2)]}"
+        raise GGUFFormatError(f"{self.path}: GGUF tensor {gguf_name!r} has no known HF name "
+                              f"in the {self.family.NAME} family")
 
-def hf_name(gguf_name: str) -> str:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _LAYER.fullmatch(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
-    raise GGUFFormatError(f"GGUF tensor {gguf_name!r} has no known HF name")
+    def _check_complete(self, weights: dict[str, np.ndarray], config: dict[str, Any]) -> None:
+        """Every layer has a tensor for each name the file's layer 0 has, plus the globals."""
+        expected = {"model.embed_tokens.weight", "model.norm.weight"}
+        if not config["tie_word_embeddings"]:
+            expected.add("lm_head.weight")
+        first = {n.removeprefix("model.layers.0.") for n in weights
+                 if n.startswith("model.layers.0.")}
+        for required in ("input_layernorm.weight", "self_attn.o_proj.weight"):
+            first.add(required)
+        for i in range(config["num_hidden_layers"]):
+            expected |= {f"model.layers.{i}.{n}" for n in first}
+        missing = sorted(expected - weights.keys())
+        if missing:
+            raise GGUFFormatError(f"{self.path}: tensors missing: {', '.join(missing[:8])}")
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -191,16 +211,3 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return (
         w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape).copy()
     )
-
-
-def _check_complete(weights: dict[str, np.ndarray], config: dict[str, Any], path: Path) -> None:
-    expected = {"model.embed_tokens.weight", "model.norm.weight"}
-    if not config["tie_word_embeddings"]:
-        expected.add("lm_head.weight")
-    for i in range(config["num_hidden_layers"]):
-        expected |= {
-            f"model.layers.{i}.{n}" for n in _LAYER_NAMES.values() if not n.endswith(".bias")
-        }
-    missing = sorted(expected - weights.keys())
-    if missing:
-        raise GGUFFormatError(f"{path}: tensors missing: {', '.join(missing[:8])}")

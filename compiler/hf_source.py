@@ -84,18 +84,7 @@ def load_config(path: Path) -> dict[str, Any]:
         )
     except KeyError as missing:
         raise HFDirError(f"{path / 'config.json'}: key {missing} is missing") from None
-    # transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; older files rope_theta
-    # and rope_scaling side by side.
-    rope = dict(raw.get("rope_parameters") or {})
-    config["rope_theta"] = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
-    scaling = raw.get("rope_scaling")
-    if scaling is None and rope.get("rope_type", "default") != "default":
-        scaling = rope
-    if scaling is not None:
-        scaling = dict(scaling)
-        legacy = scaling.pop("type", None)  # older spelling of rope_type
-        scaling.setdefault("rope_type", legacy)
-    config["rope_scaling"] = scaling
+    config["rope_theta"], config["rope_scaling"] = rope_settings(raw)
     generation = path / "generation_config.json"
     eos = raw.get("eos_token_id")
     if generation.is_file():
@@ -152,6 +141,23 @@ def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:
     if "chat_template" not in config and template.is_file():
         config["chat_template"] = template.read_text(encoding="utf-8")
     return tokenizer_json, config
+
+
+def rope_settings(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling or None) from a config.json in any transformers spelling:
+    ``rope_theta`` + ``rope_scaling`` (4.x) or ``rope_parameters`` (5.x); ``type`` is the older
+    name of ``rope_type``; "default" scaling is none."""
+    params = dict(hf.get("rope_parameters") or {})
+    theta = hf.get("rope_theta", params.pop("rope_theta", 10000.0))
+    scaling = hf.get("rope_scaling") or (params if params else None)
+    if scaling:
+        scaling = dict(scaling)
+        kind = scaling.pop("type", None)
+        scaling.setdefault("rope_type", kind)
+        scaling.pop("rope_theta", None)
+        if scaling["rope_type"] in (None, "default"):
+            scaling = None
+    return float(theta), scaling or None
 
 
 def _read_json(file: Path) -> dict[str, Any]:

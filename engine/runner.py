@@ -17,14 +17,10 @@ from .artifact import Artifact
 from .backend import Backend, Read, Write
 from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
-from .plan import DTYPE_BYTES, KernelTable, PlanFunction, TensorRef
+from .plan import DTYPE_BYTES, KernelTable, PlanFunction, TensorRef, evaluate
+from .step_inputs import STEP_INPUTS, step_bounds, step_values
 
-# step inputs of ``forward`` and the size that bounds each: "n" tokens, "b" sequences, "p" pages
-_STEP_BOUNDS = {
-    "input_ids": "n", "q_positions": "n", "append_slots": "n", "qo_indptr": "b1",
-    "page_indptr": "b1", "page_values": "p", "last_page_len": "b", "k_rope_pos_offset": "b",
-    "logit_positions": "b",
-}
+KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
 _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
                   ("top_k", "int32", "i"), ("min_p", "float32", "f"), ("uniform", "float32", "f"))
 
@@ -32,12 +28,44 @@ _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
 DEFAULT_KV_BUDGET = 256 << 20  # bytes of KV pages when the caller does not say
 
 
-def kv_pages_for(model: dict, budget_bytes: int, max_storage_binding: int) -> int:
-    """How many KV pages fit the budget, capped at what the compiled bounds can ever use."""
-    per_page = Runner.page_bytes(model)
-    per_layer = per_page // model["num_layers"]
+def kv_layers(manifest: dict) -> list[tuple[tuple[int, ...], str]]:
+    """(shape of one page, dtype) of each layer's KV tensor, read off the ``forward`` plan's
+    inputs: whatever a family's attention stores (heads, head size, dtype), the runner sizes
+    it from the plan, never from the model's config."""
+    layers = []
+    for spec in manifest["plans"]["forward"]["inputs"]:
+        if spec["name"].startswith(KV_INPUT_PREFIX):
+            dims = [evaluate(d, {"num_pages": 1}) for d in spec["shape"]]
+            layers.append((tuple(dims[1:]), spec["dtype"]))  # dims[0] is the page count
+    if not layers:
+        raise ArtifactError("the forward plan takes no KV page tensors")
+    return layers
+
+
+def _layer_page_bytes(manifest: dict) -> list[int]:
+    """Device bytes one KV page takes in each layer."""
+    sizes = []
+    for shape, dtype in kv_layers(manifest):
+        count = DTYPE_BYTES[dtype]
+        for d in shape:
+            count *= d
+        sizes.append(count)
+    return sizes
+
+
+def page_bytes(manifest: dict) -> int:
+    """Device bytes one KV page takes across all layers."""
+    return sum(_layer_page_bytes(manifest))
+
+
+def kv_pages_for(manifest: dict, budget_bytes: int, max_storage_binding: int) -> int:
+    """How many KV pages fit the budget (and one layer's tensor in a storage binding), capped
+    at what the compiled bounds can ever use."""
+    model = manifest["model"]
+    per_layer = _layer_page_bytes(manifest)
     useful = model["max_batch_size"] * -(-model["context_window"] // model["page_size"])
-    return max(1, min(budget_bytes // per_page, max_storage_binding // per_layer, useful))
+    return max(1, min(budget_bytes // sum(per_layer), max_storage_binding // max(per_layer),
+                      useful))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +144,13 @@ class Runner:
         if upload_weights:
             self._write_weights(artifact, report)
         self.kv_pages = self._alloc_pages(artifact)
-        bounds = {"n": self.max_tokens, "b": self.max_batch, "b1": self.max_batch + 1,
-                  "p": num_pages}
-        self.inputs = {name: backend.alloc(4 * bounds[b]) for name, b in _STEP_BOUNDS.items()}
+        bounds = step_bounds(self.max_tokens, self.max_batch, num_pages)
+        self.inputs = {}
+        for spec in STEP_INPUTS:
+            count = 1
+            for d in spec.dims:
+                count *= bounds[d]
+            self.inputs[spec.name] = backend.alloc(DTYPE_BYTES[spec.dtype] * count)
         self.sample_inputs = {name: backend.alloc(4 * self.max_batch) for name, _, _ in _SAMPLE_INPUTS}
         # logit processing: the bitmask rows, and the sparse entries (grown on demand)
         self.mask_words = (self.vocab_size + 31) // 32
@@ -176,50 +208,35 @@ class Runner:
                 report("upload weights", done, total)
 
     def _alloc_pages(self, artifact: Artifact) -> list[TensorRef]:
-        m = artifact.model
-        shape = (self.num_pages, 2, m["num_kv_heads"], self.page_size, m["head_dim"])
         pages = []
-        for _ in range(m["num_layers"]):
-            t = TensorRef(0, 0, shape, m["dtype"])
+        for page_shape, dtype in kv_layers(artifact.manifest):
+            shape = (self.num_pages, *page_shape)
+            t = TensorRef(0, 0, shape, dtype)
             if t.nbytes > self.backend.max_storage_binding:
                 raise ArtifactError(
                     f"KV cache of {self.num_pages} pages needs {t.nbytes} bytes per layer, over the "
                     f"storage binding limit {self.backend.max_storage_binding}: use fewer pages"
                 )
-            pages.append(TensorRef(self.backend.alloc(t.nbytes), 0, shape, m["dtype"]))
+            pages.append(TensorRef(self.backend.alloc(t.nbytes), 0, shape, dtype))
         return pages
-
-    @staticmethod
-    def page_bytes(model: dict) -> int:
-        """Device bytes one KV page takes across all layers."""
-        return (model["num_layers"] * 2 * model["num_kv_heads"] * model["page_size"]
-                * model["head_dim"] * DTYPE_BYTES[model["dtype"]])
 
     # ------------------------------------------------------------------ stepping
 
     def _forward_call(self, batch: Batch) -> tuple[list[Write], list, TensorRef]:
         """Uploads of the step's index arrays, the forward dispatches and the logits tensor."""
-        kv = batch.kv
         b, n = len(batch.seq_ids), batch.num_tokens
         if n > self.max_tokens or b > self.max_batch:
             raise ArtifactError(f"step of {n} tokens / {b} sequences exceeds the compiled bounds "
                                 f"({self.max_tokens} / {self.max_batch})")
-        host = {
-            "input_ids": batch.token_ids, "q_positions": kv.q_positions,
-            "append_slots": kv.append_slots, "qo_indptr": kv.qo_indptr,
-            "page_indptr": kv.page_indptr, "page_values": kv.page_values,
-            "last_page_len": kv.last_page_len, "k_rope_pos_offset": kv.k_rope_pos_offset,
-            "logit_positions": [end - 1 for end in kv.qo_indptr[1:]],  # last new token per seq
-        }
         writes: list[Write] = []
         inputs: dict[str, TensorRef] = {}
-        for name, values in host.items():
+        for name, values in step_values(batch).items():
             handle = self.inputs[name]
             if values:
                 writes.append(Write(handle, 0, array("i", values).tobytes()))
             inputs[name] = TensorRef(handle, 0, (len(values),), "int32")
         for i, pages in enumerate(self.kv_pages):
-            inputs[f"kv_pages.{i}"] = pages
+            inputs[f"{KV_INPUT_PREFIX}{i}"] = pages
         if self.batch_invariant:
             plan = self.decode if batch.decode_only else self.forward
         else:

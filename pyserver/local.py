@@ -100,7 +100,7 @@ def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: P
     from ..native.grammar import grammar_for
     from ..native.tokenizer import HFTokenizer
 
-    pages = kv_pages_for(art.model, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
+    pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
     runner = NativeRunner(art, backend, num_pages=pages, progress=progress,
                           batch_invariant=batch_invariant)
     tokenizer_json = art.tokenizer_json()

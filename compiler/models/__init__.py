@@ -1,17 +1,36 @@
-"""Model families. Each family module exposes ``Config.from_hf(dict)``, ``Model(config, quant,
-target)`` with ``forward(*step_inputs, *kv_pages)`` and ``forward_spec()``, and
-``convert_weights(config, hf_weights) -> {param name: array}`` (unquantized)."""
+"""Model families, one module each. A family module provides:
 
-from . import llama
+- ``NAME`` (written to the manifest), ``HF_MODEL_TYPES`` (config.json ``model_type`` values it
+  reads) and ``GGUF_ARCHITECTURES`` (``general.architecture`` values);
+- ``GGUF_LAYER_NAMES``: llama.cpp tensor names of a layer -> HF names, beyond the common ones
+  (``gguf_source.COMMON_LAYER_NAMES``); ``GGUF_PERMUTED_QK``: whether llama.cpp's converter
+  interleaved the q/k rows (Llama only);
+- ``gguf_config(key)`` (optional): config.json keys read from the GGUF metadata beyond the
+  common ones (``key(name, default)`` reads ``<arch>.<name>``);
+- ``Config.from_hf(dict)``, ``Model(config, quant, target, max_param_bytes=...)`` with
+  ``forward(*step inputs, kv_pages)`` and ``forward_spec()``, and
+  ``convert_weights(config, hf_weights) -> {param name: array}`` (unquantized).
 
-FAMILIES = {"llama": llama}
-HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "smollm": "llama"}
+Most families are ``decoder.DecoderForCausalLM`` configured, with one piece overridden.
+"""
+
+from types import ModuleType
+
+from . import llama, mistral, phi3, qwen2, qwen3
+
+FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3)}
+HF_MODEL_TYPES = {t: m for m in FAMILIES.values() for t in m.HF_MODEL_TYPES}
+GGUF_ARCHITECTURES = {a: m for m in FAMILIES.values() for a in m.GGUF_ARCHITECTURES}
 
 
-def family_for(model_type: str):
+def family_for(model_type: str) -> ModuleType:
+    """The family of a config.json ``model_type``."""
     try:
-        return FAMILIES[HF_MODEL_TYPES[model_type]]
+        return HF_MODEL_TYPES[model_type]
     except KeyError:
-        raise ValueError(
-            f"model type {model_type!r} is not supported yet; supported: {', '.join(sorted(HF_MODEL_TYPES))}"
-        ) from None
+        raise ValueError(f"model type {model_type!r} is not supported yet; supported: "
+                         f"{', '.join(sorted(HF_MODEL_TYPES))}") from None
+
+
+def family_for_gguf(architecture: str) -> ModuleType | None:
+    return GGUF_ARCHITECTURES.get(architecture)

@@ -83,32 +83,39 @@ def take_rows(x: Tensor, indices: Tensor) -> Tensor:
 
 
 class QLinear(nn.Module):
-    """y = x @ W^T with W (out, in), stored plain or q4-packed."""
+    """y = x @ W^T (+ b) with W (out, in), stored plain or q4-packed; a bias stays unquantized
+    in the variant's dtype."""
 
     def __init__(self, in_features: int, out_features: int, quant: Quantization,
-                 max_bytes: int = MAX_BINDING_BYTES) -> None:
+                 max_bytes: int = MAX_BINDING_BYTES, bias: bool = False) -> None:
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
         self.splits = row_splits(out_features, in_features, quant, max_bytes)
+        self.has_bias = bias
         if len(self.splits) > 1:
-            self.parts = nn.ModuleList([QLinear(in_features, stop - start, quant, max_bytes)
+            self.parts = nn.ModuleList([QLinear(in_features, stop - start, quant, max_bytes, bias)
                                         for start, stop in self.splits])
+            return
         elif quant.quantized:
             self.weight_q = nn.Parameter((out_features, in_features // VALUES_PER_WORD), "uint32")
             self.weight_scale = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
             self.weight_min = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
         else:
             self.weight = nn.Parameter((out_features, in_features), quant.dtype)
+        if bias:
+            self.bias = nn.Parameter((out_features,), quant.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         if len(self.splits) > 1:
             return op.concat([part(x) for part in self.parts], dim=-1)
         if self.quant.quantized:
-            return _dequantize_matmul(x, self.weight_q, self.weight_scale, self.weight_min,
-                                      self.out_features, self.in_features, self.quant.dtype)
-        if self.quant.dtype == ACCUMULATE:
-            return op.matmul(x, op.permute_dims(self.weight))
-        return op.astype(op.matmul(x, op.permute_dims(self.weight), out_dtype=ACCUMULATE),
-                         self.quant.dtype)
+            y = _dequantize_matmul(x, self.weight_q, self.weight_scale, self.weight_min,
+                                   self.out_features, self.in_features, self.quant.dtype)
+        elif self.quant.dtype == ACCUMULATE:
+            y = op.matmul(x, op.permute_dims(self.weight))
+        else:
+            y = op.astype(op.matmul(x, op.permute_dims(self.weight), out_dtype=ACCUMULATE),
+                          self.quant.dtype)
+        return y + self.bias if self.has_bias else y
 
 
 class QEmbedding(nn.Module):

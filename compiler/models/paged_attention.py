@@ -27,37 +27,38 @@ from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_positio
 
 PAGE_SIZE = 16  # tokens per KV page; TVM's kernels are generated for this size
 
-# The step inputs every family's forward takes, in order: (name, shape, dtype).
-# n = new tokens in the step, b = sequences in the step, p = pages they reference.
-STEP_INPUTS = (
-    ("input_ids", ("n",), "int32"),
-    ("q_positions", ("n",), "int32"),
-    ("append_slots", ("n",), "int32"),
-    ("qo_indptr", ("b1",), "int32"),  # b + 1
-    ("page_indptr", ("b1",), "int32"),  # b + 1
-    ("page_values", ("p",), "int32"),
-    ("last_page_len", ("b",), "int32"),
-    ("k_rope_pos_offset", ("b",), "int32"),
-    ("logit_positions", ("b",), "int32"),  # row of each sequence's last new token
-)
-
 
 @dataclass(frozen=True)
-class AttentionShape:
+class AttentionSpec:
+    """What one layer's attention computes; layers with equal specs share their kernels.
+
+    ``scale`` multiplies q.k (HF: ``head_dim ** -0.5``, Gemma ``query_pre_attn_scalar ** -0.5``).
+    ``window``: a key is visible to a query at most ``window - 1`` positions back (HF's
+    sliding window); None for global attention.
+    """
+
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
     dtype: str
     rope_theta: float
-    rope_scaling: dict[str, Any] | None
+    rope_scaling: Any = None  # HF rope_scaling dict (rope_type + its keys), None = plain RoPE
+    scale: float | None = None  # None -> head_dim ** -0.5
+    window: int | None = None
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim**-0.5 if self.scale is None else self.scale
 
 
 class PagedAttention:
     """The TIR kernels of one attention shape, specialized once and shared by all layers."""
 
-    def __init__(self, shape: AttentionShape, target) -> None:
-        self.shape = shape
-        s = shape
+    def __init__(self, spec: AttentionSpec, target) -> None:
+        if spec.window is not None:
+            raise NotImplementedError("sliding-window attention is not implemented yet")
+        self.shape = spec
+        s = spec
         scaling = dict(s.rope_scaling or {})
         rope = llama_rope_with_position_map(
             s.rope_theta, 1.0, s.head_dim, s.num_q_heads, s.num_kv_heads, s.dtype, scaling, None
@@ -74,7 +75,7 @@ class PagedAttention:
                 rotary_mode: tirx.IntImm("int32", 0),  # RoPE already applied by fused_rope
                 rope_scale: tirx.FloatImm("float32", 1.0),
                 rope_theta: tirx.FloatImm("float32", float(s.rope_theta)),
-                sm_scale: tirx.FloatImm("float32", s.head_dim**-0.5),
+                sm_scale: tirx.FloatImm("float32", s.softmax_scale),
             }
         )
 

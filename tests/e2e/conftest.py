@@ -59,8 +59,8 @@ def smollm2_core(compiled, backend):  # backend: only its storage limit
     def get(quant: str):
         if quant not in cores:
             art_dir = compiled(SMOLLM2, quant)
-            model = load_artifact(art_dir).model
-            pages = kv_pages_for(model, DEFAULT_KV_BUDGET, backend.max_storage_binding)
+            manifest = load_artifact(art_dir).manifest
+            pages = kv_pages_for(manifest, DEFAULT_KV_BUDGET, backend.max_storage_binding)
             cores[quant] = make_core(art_dir, num_pages=pages)
         return cores[quant]
 

@@ -145,7 +145,7 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
 
     art = Artifact.load(read, "artifact")
     backend = WebGPUBackend(executor)
-    pages = kv_pages_for(art.model, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
+    pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
     # SwiftShader loses the device compiling some batched-decode GEMV kernels (SmolLM2's
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
     runner = Runner(art, backend, num_pages=pages,

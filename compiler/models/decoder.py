@@ -1,0 +1,244 @@
+"""The pre-norm decoder most families are: embed -> N x (norm, attention, norm, gated MLP) ->
+norm -> LM head, over wick's paged attention. A family file configures it (``DecoderConfig``)
+and, where it differs, overrides one piece (``Attention.project``, ``Layer``, ``embed``...).
+
+Weights are stored fused, as MLC-LLM does: one ``qkv_proj`` (q rows, then k, then v) and one
+``gate_up_proj`` per layer, so a layer is two GEMMs fewer. ``fuse_layer_weights`` builds them
+from HF's separate projections.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from ...engine.step_inputs import STEP_INPUTS
+from ..hf_source import rope_settings
+from ..quantization import Quantization
+from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear, take_rows
+from .paged_attention import AttentionSpec, PagedAttention
+
+KV_PAGES = "kv_pages"  # forward's per-layer KV tensors (engine/runner.py reads their shapes)
+
+
+class UnsupportedConfig(ValueError):
+    """The checkpoint's config asks for something this family does not implement."""
+
+
+@dataclass
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    context_window: int
+    tie_word_embeddings: bool
+    rope_scaling: dict[str, Any] | None = None
+    qkv_bias: bool = False  # biases on q, k, v (Qwen2)
+    o_bias: bool = False  # bias on the output projection (Llama attention_bias)
+    mlp_bias: bool = False  # biases on gate, up, down (Llama mlp_bias)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> "DecoderConfig":
+        heads = int(hf["num_attention_heads"])
+        theta, scaling = rope_settings(hf)
+        if scaling and scaling["rope_type"] not in ("linear", "llama3", "yarn"):
+            raise UnsupportedConfig(f"rope_scaling type {scaling['rope_type']!r} is not supported")
+        if scaling and scaling["rope_type"] == "yarn":
+            raise UnsupportedConfig("YaRN rope scaling is not supported yet")
+        values = dict(
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_hidden_layers=int(hf["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            context_window=int(hf.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            rope_scaling=scaling,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    def attention(self, layer: int, dtype: str) -> AttentionSpec:
+        """Layer ``layer``'s attention; every layer the same unless a family says otherwise."""
+        return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
+                             dtype, self.rope_theta, self.rope_scaling)
+
+
+def cap_context_to_window(c: DecoderConfig, window: int | None) -> DecoderConfig:
+    """A sliding window at least as long as the context never hides a key: the model is exact
+    as global attention (Phi-3-mini's 2047 in a 4096 context is not, and is capped)."""
+    if window is None or window + 1 >= c.context_window:
+        return c
+    return replace(c, context_window=window + 1)
+
+
+def rms_norm(size: int, c: DecoderConfig, dtype: str) -> nn.RMSNorm:
+    return nn.RMSNorm(size, -1, c.rms_norm_eps, bias=False, dtype=dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> None:
+        self.attn = attn
+        self.num_q, self.num_kv = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = c.head_dim
+        qkv_heads = self.num_q + 2 * self.num_kv
+        self.qkv_proj = QLinear(c.hidden_size, qkv_heads * c.head_dim, quant, bias=c.qkv_bias)
+        self.o_proj = QLinear(self.num_q * c.head_dim, c.hidden_size, quant, bias=c.o_bias)
+        if c.qk_norm:
+            self.q_norm = rms_norm(c.head_dim, c, quant.dtype)
+            self.k_norm = rms_norm(c.head_dim, c, quant.dtype)
+        self.qk_norm = c.qk_norm
+
+    def project(self, x: Tensor) -> Tensor:
+        """x (n, hidden) -> fused q|k|v (n, hq + 2*hkv, head_dim), before RoPE."""
+        n = x.shape[0]
+        qkv = op.reshape(self.qkv_proj(x), (n, self.num_q + 2 * self.num_kv, self.head_dim))
+        if not self.qk_norm:
+            return qkv
+        q, k, v = op.split(qkv, [self.num_q, self.num_q + self.num_kv], axis=1)
+        return op.concat([self.q_norm(q), self.k_norm(k), v], dim=1)
+
+    def forward(self, x: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
+        return self.o_proj(self.attn(self.project(x), pages, step))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); SiLU unless the family says otherwise."""
+
+    def __init__(self, c: DecoderConfig, quant: Quantization,
+                 act: Callable[[Tensor], Tensor] = op.silu) -> None:
+        self.act = act
+        self.gate_up_proj = QLinear(c.hidden_size, 2 * c.intermediate_size, quant, bias=c.mlp_bias)
+        self.down_proj = QLinear(c.intermediate_size, c.hidden_size, quant, bias=c.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class Layer(nn.Module):
+    def __init__(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> None:
+        self.input_layernorm = rms_norm(c.hidden_size, c, quant.dtype)
+        self.self_attn = Attention(c, attn, quant)
+        self.post_attention_layernorm = rms_norm(c.hidden_size, c, quant.dtype)
+        self.mlp = GatedMLP(c, quant)
+
+    def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), pages, step)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Body(nn.Module):
+    def __init__(self, c: DecoderConfig, layers: list[nn.Module], quant: Quantization,
+                 max_param_bytes: int) -> None:
+        # Only the vocabulary-sized tables can outgrow a storage binding in practice.
+        self.embed_tokens = QEmbedding(c.vocab_size, c.hidden_size, quant, max_param_bytes)
+        self.layers = nn.ModuleList(layers)
+        self.norm = rms_norm(c.hidden_size, c, quant.dtype)
+
+
+class DecoderForCausalLM(nn.Module):
+    """The compiled model: ``forward(*step inputs, kv_pages)`` -> logits (b, vocab) float32.
+
+    Families subclass it to change ``make_layer``, ``embed`` or ``final_logits``."""
+
+    def __init__(self, c: DecoderConfig, quant: Quantization, target,
+                 max_param_bytes: int = MAX_BINDING_BYTES) -> None:
+        self.config, self.quant = c, quant
+        kernels: dict[AttentionSpec, PagedAttention] = {}  # one set of kernels per distinct spec
+        self.layer_attention = []
+        for i in range(c.num_hidden_layers):
+            spec = c.attention(i, quant.dtype)
+            if spec not in kernels:
+                kernels[spec] = PagedAttention(spec, target)
+            self.layer_attention.append(kernels[spec])
+        layers = [self.make_layer(c, attn, quant) for attn in self.layer_attention]
+        self.model = Body(c, layers, quant, max_param_bytes)
+        if not c.tie_word_embeddings:
+            self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant, max_param_bytes)
+
+    def make_layer(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> nn.Module:
+        return Layer(c, attn, quant)
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def final_logits(self, logits: Tensor) -> Tensor:
+        return logits
+
+    def forward(self, *args: Tensor) -> Tensor:
+        """One engine step over a ragged batch -> logits (b, vocab) float32."""
+        *inputs, kv_pages = args
+        step = {spec.name: t for spec, t in zip(STEP_INPUTS, inputs)}
+        h = self.embed(step["input_ids"])  # (n, hidden)
+        for layer, layer_pages in zip(self.model.layers, kv_pages):
+            h = layer(h, layer_pages, step)
+        h = self.model.norm(take_rows(h, step["logit_positions"]))  # (b, hidden)
+        head = self.model.embed_tokens.lm_head if self.config.tie_word_embeddings else self.lm_head
+        return self.final_logits(op.astype(head(h), "float32"))
+
+    # export_tvm names the compiled function's inputs after the Python parameters: give
+    # forward the step inputs' names (engine/step_inputs.py) instead of a second list here
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+         for name in ("self", *(i.name for i in STEP_INPUTS), KV_PAGES)])
+
+    decode = forward  # the same step compiled for one token per sequence (n == b)
+    decode1 = forward  # ... and for a single sequence (static shapes: GEMV kernels)
+
+    def forward_spec(self, **sizes: int | str) -> dict[str, Any]:
+        """Input specs of one step. ``n="b"`` gives the decode variant (one new token per
+        sequence); ``n=1, b=1, b1=2`` the single-sequence decode with static shapes."""
+        spec = {i.name: nn.spec.Tensor([sizes.get(d, d) for d in i.dims], i.dtype)
+                for i in STEP_INPUTS}
+        spec[KV_PAGES] = [attn.page_spec() for attn in self.layer_attention]
+        return spec
+
+
+# ----------------------------------------------------------------------------- weights
+
+def fuse_layer_weights(c: DecoderConfig, weights: dict[str, np.ndarray],
+                       extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """HF parameter names -> this module's (fused qkv and gate_up, biases when present).
+    ``extra``: per-layer names copied as they are (e.g. ``self_attn.q_norm.weight``)."""
+    out: dict[str, np.ndarray] = {"model.embed_tokens.table.weight": weights["model.embed_tokens.weight"],
+                                  "model.norm.weight": weights["model.norm.weight"]}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = weights["lm_head.weight"]
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        for kind in ("weight", "bias"):
+            if attn + "qkv_proj." + kind in weights:  # already fused (Phi-3)
+                out[attn + "qkv_proj." + kind] = weights[attn + "qkv_proj." + kind]
+            elif attn + "q_proj." + kind in weights:
+                out[attn + "qkv_proj." + kind] = np.concatenate(
+                    [weights[attn + x + "_proj." + kind] for x in "qkv"])
+            if mlp + "gate_up_proj." + kind in weights:
+                out[mlp + "gate_up_proj." + kind] = weights[mlp + "gate_up_proj." + kind]
+            elif mlp + "gate_proj." + kind in weights:
+                out[mlp + "gate_up_proj." + kind] = np.concatenate(
+                    [weights[mlp + "gate_proj." + kind], weights[mlp + "up_proj." + kind]])
+            for name in (attn + "o_proj." + kind, mlp + "down_proj." + kind):
+                if name in weights:
+                    out[name] = weights[name]
+        for name in ("input_layernorm.weight", "post_attention_layernorm.weight", *extra):
+            out[p + name] = weights[p + name]
+    return out

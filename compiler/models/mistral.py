@@ -1,0 +1,37 @@
+"""Mistral: the Llama decoder with sliding-window attention (``sliding_window``; v0.1: 4096
+in a 32k context; later versions set none).
+
+Semantics: HF transformers ``models/mistral/modeling_mistral.py``. For now the window is
+honoured by capping the context at window + 1 tokens, where it never hides a key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .decoder import DecoderConfig, DecoderForCausalLM, cap_context_to_window, fuse_layer_weights
+
+NAME = "mistral"
+HF_MODEL_TYPES = ("mistral",)
+GGUF_ARCHITECTURES = ()  # llama.cpp writes Mistral checkpoints as "llama"
+GGUF_PERMUTED_QK = True
+GGUF_LAYER_NAMES: dict[str, str] = {}
+
+
+def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+    return {}
+
+
+class Config(DecoderConfig):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        return cap_context_to_window(super().from_hf(hf), hf.get("sliding_window"))
+
+
+Model = DecoderForCausalLM
+
+
+def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return fuse_layer_weights(c, weights)

@@ -1,0 +1,46 @@
+"""Phi-3 / Phi-3.5 (mini): the Llama decoder whose checkpoints already store q|k|v fused
+(``qkv_proj``) and gate|up fused (``gate_up_proj``), exactly the layout wick compiles.
+
+Semantics: HF transformers ``models/phi3/modeling_phi3.py``. Its ``sliding_window`` (2047 in
+Phi-3-mini-4k) is honoured by capping the context at window + 1 tokens, where the window never
+hides a key. Not yet: ``longrope`` scaling (the 128k checkpoints) and partial rotary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .decoder import (DecoderConfig, DecoderForCausalLM, UnsupportedConfig,
+                      cap_context_to_window, fuse_layer_weights)
+
+NAME = "phi3"
+HF_MODEL_TYPES = ("phi3",)
+GGUF_ARCHITECTURES = ("phi3",)
+GGUF_PERMUTED_QK = False
+GGUF_LAYER_NAMES = {  # llama.cpp keeps Phi-3's fused projections fused
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
+
+
+def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+    return {"sliding_window": key("attention.sliding_window", None)}
+
+
+class Config(DecoderConfig):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise UnsupportedConfig("partial rotary embedding (partial_rotary_factor < 1) is "
+                                    "not supported yet")
+        c = super().from_hf(hf)
+        return cap_context_to_window(c, hf.get("sliding_window"))
+
+
+Model = DecoderForCausalLM
+
+
+def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return fuse_layer_weights(c, weights)

@@ -1,0 +1,54 @@
+"""The inputs of one model step, defined once.
+
+The compiler declares ``forward``'s tensor arguments from ``STEP_INPUTS`` (compiler/models), the
+runner sizes and fills its input buffers from it (engine/runner.py), and ``step_values`` reads
+each one off a scheduled ``Batch`` (whose index arrays ``KVCache.index_for`` builds). Adding an
+input is one entry here plus where its values come from; nothing else lists them.
+
+Dimensions are named by what bounds them: ``n`` new tokens in the step, ``b`` sequences, ``b1``
+= b + 1, ``p`` pages the step references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .batch import Batch
+
+
+@dataclass(frozen=True, slots=True)
+class StepInput:
+    name: str
+    dims: tuple[str, ...]
+    values: Callable[[Batch], list[int]]  # the host values of one step
+    dtype: str = "int32"
+
+
+def _kv(field: str) -> Callable[[Batch], list[int]]:
+    return lambda batch: getattr(batch.kv, field)
+
+
+STEP_INPUTS: tuple[StepInput, ...] = (
+    StepInput("input_ids", ("n",), lambda batch: batch.token_ids),
+    StepInput("q_positions", ("n",), _kv("q_positions")),  # absolute position (RoPE)
+    StepInput("append_slots", ("n",), _kv("append_slots")),  # page * page_size + slot
+    StepInput("qo_indptr", ("b1",), _kv("qo_indptr")),
+    StepInput("page_indptr", ("b1",), _kv("page_indptr")),
+    StepInput("page_values", ("p",), _kv("page_values")),
+    StepInput("last_page_len", ("b",), _kv("last_page_len")),
+    StepInput("k_rope_pos_offset", ("b",), _kv("k_rope_pos_offset")),
+    # row of each sequence's last new token: the rows whose logits the step returns
+    StepInput("logit_positions", ("b",), lambda batch: [end - 1 for end in batch.kv.qo_indptr[1:]]),
+)
+
+STEP_INPUT_NAMES = tuple(i.name for i in STEP_INPUTS)
+
+
+def step_bounds(max_tokens: int, max_batch: int, num_pages: int) -> dict[str, int]:
+    """The largest size of each dimension a compiled artifact and a KV pool allow."""
+    return {"n": max_tokens, "b": max_batch, "b1": max_batch + 1, "p": num_pages}
+
+
+def step_values(batch: Batch) -> dict[str, list[int]]:
+    return {i.name: i.values(batch) for i in STEP_INPUTS}

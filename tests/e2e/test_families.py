@@ -1,0 +1,104 @@
+"""Every model family on a random tiny model built from its transformers config: compiled to
+q0f32 and run on the real backend, against transformers on the same HF directory.
+
+Llama has its own, longer suite (test_tiny_parity.py); here each other family gets prefill
+logits, 32 greedy tokens, a prompt over several pages, a batch, and an f16 variant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import TINY_OPTIONS
+from tests.e2e.helpers import (
+    greedy,
+    hf_greedy,
+    hf_logits,
+    load_artifact,
+    load_hf,
+    make_core,
+    prefill_logits,
+    run_core,
+)
+
+LOGIT_TOL = 1e-3
+F16_LOGIT_TOL = 0.1  # f16 weights and activations, f32 accumulation: logits of size ~5-20
+
+FAMILIES = {
+    # family: transformers config keys that make its tiny model exercise what is new in it
+    "qwen2": {"tie": False},  # q/k/v bias, untied head
+    "qwen3": {"tie": False},  # q/k norm, head_dim 32 with hidden 64 / 4 heads
+    "phi3": {"tie": False},  # fused qkv and gate_up in the checkpoint
+    "mistral": {"tie": True},
+}
+
+
+def ids_of(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory, compiled, backend):
+    """(name, core, hf, artifact dir) of one family's tiny model."""
+    from tests.tiny_models import make_tiny_model
+
+    name = request.param
+    path = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{name}"), name, seed=7,
+                           **FAMILIES[name])
+    art_dir = compiled(path, "q0f32", **TINY_OPTIONS)
+    return name, make_core(art_dir, num_pages=64), load_hf(path), art_dir, path
+
+
+def test_manifest_names_the_family(family):
+    name, core, _, art_dir, _ = family
+    art = load_artifact(art_dir)
+    assert art.model["family"] == name == core.info.family
+    names = {p.name for p in art.params}
+    if name == "qwen2":
+        assert sum(n.endswith("qkv_proj.bias") for n in names) == 2
+        assert not any(n.endswith("o_proj.bias") for n in names)
+    if name == "qwen3":
+        assert sum(n.endswith("self_attn.q_norm.weight") for n in names) == 2
+
+
+def test_prefill_logits_match_transformers(family):
+    name, core, hf, _, _ = family
+    prompts = [ids_of(23, 1), ids_of(5, 2), ids_of(40, 3)]  # 40 tokens: three pages
+    batch = prefill_logits(core.runner, prompts)
+    for i, p in enumerate(prompts):
+        ref = hf_logits(hf, p)[-1]
+        diff = np.abs(batch[i] - ref).max()
+        print(f"{name}: prefill logits of {len(p)} tokens: max|wick - hf| = {diff:.2e}")
+        assert diff < LOGIT_TOL
+        assert int(np.argmax(batch[i])) == int(np.argmax(ref))
+
+
+def test_greedy_32_tokens_match_transformers(family):
+    name, core, hf, _, _ = family
+    prompt = ids_of(50, 4)  # four pages before the first new token
+    (got,) = run_core(core, [prompt], greedy(32))
+    want = hf_greedy(hf, prompt, 32)
+    assert got == want
+    assert len(set(want)) > 4
+
+
+def test_batched_sequences_match_transformers(family):
+    _, core, hf, _, _ = family
+    prompts = [ids_of(n, 30 + n) for n in (3, 17, 33)]
+    together = run_core(core, prompts, greedy(12))
+    for p, got in zip(prompts, together):
+        assert got == hf_greedy(hf, p, 12)
+    assert core.kv.free_pages == core.kv.num_pages
+
+
+def test_f16_variant_within_f16_tolerance(family, compiled, backend):
+    if "shader-f16" not in backend.features:
+        pytest.skip("this adapter has no shader-f16")
+    name, _, hf, _, path = family
+    core16 = make_core(compiled(path, "q0f16", **TINY_OPTIONS), num_pages=16)
+    prompt = ids_of(33, 5)
+    (got,) = prefill_logits(core16.runner, [prompt])
+    ref = hf_logits(hf, prompt)[-1]
+    diff = np.abs(got - ref).max()
+    print(f"{name}: q0f16 prefill logits: max|wick - hf| = {diff:.2e}")
+    assert diff < F16_LOGIT_TOL
