@@ -71,6 +71,7 @@ from .protocol import (
     TokenLogprob,
     TopLogprob,
 )
+from .reasoning import ReasoningParser, reasoning_tags
 from .sequence import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -95,6 +96,8 @@ class _Prepared:
     grammar: CompiledGrammar | None = None
     grammar_spec: GrammarSpec | None = None  # compiled later when the backend is async
     tools: bool = False  # the output may hold tool calls (chat with tools, tool_choice != none)
+    # a reasoning model's tags, and whether the prompt opened the think block (None: no split)
+    reasoning: tuple[str, str, bool] | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +109,7 @@ class _Submitted:
     include_usage: bool
     logprobs: bool = False
     tools: bool = False
+    reasoning: tuple[str, str, bool] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -118,11 +122,13 @@ class _Collected:
     completion_tokens: list[int]
     logprobs: list[list[SampledToken]]
     calls: list[ToolCallParser]  # per choice, when the request has tools
+    thinking: list[ReasoningParser | None]  # per choice, for a reasoning model's chat
 
     @classmethod
-    def empty(cls, n: int) -> _Collected:
+    def empty(cls, n: int, reasoning: tuple[str, str, bool] | None = None) -> _Collected:
         return cls([[] for _ in range(n)], [None] * n, [0] * n, [[] for _ in range(n)],
-                   [ToolCallParser() for _ in range(n)])
+                   [ToolCallParser() for _ in range(n)],
+                   [ReasoningParser(*reasoning) if reasoning else None for _ in range(n)])
 
     def add(self, out: SequenceOutput) -> None:
         self.texts[out.index].append(out.text)
@@ -196,11 +202,11 @@ class _Frontend:
         """Validate, render the chat template and tokenize. Reads the model's info and the
         tokenizer only, so it may run on another thread than the step loop."""
         self._check_size(kind, kwargs)
-        tools = False
+        tools, reasoning = False, None
         if kind == "chat":
             req: SamplingFields = ChatCompletionRequest.from_dict(kwargs)
             self._check_model(req.model)
-            ids, tools = self._chat_prompt(req)
+            ids, tools, reasoning = self._chat_prompt(req)
             param = "messages"
         else:
             req = CompletionRequest.from_dict(kwargs)
@@ -215,42 +221,57 @@ class _Frontend:
             spec = GrammarSpec("tool_calls", tools_spec_source(
                 req.tools, req.tool_choice, req.parallel_tool_calls), param="tools")
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
-                         req.stream, *self._grammar(spec), tools=tools)
+                         req.stream, *self._grammar(spec), tools=tools, reasoning=reasoning)
 
-    def _chat_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], bool]:
-        """The prompt ids, and whether the reply may call tools. A template that knows tools
-        gets them (and the history's calls) as the model was trained; any other gets wick's
-        system prompt and the history's calls and results as text (engine/tools.py)."""
+    def _chat_prompt(self, req: ChatCompletionRequest
+                     ) -> tuple[list[int], bool, tuple[str, str, bool] | None]:
+        """The prompt ids, whether the reply may call tools, and how to split a reasoning
+        model's thinking off. A template that knows tools gets them (and the history's calls)
+        as the model was trained; any other gets wick's system prompt and the history's calls
+        and results as text (engine/tools.py)."""
         messages = [_template_message(m) for m in req.messages]
         tools = bool(req.tools) and req.tool_choice != "none"
+        extra = dict(req.chat_template_kwargs or {})
         if template_knows_tools(self.core.info.chat_template):
-            extra = {"tools": [t.to_openai() for t in req.tools]} if tools else {}
-            return self.core.chat_prompt_ids(messages, **extra), tools
-        messages = history_as_text(messages)
-        if tools:
-            prompt = fallback_system_prompt(req.tools)
-            if messages and messages[0]["role"] == "system":
-                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}"}
-            else:
-                messages.insert(0, {"role": "system", "content": prompt})
-        return self.core.chat_prompt_ids(messages), tools
+            if tools:
+                extra["tools"] = [t.to_openai() for t in req.tools]
+        else:
+            messages = history_as_text(messages)
+            if tools:
+                prompt = fallback_system_prompt(req.tools)
+                if messages and messages[0]["role"] == "system":
+                    messages[0] = {**messages[0],
+                                   "content": f"{messages[0]['content']}\n\n{prompt}"}
+                else:
+                    messages.insert(0, {"role": "system", "content": prompt})
+        text = self.core.render_chat(messages, **extra)
+        tags = reasoning_tags(self.core.info.chat_template)
+        reasoning = (*tags, text.rstrip().endswith(tags[0])) if tags else None
+        return self.core.prompt_ids(text), tools, reasoning
 
     # -- /tokenize and /detokenize (as vLLM's and llama.cpp's servers) -------------------------
 
     def tokenize(self, body: Any) -> dict[str, Any]:
         """``{model?, prompt | messages}`` -> ``{tokens, count, max_model_len}``: the ids the
         engine would prefill (a prompt with the model's BOS rule, messages through the chat
-        template with the generation prompt)."""
-        body = _object_body(body, ("model", "prompt", "messages"))
+        template with the generation prompt, and ``tools`` and ``chat_template_kwargs`` as a
+        chat request would)."""
+        body = _object_body(body, ("model", "prompt", "messages", "tools",
+                                   "chat_template_kwargs"))
         self._check_model(body.get("model"))
         if ("prompt" in body) == ("messages" in body):
             raise InvalidRequestError("Give exactly one of 'prompt' and 'messages'.",
                                       param="prompt", code="missing_required_parameter")
         kind = "chat" if "messages" in body else "completion"
+        for key in ("tools", "chat_template_kwargs"):
+            if kind == "completion" and key in body:
+                raise InvalidRequestError(f"'{key}' applies to 'messages' only.", param=key,
+                                          code="invalid_value")
         self._check_size(kind, body)
         if kind == "chat":
-            req = ChatCompletionRequest.from_dict({"messages": body["messages"]})
-            ids = self.core.chat_prompt_ids([_template_message(m) for m in req.messages])
+            req = ChatCompletionRequest.from_dict(
+                {k: body[k] for k in ("messages", "tools", "chat_template_kwargs") if k in body})
+            ids = self._chat_prompt(req)[0]
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):
@@ -319,7 +340,7 @@ class _Frontend:
         rid = self.core.add_request(prep.prompt_ids, prep.params, n=prep.n,
                                     prompt_param=prep.prompt_param, grammar=prep.grammar)
         return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage,
-                          prep.params.logprobs, prep.tools)
+                          prep.params.logprobs, prep.tools, prep.reasoning)
 
     # -- logprobs ---------------------------------------------------------------------------
 
@@ -369,12 +390,18 @@ class _Frontend:
         if sub.kind == "chat":
             choices = []
             for i in range(sub.n):
-                message, finish = ChatMessage("assistant", texts[i]), col.finish[i]
+                text, reasoning = texts[i], None
+                thinking = col.thinking[i]
+                if thinking is not None:
+                    (r1, text), (r2, c2) = thinking.push(text), thinking.finish()
+                    reasoning, text = (r1 + r2) or None, text + c2
+                message, finish = ChatMessage("assistant", text), col.finish[i]
                 if sub.tools:
                     parser = col.calls[i]
-                    content = parser.push(texts[i])[0] + parser.finish()[0]
+                    content = parser.push(text)[0] + parser.finish()[0]
                     message = _with_calls(content, parser.calls)
                     finish = "tool_calls" if parser.calls and finish == "stop" else finish
+                message.reasoning_content = reasoning
                 choices.append(ChatCompletionChoice(
                     i, message, finish,
                     self._chat_logprobs(col.logprobs[i]) if sub.logprobs else None))
@@ -404,7 +431,13 @@ class _Frontend:
         # held back (a possible stop string, an unfinished UTF-8 character)
         lp = out.logprobs if sub.logprobs else []
         if sub.kind == "chat":
-            text, calls, finish = out.text, [], out.finish_reason
+            text, calls, finish, reasoning = out.text, [], out.finish_reason, ""
+            thinking = col.thinking[out.index]
+            if thinking is not None:
+                reasoning, text = thinking.push(text)
+                if finish is not None:
+                    r2, c2 = thinking.finish()
+                    reasoning, text = reasoning + r2, text + c2
             if sub.tools:  # calls leave the text; each goes out whole once its block closes
                 parser = col.calls[out.index]
                 before = len(parser.calls)
@@ -415,10 +448,11 @@ class _Frontend:
                         finish = "tool_calls"
                 calls = [{"index": before + j, **c.to_dict()}
                          for j, c in enumerate(parser.calls[before:])]
-            if text or lp or calls:
-                content = (text or None) if calls else text
+            if text or lp or calls or reasoning:
+                content = (text or None) if calls or reasoning else text
                 chunks.append(self._chat_chunk(sub, [ChunkChoice(
-                    out.index, ChoiceDelta(content=content, tool_calls=calls or None), None,
+                    out.index, ChoiceDelta(content=content, tool_calls=calls or None,
+                                           reasoning_content=reasoning or None), None,
                     self._chat_logprobs(lp) if lp else None)]))
             if finish is not None:
                 chunks.append(self._chat_chunk(
@@ -488,6 +522,8 @@ def _template_message(m: ChatMessage) -> dict[str, Any]:
             c["function"]["arguments"])}} for c in m.tool_calls]
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content is not None:
+        out["reasoning_content"] = m.reasoning_content
     return out
 
 
@@ -572,7 +608,7 @@ class EngineAPI(_Frontend):
         if prep.stream:
             return ChunkStream(self._stream(sub), lambda: self._release(sub.request_id))
         try:
-            col = _Collected.empty(sub.n)
+            col = _Collected.empty(sub.n, sub.reasoning)
             while not col.done:
                 col.add(self._next_output(sub.request_id))
             return self._response(sub, col)
@@ -580,7 +616,7 @@ class EngineAPI(_Frontend):
             self._release(sub.request_id)
 
     def _stream(self, sub: _Submitted) -> Iterator[Any]:
-        col = _Collected.empty(sub.n)
+        col = _Collected.empty(sub.n, sub.reasoning)
         yield from self._first_chunks(sub)
         while not col.done:
             yield from self._chunks_for(sub, self._next_output(sub.request_id), col)
@@ -691,7 +727,7 @@ class AsyncEngineAPI(_Frontend):
         if prep.stream:
             return AsyncChunkStream(self._stream(sub), lambda: self._release(sub.request_id))
         try:
-            col = _Collected.empty(sub.n)
+            col = _Collected.empty(sub.n, sub.reasoning)
             while not col.done:
                 col.add(await self._next_output(sub.request_id))
             return self._response(sub, col)
@@ -700,7 +736,7 @@ class AsyncEngineAPI(_Frontend):
 
     async def _stream(self, sub: _Submitted) -> AsyncIterator[Any]:
         try:
-            col = _Collected.empty(sub.n)
+            col = _Collected.empty(sub.n, sub.reasoning)
             for chunk in self._first_chunks(sub):
                 yield chunk
             while not col.done:

@@ -174,11 +174,14 @@ class EngineCore:
     def chat_prompt_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
         """Render the chat template (with ``template_vars``, e.g. ``tools``) and tokenize
         (with the BOS rule of ``prompt_ids``)."""
-        text = render_chat_template(
+        return self.prompt_ids(self.render_chat(messages, **template_vars))
+
+    def render_chat(self, messages: list[dict[str, Any]], **template_vars: Any) -> str:
+        """The prompt text of ``messages``, ready for the assistant's reply."""
+        return render_chat_template(
             self.info.chat_template, messages, bos_token=self._bos_text, eos_token=self._eos_text,
             add_generation_prompt=True, **template_vars,
         )
-        return self.prompt_ids(text)
 
     def prompt_ids(self, text: str) -> list[int]:
         """Tokenize a prompt; prepend BOS when the model wants one and the text lacks it.

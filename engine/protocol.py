@@ -344,6 +344,9 @@ class ChatMessage:
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # a reasoning model's thinking (engine/reasoning.py); in a request, an earlier reply's,
+    # which the chat template may use or drop
+    reasoning_content: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -359,7 +362,8 @@ class ChatMessage:
         if not isinstance(d, dict):
             raise _type_error(where, "an object", d)
         for key in d:
-            if key not in ("role", "content", "name", "tool_calls", "tool_call_id"):
+            if key not in ("role", "content", "name", "tool_calls", "tool_call_id",
+                           "reasoning_content"):
                 if key in ("function_call", "audio", "refusal"):
                     if d[key] is None:
                         continue
@@ -387,8 +391,12 @@ class ChatMessage:
             raise _unknown_field(f"{where}.tool_call_id")
         content = d.get("content")
         text = None if content is None and tool_calls else _content_text(content, where)
+        reasoning = d.get("reasoning_content")
+        if reasoning is not None and (role != "assistant" or not isinstance(reasoning, str)):
+            raise _type_error(f"{where}.reasoning_content", "a string (assistant messages "
+                              "only)", reasoning)
         return cls(role=role, content=text, name=name, tool_calls=tool_calls,
-                   tool_call_id=tool_call_id)
+                   tool_call_id=tool_call_id, reasoning_content=reasoning)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -398,6 +406,8 @@ class ChatMessage:
             out["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -457,6 +467,22 @@ def _content_text(content: Any, where: str) -> str:
 # Requests
 
 
+# what the engine itself passes to a chat template; a request may not set these
+TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def _check_template_kwargs(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _type_error("chat_template_kwargs", "an object", value)
+    for key in value:
+        if key in TEMPLATE_RESERVED:
+            raise InvalidRequestError(
+                f"'chat_template_kwargs.{key}' is set by the engine and cannot be given.",
+                param=f"chat_template_kwargs.{key}", code="invalid_value")
+
+
 @dataclass(slots=True)
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = field(default_factory=list)
@@ -464,6 +490,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Any] | None = None  # OpenAI's function tools (checked by engine/tools.py)
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool = True
+    # extra variables for the chat template, e.g. {"enable_thinking": false} (vLLM's field)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         SamplingFields.__post_init__(self)
@@ -483,6 +511,7 @@ class ChatCompletionRequest(SamplingFields):
                 "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs",
                 code="invalid_value")
         _check_bool("parallel_tool_calls", self.parallel_tool_calls)
+        _check_template_kwargs(self.chat_template_kwargs)
         from .tools import parse_tool_choice, parse_tools
 
         tools = parse_tools(self.tools) if self.tools is not None else []
@@ -497,7 +526,8 @@ class ChatCompletionRequest(SamplingFields):
     @classmethod
     def from_dict(cls, d: Any) -> ChatCompletionRequest:
         kwargs = _split_fields(d, ("messages", "max_completion_tokens", "top_logprobs", "tools",
-                                   "tool_choice", "parallel_tool_calls"), _DEFAULT_ONLY_CHAT)
+                                   "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
+                               _DEFAULT_ONLY_CHAT)
         if "messages" not in kwargs:
             raise InvalidRequestError(
                 "Missing required parameter: 'messages'.", param="messages",
@@ -674,6 +704,7 @@ class ChatCompletion:
 class ChoiceDelta:
     role: str | None = None  # "assistant" in a choice's first chunk only
     content: str | None = None
+    reasoning_content: str | None = None
     # whole calls, each with its "index" among the choice's calls (OpenAI streams a call in
     # pieces joined by index; wick sends each complete, once parsed)
     tool_calls: list[dict[str, Any]] | None = None
@@ -684,6 +715,8 @@ class ChoiceDelta:
             out["role"] = self.role
         if self.content is not None:
             out["content"] = self.content
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             out["tool_calls"] = self.tool_calls
         return out

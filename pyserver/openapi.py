@@ -89,7 +89,9 @@ def protocol_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
             "type": "object", "additionalProperties": False, "properties": {
                 "model": {"type": "string"}, "prompt": {"type": "string"},
                 "messages": {"type": "array", "minItems": 1,
-                             "items": {"$ref": "#/components/schemas/ChatMessage"}}}},
+                             "items": {"$ref": "#/components/schemas/ChatMessage"}},
+                "tools": {"type": "array", "items": {"type": "object"}},
+                "chat_template_kwargs": {"type": "object"}}},
             {"type": "object", "required": ["tokens", "count", "max_model_len"], "properties": {
                 "tokens": {"type": "array", "items": {"type": "integer"}},
                 "count": {"type": "integer"}, "max_model_len": {"type": "integer"}}},

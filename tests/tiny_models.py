@@ -44,13 +44,13 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
                     tie: bool = False, context: int = 512, extra_tokens: list[str] = (),
                     chat_template: str = CHATML, **config) -> Path:
     """A random ``family`` model of 2..6 layers with the byte-level tokenizer, saved as an HF
-    directory (safetensors, f32). ``extra_tokens`` become added special tokens (e.g. <think>)."""
+    directory (safetensors, f32). ``extra_tokens`` become added (not special) tokens, as Qwen3's <think>."""
     import torch
     import transformers
 
     out.mkdir(parents=True, exist_ok=True)
     tok = byte_level_tokenizer()
-    tok.add_special_tokens(list(extra_tokens))
+    tok.add_tokens(list(extra_tokens))
     tok.save(str(out / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     (out / "tokenizer_config.json").write_text(json.dumps({

@@ -102,3 +102,36 @@ def test_f16_variant_within_f16_tolerance(family, compiled, backend):
     diff = np.abs(got - ref).max()
     print(f"{name}: q0f16 prefill logits: max|wick - hf| = {diff:.2e}")
     assert diff < F16_LOGIT_TOL
+
+
+def test_qwen3_reasoning_is_split_from_content(tmp_path_factory, compiled):
+    """A tiny Qwen3 with <think> tokens and a Qwen3-like template, its output shaped by a
+    grammar into think block + answer: reasoning_content and content apart, streamed too."""
+    from tests.engine.test_reasoning import QWEN3_LIKE
+    from tests.tiny_models import make_tiny_model
+    from wick.engine.api import EngineAPI
+
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3-think"), "qwen3", seed=3,
+                           extra_tokens=["<think>", "</think>"], chat_template=QWEN3_LIKE)
+    core = make_core(compiled(path, "q0f32", **TINY_OPTIONS), num_pages=32)
+    api = EngineAPI(core)
+    shape = {"type": "grammar", "grammar":
+             'root ::= "<think>" [a-z] [a-z] [a-z] "</think>\\n\\n" [a-z] [a-z] [a-z] [a-z]'}
+    ask = [{"role": "user", "content": "hi"}]
+    r = api.chat.completions.create(messages=ask, temperature=0, max_tokens=40,
+                                    response_format=shape)
+    message = r.choices[0].message
+    assert len(message.reasoning_content) == 3 and message.reasoning_content.isalpha()
+    assert len(message.content) == 4 and message.content.isalpha()
+    reasoning = content = ""
+    for chunk in api.chat.completions.create(messages=ask, temperature=0, max_tokens=40,
+                                             response_format=shape, stream=True):
+        for c in chunk.choices:
+            reasoning += c.delta.reasoning_content or ""
+            content += c.delta.content or ""
+    assert (reasoning, content) == (message.reasoning_content, message.content)
+    # thinking off: the template writes the empty block into the prompt; no split needed
+    off = api.tokenize({"messages": ask, "chat_template_kwargs": {"enable_thinking": False}})
+    on = api.tokenize({"messages": ask})
+    assert off["count"] > on["count"]
+    assert core.tokenizer.decode(off["tokens"][on["count"]:]) == "<think>\n\n</think>\n\n"

@@ -27,6 +27,8 @@ export interface ChatCompletionMessageParam {
   role: "system" | "user" | "assistant" | "developer" | "tool";
   content: string | null | { type: "text"; text: string }[];
   name?: string;
+  /** an earlier reply's thinking (reasoning models); the chat template may use it */
+  reasoning_content?: string | null;
 }
 export interface SamplingParams {
   model?: string;
@@ -63,6 +65,8 @@ export interface ChatCompletionCreateParamsBase extends SamplingParams {
   logprobs?: boolean | null;
   /** 0-20, needs logprobs: true */
   top_logprobs?: number | null;
+  /** extra chat template variables (as vLLM), e.g. `{ enable_thinking: false }` for Qwen3 */
+  chat_template_kwargs?: Record<string, unknown> | null;
 }
 export interface CompletionCreateParamsBase extends SamplingParams {
   prompt: string | number[];
@@ -82,7 +86,8 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: number; message: { role: "assistant"; content: string | null }; finish_reason: string | null; logprobs: ChoiceLogprobs | null }[];
+  /** `reasoning_content`: a reasoning model's thinking, apart from its answer (as vLLM) */
+  choices: { index: number; message: { role: "assistant"; content: string | null; reasoning_content?: string | null }; finish_reason: string | null; logprobs: ChoiceLogprobs | null }[];
   usage?: CompletionUsage;
 }
 export interface ChatCompletionChunk {
@@ -90,7 +95,7 @@ export interface ChatCompletionChunk {
   object: "chat.completion.chunk";
   created: number;
   model: string;
-  choices: { index: number; delta: { role?: "assistant"; content?: string | null }; finish_reason: string | null; logprobs?: ChoiceLogprobs | null }[];
+  choices: { index: number; delta: { role?: "assistant"; content?: string | null; reasoning_content?: string | null }; finish_reason: string | null; logprobs?: ChoiceLogprobs | null }[];
   usage?: CompletionUsage | null;
 }
 export interface Completion {
