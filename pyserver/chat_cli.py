@@ -1,5 +1,9 @@
 """The REPL behind ``wick chat``: multi-turn history over ``engine.chat.completions.create``.
 
+A model without a chat template (a base model) gets a completion REPL instead: the session is
+one growing text that the model continues (``engine.completions.create``). A reasoning model's
+thinking (``reasoning_content``) is shown dimmed and kept out of the history.
+
 Lines are read from stdin (readline editing when it is a terminal; plain lines when piped).
 A line starting with ``/`` is a command (``COMMANDS``); anything else is a user turn whose reply
 streams to stdout and is appended to the history. Errors of one turn (a ``WickError``) are
@@ -14,6 +18,8 @@ from typing import Any, TextIO
 
 from ..engine.errors import ContextLengthExceededError, InvalidRequestError, WickError
 from ..engine.protocol import SamplingFields
+
+_DIM, _PLAIN = "\x1b[2m", "\x1b[0m"  # a terminal's dim text (reasoning), and back
 
 # /set KEY=VALUE: the sampling fields a user may change, with their parsers
 SETTABLE = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int}
@@ -74,13 +80,20 @@ class ChatSession:
     err: TextIO = field(default_factory=lambda: sys.stderr)
     messages: list[dict[str, str]] = field(default_factory=list)
     steps: list[StepSample] = field(default_factory=list)  # decode steps seen in the last reply
+    document: str = ""  # completion mode: the text so far, which the model continues
 
     def __post_init__(self) -> None:
         SamplingFields(**self.sampling)  # the API's range checks, before the first turn
         self.reset()
 
+    @property
+    def completion_mode(self) -> bool:
+        """A base model (no chat template): each line extends a text the model continues."""
+        return self.engine.core.info.chat_template is None
+
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.document = self.system + "\n" if self.system and self.completion_mode else ""
 
     # -- one line -------------------------------------------------------------------------------
 
@@ -117,19 +130,38 @@ class ChatSession:
 
     def ask(self, text: str) -> str:
         """Send one user turn; stream the reply to ``out``; keep both turns in the history."""
+        prompt = self.document + text  # completion mode's prompt
         self.messages.append({"role": "user", "content": text})
         core = self.engine.core
         self.steps = []
         parts: list[str] = []
         stream = None
+        thinking = False  # inside dimmed reasoning output
         try:
-            stream = self.engine.chat.completions.create(
-                messages=self.messages, stream=True, **self.sampling)
+            if self.completion_mode:
+                stream = self.engine.completions.create(prompt=prompt, stream=True,
+                                                        **self.sampling)
+            else:
+                stream = self.engine.chat.completions.create(
+                    messages=self.messages, stream=True, **self.sampling)
             seen = None  # core.stats.num_steps at the previous chunk; None until the first token
             for chunk in stream:
                 if not chunk.choices:
                     continue
-                content = chunk.choices[0].delta.content
+                choice = chunk.choices[0]
+                if self.completion_mode:
+                    content, reasoning = choice.text, None
+                else:
+                    content, reasoning = choice.delta.content, choice.delta.reasoning_content
+                if reasoning:
+                    if not thinking:
+                        self.out.write(_DIM if self._styled else "[thinking] ")
+                        thinking = True
+                    self.out.write(reasoning)
+                    self.out.flush()
+                if content and thinking:
+                    self.out.write(_PLAIN if self._styled else "\n[answer] ")
+                    thinking = False
                 if content:
                     n = core.stats.num_steps
                     if seen is not None and n == seen + 1:  # exactly one (decode) step made it
@@ -143,7 +175,7 @@ class ChatSession:
         except KeyboardInterrupt:
             if stream is not None:
                 stream.close()  # aborts the request; its pages are freed at the next step
-            self.out.write("\n[stopped]")
+            self.out.write((_PLAIN if thinking and self._styled else "") + "\n[stopped]")
         except WickError as e:
             self.messages.pop()
             self.out.write("\n" if parts else "")
@@ -151,14 +183,20 @@ class ChatSession:
             too_long = isinstance(e, ContextLengthExceededError)
             self._error(e.message + (" (/reset clears the history)" if too_long else ""))
             return ""
-        self.out.write("\n")
+        self.out.write((_PLAIN if thinking and self._styled else "") + "\n")
         self.out.flush()
         reply = "".join(parts)
         if reply:
             self.messages.append({"role": "assistant", "content": reply})
+            if self.completion_mode:
+                self.document = prompt + reply + "\n"
         else:
             self.messages.pop()  # nothing came back: forget the question too
         return reply
+
+    @property
+    def _styled(self) -> bool:
+        return bool(getattr(self.out, "isatty", lambda: False)())
 
     def stats_text(self) -> str:
         last = self.engine.core.stats.last_request

@@ -159,6 +159,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print(f"wick chat: {info.model_id} ({info.quantization}) on {engine.device_name}")
     if engine.software_notice:
         print(f"note: {engine.software_notice}", file=sys.stderr)
+    if session.completion_mode:
+        print("This is a base model (no chat template): completion mode. Each line extends one "
+              "text that the model continues; /reset starts a new one.")
     print("Type /help for commands; /exit or Ctrl-D quits, Ctrl-C stops a reply.")
     sys.stdout.flush()
     return run_repl(session)
@@ -264,11 +267,20 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from ..compiler.paths import sources_dir
     from ..compiler.sources import builtin_models
 
+    rows = [("NAME", "FAMILY", "PARAMS", "KIND", "DEFAULT", "DOWNLOAD", "LICENSE")]
     for name, entry in sorted(builtin_models().items()):
-        quant = entry.get("default_quantization", DEFAULT_QUANTIZATION)
-        print(f"{name}  ({entry.get('family', '?')}, {quant}, {entry.get('license', '?')})")
+        here = (sources_dir() / name / Path(entry["file"]).name).is_file()
+        rows.append((name, entry.get("family", "?"), entry.get("params", "?"),
+                     "chat" if entry.get("chat") else "base",
+                     entry.get("default_quantization", DEFAULT_QUANTIZATION),
+                     "downloaded" if here else f"{entry.get('download_mb', '?')} MB",
+                     entry.get("license", "?")))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
     return 0
 
 

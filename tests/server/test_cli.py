@@ -268,6 +268,26 @@ def test_chat_greedy_is_deterministic(artifact, wick_env):
     assert replies[0].strip() and replies[0] == replies[1]
 
 
+def test_chat_with_a_base_model_continues_one_text(tmp_path_factory, wick_env):
+    """No chat template: `wick chat` says it is in completion mode, each line extends one text
+    the model continues (so the second prompt holds the first line and its continuation)."""
+    from tests.tiny_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny-base"), "llama", seed=5,
+                           chat_template=None)
+    script = "Once upon a time\nthe end\n/stats\n/reset\nagain\n/stats\n/exit\n"
+    result = wick(wick_env, "chat", str(path), "--quantization", "q0f32", "--temperature", "0",
+                  "--max-tokens", "6", stdin=script)
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    assert "completion mode" in result.stdout
+    (second, c2), (again, c3) = stats_blocks(result.stdout)
+    # byte-level vocabulary: "Once upon a time" (16) + its reply + "\n" + "the end" (7)
+    assert second >= 16 + 1 + 1 + 7 and c2 >= 1 and c3 >= 1
+    assert again < 16  # /reset started a new text: "again"
+    assert "error" not in result.stderr
+
+
 def test_chat_bad_sampling_option_is_one_line(artifact, wick_env):
     result = wick(wick_env, "chat", str(artifact), "--temperature", "5")
     assert result.returncode == 1
@@ -311,8 +331,17 @@ def test_rm_removes_only_artifacts_in_the_cache(artifact, wick_env, tmp_path):
 
 
 def test_models_lists_builtins(wick_env):
+    from wick.compiler.sources import builtin_models
+
     result = wick(wick_env, "models")
-    assert result.returncode == 0 and "smollm2-135m-instruct" in result.stdout
+    assert result.returncode == 0, result.stderr
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["NAME", "FAMILY", "PARAMS", "KIND", "DEFAULT", "DOWNLOAD",
+                              "LICENSE"]
+    listed = {row.split()[0]: row.split() for row in rows}
+    assert set(listed) == set(builtin_models())
+    assert listed["qwen2.5-coder-0.5b-instruct"][1:4] == ["qwen2", "494M", "chat"]
+    assert listed["smollm2-135m-instruct"][1] == "llama"
 
 
 def test_serve_starts_answers_and_stops(wick_env, artifact):
