@@ -35,7 +35,7 @@ FAMILY_CONFIGS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),  # head_dim != hidden/heads
-    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
 }
 

@@ -10,7 +10,7 @@ from HF's separate projections.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -48,6 +48,7 @@ class DecoderConfig:
     o_bias: bool = False  # bias on the output projection (Llama attention_bias)
     mlp_bias: bool = False  # biases on gate, up, down (Llama mlp_bias)
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+    sliding_window: int | None = None  # every layer's window (Mistral, Phi-3), if any
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -78,15 +79,16 @@ class DecoderConfig:
     def attention(self, layer: int, dtype: str) -> AttentionSpec:
         """Layer ``layer``'s attention; every layer the same unless a family says otherwise."""
         return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
-                             dtype, self.rope_theta, self.rope_scaling)
+                             dtype, self.rope_theta, self.rope_scaling,
+                             window=effective_window(self.sliding_window, self.context_window))
 
 
-def cap_context_to_window(c: DecoderConfig, window: int | None) -> DecoderConfig:
-    """A sliding window at least as long as the context never hides a key: the model is exact
-    as global attention (Phi-3-mini's 2047 in a 4096 context is not, and is capped)."""
-    if window is None or window + 1 >= c.context_window:
-        return c
-    return replace(c, context_window=window + 1)
+def effective_window(window: int | None, context_window: int) -> int | None:
+    """None when the window never hides a key (it spans the whole context): such layers run
+    the faster global kernel and are exact all the same."""
+    if window is None or int(window) >= context_window:
+        return None
+    return int(window)
 
 
 def rms_norm(size: int, c: DecoderConfig, dtype: str) -> nn.RMSNorm:

@@ -1,8 +1,8 @@
 """Mistral: the Llama decoder with sliding-window attention (``sliding_window``; v0.1: 4096
 in a 32k context; later versions set none).
 
-Semantics: HF transformers ``models/mistral/modeling_mistral.py``. For now the window is
-honoured by capping the context at window + 1 tokens, where it never hides a key.
+Semantics: HF transformers ``models/mistral/modeling_mistral.py``. Windowed layers run
+window_attention.py's kernel; the KV pages behind the window are kept (not yet freed).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .decoder import DecoderConfig, DecoderForCausalLM, cap_context_to_window, fuse_layer_weights
+from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights
 
 NAME = "mistral"
 HF_MODEL_TYPES = ("mistral",)
@@ -27,7 +27,7 @@ def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        return cap_context_to_window(super().from_hf(hf), hf.get("sliding_window"))
+        return super().from_hf(hf, sliding_window=hf.get("sliding_window"))
 
 
 Model = DecoderForCausalLM

@@ -34,7 +34,8 @@ class AttentionSpec:
 
     ``scale`` multiplies q.k (HF: ``head_dim ** -0.5``, Gemma ``query_pre_attn_scalar ** -0.5``).
     ``window``: a key is visible to a query at most ``window - 1`` positions back (HF's
-    sliding window); None for global attention.
+    sliding window); None for global attention. Windowed or soft-capped layers run
+    window_attention.py's kernel, the others TVM's paged prefill kernel.
     """
 
     num_q_heads: int
@@ -45,6 +46,7 @@ class AttentionSpec:
     rope_scaling: Any = None  # HF rope_scaling dict (rope_type + its keys), None = plain RoPE
     scale: float | None = None  # None -> head_dim ** -0.5
     window: int | None = None
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
 
     @property
     def softmax_scale(self) -> float:
@@ -55,10 +57,15 @@ class PagedAttention:
     """The TIR kernels of one attention shape, specialized once and shared by all layers."""
 
     def __init__(self, spec: AttentionSpec, target) -> None:
-        if spec.window is not None:
-            raise NotImplementedError("sliding-window attention is not implemented yet")
         self.shape = spec
         s = spec
+        self.windowed = s.window is not None or s.softcap is not None
+        if self.windowed:
+            from .window_attention import window_attention_prim_func
+
+            self.window_kernel = window_attention_prim_func(
+                s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype, s.softmax_scale, s.window,
+                s.softcap)
         scaling = dict(s.rope_scaling or {})
         rope = llama_rope_with_position_map(
             s.rope_theta, 1.0, s.head_dim, s.num_q_heads, s.num_kv_heads, s.dtype, scaling, None
@@ -105,6 +112,13 @@ class PagedAttention:
             0,
             Tensor.placeholder(pages.shape, s.dtype),
         )
+        if self.windowed:
+            out = op.tensor_ir_op(
+                self.window_kernel, "window_attention",
+                [q, pages, step["qo_indptr"], step["page_indptr"], step["page_values"],
+                 step["last_page_len"], step["q_positions"]],
+                Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype))
+            return op.reshape(out, (n, s.num_q_heads * s.head_dim))
         out, _lse = op.tensor_ir_op(
             self.prefill,
             "batch_prefill_paged_kv",

