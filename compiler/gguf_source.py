@@ -168,6 +168,7 @@ class GGUFModel:
             shape = tuple(int(d) for d in reversed(tensor.shape))  # numpy order
             data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
             array = np.array(data, dtype=np.float32, copy=True).reshape(shape)  # own the memory
+            array = getattr(self.family, "gguf_tensor", lambda n, a: a)(name, array)
             if self.family.GGUF_PERMUTED_QK and ".self_attn.q_proj." in name:
                 array = unpermute_rope_rows(array, config["num_attention_heads"])
             elif self.family.GGUF_PERMUTED_QK and ".self_attn.k_proj." in name:

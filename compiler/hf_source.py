@@ -122,6 +122,8 @@ def load_weights(
                 done += 1
                 if progress is not None:
                     progress("read", done, len(plan))
+    if not config["tie_word_embeddings"] and "lm_head.weight" not in weights:
+        config["tie_word_embeddings"] = True  # a config that left it to the default (Gemma)
     if config["tie_word_embeddings"]:
         weights.pop("lm_head.weight", None)
         dtypes.pop("lm_head.weight", None)

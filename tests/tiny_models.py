@@ -37,6 +37,10 @@ FAMILY_CONFIGS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),  # head_dim != hidden/heads
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "query_pre_attn_scalar": 24,
+                                                     "pad_token_id": 0}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 32, "query_pre_attn_scalar": 24,
+                                                         "pad_token_id": 0}),
 }
 
 

@@ -16,9 +16,9 @@ Most families are ``decoder.DecoderForCausalLM`` configured, with one piece over
 
 from types import ModuleType
 
-from . import llama, mistral, phi3, qwen2, qwen3
+from . import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3
 
-FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3)}
+FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3)}
 HF_MODEL_TYPES = {t: m for m in FAMILIES.values() for t in m.HF_MODEL_TYPES}
 GGUF_ARCHITECTURES = {a: m for m in FAMILIES.values() for a in m.GGUF_ARCHITECTURES}
 

@@ -165,11 +165,13 @@ class DecoderForCausalLM(nn.Module):
                  max_param_bytes: int = MAX_BINDING_BYTES) -> None:
         self.config, self.quant = c, quant
         kernels: dict[AttentionSpec, PagedAttention] = {}  # one set of kernels per distinct spec
+        shared: dict = {}
         self.layer_attention = []
         for i in range(c.num_hidden_layers):
             spec = c.attention(i, quant.dtype)
             if spec not in kernels:
-                kernels[spec] = PagedAttention(spec, target)
+                tag = f"_{len(kernels)}" if kernels else ""
+                kernels[spec] = PagedAttention(spec, target, tag, shared)
             self.layer_attention.append(kernels[spec])
         layers = [self.make_layer(c, attn, quant) for attn in self.layer_attention]
         self.model = Body(c, layers, quant, max_param_bytes)

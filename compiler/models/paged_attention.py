@@ -56,22 +56,32 @@ class AttentionSpec:
 class PagedAttention:
     """The TIR kernels of one attention shape, specialized once and shared by all layers."""
 
-    def __init__(self, spec: AttentionSpec, target) -> None:
+    def __init__(self, spec: AttentionSpec, target, tag: str = "",
+                 shared: dict | None = None) -> None:
+        """``tag`` makes kernel names distinct when a model has several specs; ``shared``
+        holds kernels that depend on the KV shape only (the append), one per model."""
         self.shape = spec
+        self.tag = tag
         s = spec
+        shared = {} if shared is None else shared
         self.windowed = s.window is not None or s.softcap is not None
         if self.windowed:
-            from .window_attention import window_attention_prim_func
+            from .window_attention import kernel_name, window_attention_prim_func
 
+            self.window_name = kernel_name(s.window, s.softcap) + tag
             self.window_kernel = window_attention_prim_func(
                 s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype, s.softmax_scale, s.window,
-                s.softcap)
+                s.softcap).with_attr("global_symbol", self.window_name)
         scaling = dict(s.rope_scaling or {})
         rope = llama_rope_with_position_map(
             s.rope_theta, 1.0, s.head_dim, s.num_q_heads, s.num_kv_heads, s.dtype, scaling, None
         )
-        self.rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)})  # apply_rope
-        self.append = _kv_cache_transpose_append(s.num_kv_heads, s.head_dim, s.dtype, PAGE_SIZE)
+        self.rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)}).with_attr(
+            "global_symbol", "fused_rope" + tag)  # (specialized: apply_rope = 1)
+        kv = (s.num_kv_heads, s.head_dim, s.dtype)
+        if kv not in shared:
+            shared[kv] = _kv_cache_transpose_append(*kv, PAGE_SIZE)
+        self.append = shared[kv]
         prefill = _attention_prefill(
             s.num_kv_heads, s.num_q_heads, s.head_dim, s.dtype, False, scaling, target, PAGE_SIZE
         )
@@ -84,7 +94,7 @@ class PagedAttention:
                 rope_theta: tirx.FloatImm("float32", float(s.rope_theta)),
                 sm_scale: tirx.FloatImm("float32", s.softmax_scale),
             }
-        )
+        ).with_attr("global_symbol", "batch_prefill_paged_kv" + tag)
 
     def page_spec(self) -> nn.spec.Tensor:
         s = self.shape
@@ -97,7 +107,7 @@ class PagedAttention:
         n = qkv.shape[0]
         q, k, v = op.tensor_ir_op(
             self.rope,
-            "fused_rope",
+            "fused_rope" + self.tag,
             [qkv, step["q_positions"]],
             [
                 Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype),
@@ -114,14 +124,14 @@ class PagedAttention:
         )
         if self.windowed:
             out = op.tensor_ir_op(
-                self.window_kernel, "window_attention",
+                self.window_kernel, self.window_name,
                 [q, pages, step["qo_indptr"], step["page_indptr"], step["page_values"],
                  step["last_page_len"], step["q_positions"]],
                 Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype))
             return op.reshape(out, (n, s.num_q_heads * s.head_dim))
         out, _lse = op.tensor_ir_op(
             self.prefill,
-            "batch_prefill_paged_kv",
+            "batch_prefill_paged_kv" + self.tag,
             [
                 q,
                 step["qo_indptr"],

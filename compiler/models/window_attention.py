@@ -41,6 +41,7 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
     DPT = (D + NT - 1) // NT  # output dimensions per thread
     W = int(window) if window else 0  # 0: no window (all earlier keys)
     CAP = float(softcap) if softcap else 0.0
+    CAP_DIV = CAP or 1.0  # (a Python value: TVMScript evaluates no Python conditionals inline)
     SCALE = float(scale)
 
     @T.prim_func(s_tir=True)
@@ -100,7 +101,7 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
                             st[4] = st[4] * T.float32(SCALE)
                             if CAP > 0:  # a Python constant: decided when the kernel is built
                                 st[4] = T.float32(CAP) * T.tanh(
-                                    st[4] * T.float32(1 / CAP if CAP else 1.0))
+                                    st[4] / T.float32(CAP_DIV))
                         p_sh[tx] = st[4]
                         T.tvm_storage_sync("shared")
                         st[2] = st[0]
@@ -126,4 +127,10 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
                         if dd * NT + tx < D:
                             out[row, head, dd * NT + tx] = T.Cast(dtype, acc[dd] / st[1])
 
-    return window_attention.with_attr("global_symbol", "window_attention")
+    return window_attention.with_attr("global_symbol", kernel_name(window, softcap))
+
+
+def kernel_name(window: int | None, softcap: float | None) -> str:
+    """Distinct kernels in one module need distinct names."""
+    return "window_attention" + (f"_w{int(window)}" if window else "") + (
+        f"_cap{float(softcap):g}".replace(".", "p") if softcap else "")

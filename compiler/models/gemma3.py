@@ -1,0 +1,76 @@
+"""Gemma 3 (text): Gemma 2's layer (norms scaled by 1 + w, four norms a layer, GELU-tanh,
+scaled embedding, ``query_pre_attn_scalar``) with an RMSNorm over each head of q and k, no
+soft-capping, and five sliding-window layers to one global layer, each kind with its own RoPE
+base (local ``rope_local_base_freq``, 10k; global ``rope_theta``, with ``rope_scaling``).
+
+Semantics: HF transformers ``models/gemma3/modeling_gemma3.py`` (``Gemma3ForCausalLM``).
+llama.cpp's GGUF has no key for the local base or the 5:1 pattern; it uses 10k and every
+sixth layer global, as does ``gguf_config`` here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from . import gemma2
+from .decoder import DecoderConfig, effective_window
+from ..hf_source import rope_settings
+from .paged_attention import AttentionSpec
+
+NAME = "gemma3"
+HF_MODEL_TYPES = ("gemma3_text",)
+GGUF_ARCHITECTURES = ("gemma3",)
+GGUF_PERMUTED_QK = False
+GGUF_LAYER_NAMES = {
+    **gemma2.GGUF_LAYER_NAMES,
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+gguf_tensor = gemma2.gguf_tensor
+
+
+def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+    return {"sliding_window": key("attention.sliding_window", None),
+            "query_pre_attn_scalar": key("attention.key_length", None),
+            "rope_local_base_freq": 10000.0, "tie_word_embeddings": True}
+
+
+def _rope_by_kind(hf: dict[str, Any]) -> dict[bool, tuple[float, Any]]:
+    """sliding? -> (theta, scaling): transformers 5 nests rope_parameters per layer kind,
+    4.x has rope_theta + rope_scaling (global) and rope_local_base_freq."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        return {False: rope_settings(params.get("full_attention", {})),
+                True: rope_settings(params.get("sliding_attention", {}))}
+    return {False: rope_settings(hf),
+            True: (float(hf.get("rope_local_base_freq", 10000.0)), None)}
+
+
+class Config(DecoderConfig):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        c = super().from_hf(hf, sliding_window=hf.get("sliding_window"), qk_norm=True,
+                            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+        pattern = int(hf.get("sliding_window_pattern") or 6)
+        c.extra.update(
+            scale=float(hf.get("query_pre_attn_scalar") or c.head_dim) ** -0.5,
+            sliding=gemma2.layer_types(hf, lambda i: (i + 1) % pattern != 0),
+            rope=_rope_by_kind(hf),
+        )
+        return c
+
+    def attention(self, layer: int, dtype: str) -> AttentionSpec:
+        sliding = self.extra["sliding"][layer]
+        theta, scaling = self.extra["rope"][sliding]
+        window = effective_window(self.sliding_window, self.context_window) if sliding else None
+        return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
+                             dtype, theta, scaling, scale=self.extra["scale"], window=window)
+
+
+Model = gemma2.Model
+
+
+def convert_weights(c: DecoderConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return gemma2.convert_weights(c, weights)
