@@ -232,9 +232,37 @@ def _check_weights(named: list, converted: dict[str, np.ndarray], quant: Quantiz
                              f"model's config needs {tuple(want)}")
 
 
+DEFAULT_QUANTIZATION = "q4f16_1"  # the best on a device with shader-f16
+
+
+def default_quantization(model: str) -> str:
+    """The variant to build when none is asked: a built-in's registry default, else q4f16_1,
+    or q4f32_1 for a family whose activations overflow float16 (Gemma)."""
+    from .models import GGUF_ARCHITECTURES, HF_MODEL_TYPES
+    from .sources import builtin_models
+
+    registry = builtin_models()
+    if model in registry:
+        return registry[model].get("default_quantization", DEFAULT_QUANTIZATION)
+    path = Path(model).expanduser()
+    family = None
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            from gguf import GGUFReader
+
+            field = GGUFReader(path).fields.get("general.architecture")
+            family = GGUF_ARCHITECTURES.get(field.contents()) if field else None
+        elif (path / "config.json").is_file():
+            family = HF_MODEL_TYPES.get(json.loads((path / "config.json").read_text())
+                                        .get("model_type"))
+    except Exception:  # noqa: BLE001 - unreadable: compile_model names the problem
+        family = None
+    return "q4f32_1" if getattr(family, "FLOAT16_OVERFLOWS", False) else DEFAULT_QUANTIZATION
+
+
 def compile_model(
     model: str,
-    quantization: str,
+    quantization: str | None,
     *,
     output: Path | None = None,
     context_window: int | None = None,
@@ -246,12 +274,13 @@ def compile_model(
     progress: Progress | None = None,
 ) -> Path:
     """Compile ``model`` (built-in name, HF dir or .gguf) and return the artifact directory.
+    ``quantization=None`` builds ``default_quantization(model)``.
     ``shard_max_bytes`` bounds the weight files (the unit a browser downloads, verifies and
     caches)."""
     from .sources import builtin_models, reading, resolve_source
 
     report = progress or (lambda stage, done, total: None)
-    quant = get_quantization(quantization)
+    quant = get_quantization(quantization or default_quantization(model))
     sweep_stale_builds(paths.artifacts_dir())
     if output is not None:
         sweep_stale_builds(Path(output).parent)
@@ -278,6 +307,13 @@ def compile_model(
         hf = loaded.config
         family = family_for(hf.get("model_type", "llama"))
         cfg = family.Config.from_hf(hf)
+        if quant.dtype == "float16" and getattr(family, "FLOAT16_OVERFLOWS", False):
+            from .models.decoder import UnsupportedConfig
+
+            raise UnsupportedConfig(
+                f"{family.NAME} models overflow float16 activations, so {quant.name} would "
+                "compute inf/NaN; compile a float32 variant (q4f32_1 or q0f32) instead.",
+                param="quantization")
         converted = family.convert_weights(cfg, loaded.weights)
     window = min(context_window or cfg.context_window, cfg.context_window)
 

@@ -323,9 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile a model to an artifact directory",
                        description="Compile MODEL; prints the artifact directory.")
     p.add_argument("model", help=model_help)
-    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=DEFAULT_QUANTIZATION,
-                   help=f"weight/activation format (default {DEFAULT_QUANTIZATION}; devices "
-                        "without shader-f16 need q4f32_1)")
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   help=f"weight/activation format (default: the model's, {DEFAULT_QUANTIZATION} "
+                        "for most (wick models lists them); devices without shader-f16 need "
+                        "q4f32_1)")
     p.add_argument("--output", "-o", type=Path, help="artifact directory (default: the cache)")
     p.add_argument("--context-window", type=_positive_int,
                    help="max tokens per sequence (default: the model's)")

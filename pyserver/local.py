@@ -26,10 +26,6 @@ Progress = Callable[[str, int, int], None]
 log = logging.getLogger("wick.engine")
 
 
-def pick_quantization(features: frozenset[str] | set[str]) -> str:
-    return "q4f16_1" if "shader-f16" in features else "q4f32_1"
-
-
 def _check_feature(quantization: str, features) -> None:
     if quantization.endswith("f16") or "f16_" in quantization:
         if "shader-f16" not in features:
@@ -49,9 +45,11 @@ def load_artifact(model: str, quantization: str | None, features, progress: Prog
         raise ModelNotFoundError(model)
     from ..compiler.compile import compile_model
 
-    quant = quantization or pick_quantization(features)
-    _check_feature(quant, features)
-    out = compile_model(model, quant, progress=progress)
+    if quantization is None and "shader-f16" not in features:
+        quantization = "q4f32_1"
+    if quantization is not None:
+        _check_feature(quantization, features)
+    out = compile_model(model, quantization, progress=progress)  # None: the model's default
     return Artifact.load(lambda p: (out / p).read_bytes(), str(out))
 
 

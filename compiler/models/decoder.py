@@ -17,6 +17,7 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from ...engine.errors import WickError
 from ...engine.step_inputs import STEP_INPUTS
 from ..hf_source import rope_settings
 from ..quantization import Quantization
@@ -26,8 +27,13 @@ from .paged_attention import AttentionSpec, PagedAttention
 KV_PAGES = "kv_pages"  # forward's per-layer KV tensors (engine/runner.py reads their shapes)
 
 
-class UnsupportedConfig(ValueError):
-    """The checkpoint's config asks for something this family does not implement."""
+class UnsupportedConfig(WickError):
+    """The checkpoint's config (or the asked quantization) needs something this family does
+    not implement; the message says what, and what works instead where something does."""
+
+    default_status = 400
+    default_type = "invalid_request_error"
+    default_code = "unsupported_model"
 
 
 @dataclass

@@ -30,6 +30,9 @@ NAME = "gemma2"
 HF_MODEL_TYPES = ("gemma2",)
 GGUF_ARCHITECTURES = ("gemma2",)
 GGUF_PERMUTED_QK = False
+# Gemma's residual stream outgrows float16 (Gemma-3-270m reaches ~1e5 by layer 12; transformers
+# runs it in bf16 or f32): f16 variants would give inf/NaN, so compile refuses them
+FLOAT16_OVERFLOWS = True
 GGUF_LAYER_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",

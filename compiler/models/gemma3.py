@@ -23,6 +23,9 @@ NAME = "gemma3"
 HF_MODEL_TYPES = ("gemma3_text",)
 GGUF_ARCHITECTURES = ("gemma3",)
 GGUF_PERMUTED_QK = False
+# Gemma's residual stream outgrows float16 (Gemma-3-270m reaches ~1e5 by layer 12; transformers
+# runs it in bf16 or f32): f16 variants would give inf/NaN, so compile refuses them
+FLOAT16_OVERFLOWS = True
 GGUF_LAYER_NAMES = {
     **gemma2.GGUF_LAYER_NAMES,
     "attn_q_norm.weight": "self_attn.q_norm.weight",

@@ -43,10 +43,15 @@ class AttentionSpec:
     head_dim: int
     dtype: str
     rope_theta: float
-    rope_scaling: Any = None  # HF rope_scaling dict (rope_type + its keys), None = plain RoPE
+    rope_scaling: Any = None  # HF rope_scaling (rope_type + its keys) as pairs; None = plain RoPE
     scale: float | None = None  # None -> head_dim ** -0.5
     window: int | None = None
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
+
+    def __post_init__(self) -> None:
+        # hashable (equal specs share kernels): the scaling dict as sorted (key, value) pairs
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
 
     @property
     def softmax_scale(self) -> float:

@@ -26,6 +26,8 @@ F16_LOGIT_TOL = 0.1  # f16 weights and activations, f32 accumulation: logits of 
 
 FAMILIES = {
     # family: transformers config keys that make its tiny model exercise what is new in it
+    "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     "qwen2": {"tie": False},  # q/k/v bias, untied head
     "qwen3": {"tie": False},  # q/k norm, head_dim 32 with hidden 64 / 4 heads
     # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts
@@ -52,7 +54,8 @@ def family(request, tmp_path_factory, compiled, backend):
     from tests.tiny_models import make_tiny_model
 
     name = request.param
-    path = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{name}"), name, seed=7,
+    family_name = "llama" if name == "llama3" else name
+    path = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{name}"), family_name, seed=7,
                            **FAMILIES[name])
     art_dir = compiled(path, "q0f32", **TINY_OPTIONS)
     return name, make_core(art_dir, num_pages=64), load_hf(path), art_dir, path
@@ -61,7 +64,7 @@ def family(request, tmp_path_factory, compiled, backend):
 def test_manifest_names_the_family(family):
     name, core, _, art_dir, _ = family
     art = load_artifact(art_dir)
-    assert art.model["family"] == name == core.info.family
+    assert art.model["family"] == core.info.family == ("llama" if name == "llama3" else name)
     names = {p.name for p in art.params}
     if name == "qwen2":
         assert sum(n.endswith("qkv_proj.bias") for n in names) == 2
@@ -103,7 +106,17 @@ def test_batched_sequences_match_transformers(family):
 def test_f16_variant_within_f16_tolerance(family, compiled, backend):
     if "shader-f16" not in backend.features:
         pytest.skip("this adapter has no shader-f16")
+    from wick.compiler.compile import default_quantization
+
     name, _, hf, _, path = family
+    assert default_quantization(str(path)) == ("q4f32_1" if name.startswith("gemma")
+                                               else "q4f16_1")
+    if name.startswith("gemma"):  # refused: real Gemma activations outgrow float16
+        from wick.compiler.models.decoder import UnsupportedConfig
+
+        with pytest.raises(UnsupportedConfig, match="q4f32_1"):
+            compiled(path, "q0f16", **TINY_OPTIONS)
+        return
     core16 = make_core(compiled(path, "q0f16", **TINY_OPTIONS), num_pages=16)
     prompt = ids_of(33, 5)
     (got,) = prefill_logits(core16.runner, [prompt])

@@ -40,10 +40,11 @@ def test_f16_artifact_on_device_without_shader_f16_names_working_variants(tiny_l
 
 
 def test_engine_picks_f32_variant_and_rejects_f16_without_feature():
-    from wick.server.local import _check_feature, pick_quantization
+    from wick.compiler.compile import default_quantization
+    from wick.server.local import _check_feature
 
-    assert pick_quantization({"shader-f16"}) == "q4f16_1"
-    assert pick_quantization(set()) == "q4f32_1"
+    assert default_quantization("smollm2-135m-instruct") == "q4f16_1"
+    assert default_quantization("gemma-3-270m") == "q4f32_1"  # f16 overflows
     with pytest.raises(MissingFeatureError, match="q4f32_1"):
         _check_feature("q0f16", set())
     _check_feature("q4f32_1", set())  # no error
