@@ -303,8 +303,16 @@ def hf_state_from_artifact(art: Artifact, config) -> dict[str, "object"]:
         gate, up = np.split(w[p + "mlp.gate_up_proj.weight"], 2)
         sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = t(gate), t(up)
         sd[p + "mlp.down_proj.weight"] = t(w[p + "mlp.down_proj.weight"])
-        sd[p + "input_layernorm.weight"] = t(w[p + "input_layernorm.weight"])
-        sd[p + "post_attention_layernorm.weight"] = t(w[p + "post_attention_layernorm.weight"])
+        for name in w:  # every norm of the layer (Gemma has four, Qwen3 and Gemma 3 q/k norms)
+            if name.startswith(p) and name.endswith("norm.weight"):
+                sd[name] = t(w[name])
+        for name in ("self_attn.qkv_proj.bias",):
+            if p + name in w:
+                q, k, v = np.split(w[p + name], [q_dim, q_dim + kv_dim])
+                sd[p + "self_attn.q_proj.bias"], sd[p + "self_attn.k_proj.bias"] = t(q), t(k)
+                sd[p + "self_attn.v_proj.bias"] = t(v)
+    if art.model["family"].startswith("gemma"):  # stored as 1 + w (compiler/models/gemma2.py)
+        sd = {k: v - 1.0 if k.endswith("norm.weight") else v for k, v in sd.items()}
     return sd
 
 
