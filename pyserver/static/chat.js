@@ -164,7 +164,7 @@ async function send(text) {
   controller = new AbortController();
   $("send").hidden = true; $("stop").hidden = false;
   const started = performance.now();
-  let reply = "", usage = null, firstToken = null;
+  let reply = "", usage = null, firstToken = null, thinking = null;
   try {
     const body = {
       messages: history, stream: true, stream_options: { include_usage: true },
@@ -174,7 +174,14 @@ async function send(text) {
     for await (const chunk of chunks) {
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
-      const piece = chunk.choices?.[0]?.delta?.content;
+      const delta = chunk.choices?.[0]?.delta;
+      if (delta?.reasoning_content) {  // a reasoning model's thinking: shown apart, dimmed
+        firstToken ??= performance.now();
+        thinking ??= out.parentNode.insertBefore(Object.assign(document.createElement("div"),
+          { className: "msg thinking" }), out);
+        thinking.textContent += delta.reasoning_content;
+      }
+      const piece = delta?.content;
       if (piece) { firstToken ??= performance.now(); reply += piece; out.textContent = reply; }
     }
     history.push({ role: "assistant", content: reply });
