@@ -34,6 +34,8 @@ from .tokenizer_build import BuiltTokenizer, build_from_gguf
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+ROPE_FREQS = "rope_freqs.weight"  # read into the config (rope_scaling), not a weight
+NOT_WEIGHTS = {ROPE_FREQS}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -99,14 +101,12 @@ class GGUFModel:
                 raise GGUFFormatError(f"{self.path}: metadata key {full!r} is missing")
             return default
 
-        if "rope_freqs.weight" in self.tensor_types:
-            raise GGUFFormatError(
-                f"{self.path}: per-frequency RoPE factors (rope_freqs.weight, Llama-3.1 style) "
-                "are not supported yet"
-            )
         hidden = int(key("embedding_length"))
         heads = int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", hidden // heads))
+        rope_scaling = self._rope_scaling(key)
+        if ROPE_FREQS in self.tensor_types:  # Llama 3.1+: llama3 scaling as divisors
+            rope_scaling = self._llama3_scaling(float(key("rope.freq_base", 10000.0)), head_dim)
         rotary = int(key("rope.dimension_count", head_dim))
         if rotary != head_dim:
             raise GGUFFormatError(
@@ -132,7 +132,7 @@ class GGUFModel:
             "head_dim": head_dim,
             "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
             "rope_theta": float(key("rope.freq_base", 10000.0)),
-            "rope_scaling": self._rope_scaling(key),
+            "rope_scaling": rope_scaling,
             "max_position_embeddings": int(key("context_length")),
             "tie_word_embeddings": "output.weight" not in self.tensor_types,
             "bos_token_id": None if bos is None else int(bos),
@@ -157,6 +157,18 @@ class GGUFModel:
             }
         raise GGUFFormatError(f"{self.path}: rope.scaling.type={kind!r} is not supported")
 
+    def _llama3_scaling(self, theta: float, head_dim: int) -> dict[str, Any]:
+        from .rope_factors import NotLlama3Factors, llama3_scaling
+
+        (tensor,) = [t for t in self.reader.tensors if t.name == ROPE_FREQS]
+        divisors = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
+        try:
+            return llama3_scaling(divisors, theta, head_dim)
+        except NotLlama3Factors as err:
+            raise GGUFFormatError(f"{self.path}: per-frequency RoPE factors ({ROPE_FREQS}) "
+                                  f"that are not Llama 3's scaling ({err}) are not supported"
+                                  ) from None
+
     def weights(
         self, config: dict[str, Any], progress: Progress | None = None
     ) -> dict[str, np.ndarray]:
@@ -164,6 +176,8 @@ class GGUFModel:
         out: dict[str, np.ndarray] = {}
         tensors = self.reader.tensors
         for done, tensor in enumerate(tensors):
+            if tensor.name in NOT_WEIGHTS:
+                continue
             name = self.hf_name(tensor.name)
             shape = tuple(int(d) for d in reversed(tensor.shape))  # numpy order
             data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..engine.errors import ModelNotFoundError, WickError
 from . import hf_source
-from .gguf_source import GGUFModel
+from .gguf_source import NOT_WEIGHTS, GGUFModel
 from .paths import sources_dir, wick_home
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -121,7 +121,8 @@ class GGUFSource(ModelSource):
         config = gguf.config()
         tokenizer = gguf.tokenizer()
         weights = gguf.weights(config, progress)
-        dtypes = {gguf.hf_name(name): kind for name, kind in gguf.tensor_types.items()}
+        dtypes = {gguf.hf_name(name): kind for name, kind in gguf.tensor_types.items()
+                  if name not in NOT_WEIGHTS}
         return LoadedModel(
             config, weights, tokenizer.tokenizer_json, tokenizer.tokenizer_config, dtypes
         )

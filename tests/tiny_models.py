@@ -13,12 +13,16 @@ CHATML = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def byte_level_tokenizer():
-    """A byte-level BPE tokenizer with no merges (every byte is a token) plus ChatML specials."""
+def byte_level_tokenizer(merges: list[tuple[str, str]] = ()):
+    """A byte-level BPE tokenizer, every byte a token (ids 0..255) and ``merges`` (their
+    results next), plus ChatML specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
@@ -46,14 +50,15 @@ FAMILY_CONFIGS = {
 
 def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: int = 2,
                     tie: bool = False, context: int = 512, extra_tokens: list[str] = (),
-                    chat_template: str = CHATML, **config) -> Path:
+                    chat_template: str = CHATML, merges: list[tuple[str, str]] = (),
+                    **config) -> Path:
     """A random ``family`` model of 2..6 layers with the byte-level tokenizer, saved as an HF
     directory (safetensors, f32). ``extra_tokens`` become added (not special) tokens, as Qwen3's <think>."""
     import torch
     import transformers
 
     out.mkdir(parents=True, exist_ok=True)
-    tok = byte_level_tokenizer()
+    tok = byte_level_tokenizer(merges)
     tok.add_tokens(list(extra_tokens))
     tok.save(str(out / "tokenizer.json"))
     vocab = tok.get_vocab_size()
@@ -82,4 +87,90 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
             elif "norm" in name:  # not all ones: a wrong norm weight must show
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def write_llama_gguf(hf_dir: Path, out: Path) -> Path:
+    """A tiny Llama HF directory written as llama.cpp's converter would write it: llama.cpp
+    tensor names, q/k rows interleaved per head, the byte-level vocabulary as a "gpt2"
+    tokenizer, and Llama 3's RoPE scaling as per-frequency divisors (``rope_freqs.weight``)."""
+    import math
+
+    import gguf
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    weights = {k: v.to(torch.float32).numpy() for k, v in
+               load_file(str(hf_dir / "model.safetensors")).items()}
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    writer = gguf.GGUFWriter(str(out), "llama")
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters") or {}
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(theta)
+    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    specials = {t.content for t in tok.get_added_tokens_decoder().values()}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([t for t, _ in vocab])
+    writer.add_token_types([3 if t in specials else 1 for t, _ in vocab])
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(cfg["bos_token_id"])
+    writer.add_eos_token_id(cfg["eos_token_id"])
+    writer.add_chat_template(CHATML)
+
+    def interleave(w: np.ndarray, n: int) -> np.ndarray:  # llama.cpp's LlamaModel.permute
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+             "output_norm.weight", "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, w in weights.items():
+        if name in names:
+            writer.add_tensor(names[name], np.ascontiguousarray(w))
+            continue
+        _, _, i, *rest = name.split(".")
+        module, kind = ".".join(rest[:-1]), rest[-1]
+        if module == "self_attn.q_proj":
+            w = interleave(w, heads)
+        elif module == "self_attn.k_proj":
+            w = interleave(w, kv_heads)
+        writer.add_tensor(f"blk.{i}.{layer[module]}.{kind}", np.ascontiguousarray(w))
+    scaling = rope if rope.get("rope_type") == "llama3" else cfg.get("rope_scaling")
+    if scaling:  # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors, in numpy
+        inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+        factors = []
+        low = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"]
+        high = scaling["original_max_position_embeddings"] / scaling["high_freq_factor"]
+        for f in inv:
+            wavelength = 2 * math.pi / f
+            if wavelength < high:
+                factors.append(1.0)
+            elif wavelength > low:
+                factors.append(scaling["factor"])
+            else:
+                s = (scaling["original_max_position_embeddings"] / wavelength
+                     - scaling["low_freq_factor"]) / (scaling["high_freq_factor"]
+                                                       - scaling["low_freq_factor"])
+                factors.append(1 / ((1 - s) / scaling["factor"] + s))
+        writer.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return out

@@ -177,3 +177,21 @@ def test_the_window_matters_in_these_comparisons(family):
             layer.self_attn.sliding_window = 10**6
     diff = np.abs(hf_logits(unwindowed, prompt)[-1] - hf_logits(hf, prompt)[-1]).max()
     assert diff > 1e-2
+
+
+def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path_factory, compiled):
+    """The tiny Llama-3 model written as a GGUF the way llama.cpp writes Llama 3.1 (q/k rows
+    interleaved, RoPE scaling as per-frequency divisors): wick's GGUF path reads it back into
+    the same model, logits and greedy tokens equal to transformers on the HF directory."""
+    from tests.tiny_models import make_tiny_model, write_llama_gguf
+
+    hf_dir = make_tiny_model(tmp_path_factory.mktemp("tiny-llama3-gguf"), "llama", seed=11,
+                             merges=[("\u0120", "\u0120")], **FAMILIES["llama3"])
+    gguf_file = write_llama_gguf(hf_dir, hf_dir / "tiny-llama3.gguf")
+    core = make_core(compiled(gguf_file, "q0f32", **TINY_OPTIONS), num_pages=32)
+    hf = load_hf(hf_dir)
+    prompt = ids_of(40, 9)
+    (logits,) = prefill_logits(core.runner, [prompt])
+    assert np.abs(logits - hf_logits(hf, prompt)[-1]).max() < LOGIT_TOL
+    (got,) = run_core(core, [prompt], greedy(16))
+    assert got == hf_greedy(hf, prompt, 16)
