@@ -57,7 +57,9 @@ class KVIndex:
     page_indptr: list[int]  # (b+1,) ranges into page_values per sequence
     page_values: list[int]  # (nnz_pages,) page ids of each sequence, in order
     last_page_len: list[int]  # (b,) tokens used in each sequence's last page (after append)
-    k_rope_pos_offset: list[int]  # (b,) position of each sequence's first cached token (0)
+    # (b,) position of each sequence's first listed key: 0, or past the pages a sliding
+    # window freed (see KVCache)
+    k_rope_pos_offset: list[int]
     q_positions: list[int]  # (n,) absolute position of each new token (RoPE)
     append_slots: list[int]  # (n,) page_id * page_size + slot where each new token's K/V goes
 

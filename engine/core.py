@@ -146,7 +146,7 @@ class EngineCore:
         self.info = info
         self.grammar = grammar
         self.vocab = vocab
-        self.kv = KVCache(num_pages, info.page_size)
+        self.kv = KVCache(num_pages, info.page_size, window=info.kv_window)
         self.scheduler = Scheduler(
             self.kv,
             max_batch_size=max_batch_size or info.max_batch_size,
@@ -168,8 +168,9 @@ class EngineCore:
     @property
     def max_total_tokens(self) -> int:
         """The most tokens (prompt + output) one sequence can have: the context window, or the
-        whole KV pool when that is smaller."""
-        return min(self.info.context_window, self.kv.capacity_tokens)
+        whole KV pool when that is smaller (a sliding window frees pages as it goes)."""
+        limit = self.kv.sequence_tokens(self.scheduler.token_budget)
+        return self.info.context_window if limit is None else min(self.info.context_window, limit)
 
     def chat_prompt_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
         """Render the chat template (with ``template_vars``, e.g. ``tools``) and tokenize
@@ -262,11 +263,11 @@ class EngineCore:
     def _check_length(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
         """The most output tokens a sequence may make; raises when the request cannot fit."""
         window = self.info.context_window
-        pool = self.kv.capacity_tokens
+        pool = self.kv.sequence_tokens(self.scheduler.token_budget)
         wanted = max_tokens if max_tokens is not None else 1  # at least one token
         if num_prompt + wanted > window:
             raise ContextLengthExceededError(window, num_prompt, wanted, param=param)
-        if num_prompt + wanted > pool:
+        if pool is not None and num_prompt + wanted > pool:
             raise ContextLengthExceededError(
                 pool, num_prompt, wanted, param=param,
                 limit_name="KV cache capacity (num_pages x page_size)",
@@ -284,7 +285,11 @@ class EngineCore:
                 f"Invalid value for 'n': {n}; this engine runs at most {most} sequences at "
                 "once, so n must be at most that. Send several requests instead.",
                 param="n", code="invalid_value")
-        need = n * (num_prompt + (max_tokens if max_tokens is not None else 1))
+        each = num_prompt + (max_tokens if max_tokens is not None else 1)
+        if self.kv.window is not None:  # a windowed sequence holds a bounded number of pages
+            each = min(each, self.kv.window_pages(self.scheduler.token_budget)
+                       * self.kv.page_size)
+        need = n * each
         if n > 1 and need > self.kv.capacity_tokens:
             raise InvalidRequestError(
                 f"n={n} choices of a {num_prompt}-token prompt need {need} tokens of KV cache "

@@ -12,6 +12,13 @@ Kernel semantics the arrays must match (``batch_prefill_paged_kv`` in
 ``c < kv_len - qo_len + r + 1`` (causal, new tokens last). So the pages listed must cover exactly
 the tokens already cached plus this step's new ones, which are written first at ``append_slots``.
 
+Sliding window (``window``: a model whose every layer sees only the last ``window`` keys): the
+pages whose tokens are all before the window of the next token a sequence computes are freed
+when it grows (the window's lower bound only rises), so a sequence holds about
+``window / page_size`` pages however long it runs. Its page list then starts at absolute page
+``dropped``; ``k_rope_pos_offset`` tells the attention kernel the position of the first listed
+key (TVM's global kernel is never used with a window).
+
 Every page is usable (no reserved page 0). Not yet here: reference counts and the prefix cache.
 """
 
@@ -29,11 +36,15 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class KVCache:
-    def __init__(self, num_pages: int, page_size: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, window: int | None = None) -> None:
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"num_pages and page_size must be >= 1, got {num_pages}, {page_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         self.num_pages = num_pages
         self.page_size = page_size
+        self.window = window
+        self._dropped: dict[int, int] = {}  # seq_id -> leading pages freed (behind the window)
         # Lowest page ids first: pop() from the end of a reversed list. Deterministic reuse
         # keeps tests and traces readable.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
@@ -51,6 +62,21 @@ class KVCache:
         """The most tokens one sequence could ever hold (the whole pool)."""
         return self.num_pages * self.page_size
 
+    def sequence_tokens(self, step_tokens: int) -> int | None:
+        """The most tokens one sequence can reach, its steps bringing up to ``step_tokens`` new
+        tokens: the whole pool; or, with a window, None (no bound from the cache) when the pool
+        holds what one step of one sequence needs (its window, the step's tokens, and a page
+        on each side for alignment)."""
+        if self.window is None:
+            return self.capacity_tokens
+        if self.num_pages >= self.window_pages(step_tokens):
+            return None
+        return self.capacity_tokens
+
+    def window_pages(self, step_tokens: int) -> int:
+        """Pages a windowed sequence holds at most during a step of ``step_tokens`` tokens."""
+        return pages_for(self.window + step_tokens, self.page_size) + 1
+
     def has(self, seq_id: int) -> bool:
         return seq_id in self._tables
 
@@ -59,20 +85,41 @@ class KVCache:
         return self._capacity_of.get(seq_id, 0)
 
     def page_table(self, seq_id: int) -> tuple[int, ...]:
+        """The pages the sequence holds, in token order (from absolute page ``dropped``)."""
         return tuple(self._tables.get(seq_id, ()))
+
+    def dropped_pages(self, seq_id: int) -> int:
+        """Leading pages the sequence gave back because they left its window."""
+        return self._dropped.get(seq_id, 0)
 
     def pages_needed(self, seq_id: int, num_tokens: int) -> int:
         """More pages the sequence needs to hold ``num_tokens`` tokens in total."""
-        have = len(self._tables.get(seq_id, ()))
+        have = self.dropped_pages(seq_id) + len(self._tables.get(seq_id, ()))
         return max(0, pages_for(num_tokens, self.page_size) - have)
 
     def can_allocate(self, seq_id: int, num_tokens: int) -> bool:
-        return self.pages_needed(seq_id, num_tokens) <= len(self._free)
+        return self.pages_needed(seq_id, num_tokens) <= len(self._free) + self._behind(seq_id)
+
+    def _behind(self, seq_id: int) -> int:
+        """Held pages no future query can see: all their tokens are before the window of the
+        next token the sequence computes (its reserved tokens so far)."""
+        if self.window is None or seq_id not in self._tables:
+            return 0
+        first_needed = max(0, self._capacity_of[seq_id] - self.window + 1)
+        behind = first_needed // self.page_size - self.dropped_pages(seq_id)
+        return max(0, min(behind, len(self._tables[seq_id])))
 
     # -- changes --------------------------------------------------------------------------------
 
     def allocate(self, seq_id: int, num_tokens: int) -> None:
         """Make the sequence hold room for ``num_tokens`` tokens in total (grows, never shrinks)."""
+        behind = self._behind(seq_id)
+        if behind:  # first give back what slid out of the window
+            table = self._tables[seq_id]
+            self._free.extend(table[:behind])
+            self._free.sort(reverse=True)
+            del table[:behind]
+            self._dropped[seq_id] = self.dropped_pages(seq_id) + behind
         need = self.pages_needed(seq_id, num_tokens)
         if need > len(self._free):
             raise KVCacheFullError(
@@ -91,6 +138,7 @@ class KVCache:
         """Give back all pages of the sequence (a no-op if it holds none)."""
         table = self._tables.pop(seq_id, [])
         self._capacity_of.pop(seq_id, None)
+        self._dropped.pop(seq_id, None)
         # Kept in descending order so pop() hands out the lowest free id next.
         self._free.extend(table)
         self._free.sort(reverse=True)
@@ -108,6 +156,7 @@ class KVCache:
         page_indptr = [0]
         page_values: list[int] = []
         last_page_len: list[int] = []
+        first_key: list[int] = []
         q_positions: list[int] = []
         append_slots: list[int] = []
         for seq_id, start, num_new in entries:
@@ -120,20 +169,25 @@ class KVCache:
                     f"sequence {seq_id}: {kv_len} tokens in this step but room for "
                     f"{self.num_tokens(seq_id)} allocated"
                 )
-            used = pages_for(kv_len, ps)
+            dropped = self.dropped_pages(seq_id)
+            if self.window is not None and max(0, start - self.window + 1) < dropped * ps:
+                raise ValueError(f"sequence {seq_id}: a query at {start} needs keys that left "
+                                 "the cache")
+            used = pages_for(kv_len, ps) - dropped
             qo_indptr.append(qo_indptr[-1] + num_new)
             page_values.extend(table[:used])
             page_indptr.append(len(page_values))
             last_page_len.append((kv_len - 1) % ps + 1)
+            first_key.append(dropped * ps)
             for pos in range(start, kv_len):
                 q_positions.append(pos)
-                append_slots.append(table[pos // ps] * ps + pos % ps)
+                append_slots.append(table[pos // ps - dropped] * ps + pos % ps)
         return KVIndex(
             qo_indptr=qo_indptr,
             page_indptr=page_indptr,
             page_values=page_values,
             last_page_len=last_page_len,
-            k_rope_pos_offset=[0] * (len(qo_indptr) - 1),
+            k_rope_pos_offset=first_key,
             q_positions=q_positions,
             append_slots=append_slots,
         )

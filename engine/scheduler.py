@@ -49,7 +49,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         most = len(seq.prompt_ids) + seq.max_output_tokens
-        if pages_for(most, self.kv.page_size) > self.kv.num_pages:
+        limit = self.kv.sequence_tokens(self.token_budget)
+        if limit is not None and pages_for(most, self.kv.page_size) > self.kv.num_pages:
             # The core checks this first; a sequence that could never fit would hang forever.
             raise KVCacheFullError(
                 f"sequence {seq.seq_id} may grow to {most} tokens but the KV cache holds "

@@ -184,6 +184,12 @@ class DecoderForCausalLM(nn.Module):
         if not c.tie_word_embeddings:
             self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant, max_param_bytes)
 
+    def kv_window(self) -> int | None:
+        """The window when every layer has the same one (the KV cache may then free the pages
+        behind it; engine/kv_cache.py), else None."""
+        windows = {attn.shape.window for attn in self.layer_attention}
+        return windows.pop() if len(windows) == 1 else None
+
     def make_layer(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> nn.Module:
         return Layer(c, attn, quant)
 

@@ -131,7 +131,7 @@ class PagedAttention:
             out = op.tensor_ir_op(
                 self.window_kernel, self.window_name,
                 [q, pages, step["qo_indptr"], step["page_indptr"], step["page_values"],
-                 step["last_page_len"], step["q_positions"]],
+                 step["last_page_len"], step["k_rope_pos_offset"], step["q_positions"]],
                 Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype))
             return op.reshape(out, (n, s.num_q_heads * s.head_dim))
         out, _lse = op.tensor_ir_op(

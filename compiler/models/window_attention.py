@@ -8,10 +8,12 @@ have windowed layers, where a query at position ``i`` sees keys ``j`` with ``i -
 
     window_attention(q: (n, HQ, D), pages: (P, 2, HKV, 16, D), qo_indptr: (b+1,),
                      page_indptr: (b+1,), page_values: (p,), last_page_len: (b,),
-                     q_positions: (n,)) -> out: (n, HQ, D)
+                     k_rope_pos_offset: (b,), q_positions: (n,)) -> out: (n, HQ, D)
 
-It reads the same page tables as TVM's kernel (key ``c`` of a sequence is slot ``c % 16`` of its
-page ``c // 16``; this step's keys are appended before attention runs). One workgroup per
+It reads the same page tables as TVM's kernel: key ``c`` (absolute position) of a sequence is
+slot ``c % 16`` of its listed page ``(c - first) // 16``, where ``first`` =
+``k_rope_pos_offset`` is the position of the first listed key (past the pages the KV cache
+freed behind the window); this step's keys are appended before attention runs. One workgroup per
 (query row, head) walks the visible keys in tiles of ``NT``: each thread scores one key into
 shared memory, then every thread updates the running max and sum itself (online softmax; the
 same values in all threads, so no shared state to synchronize) and accumulates its share of
@@ -47,8 +49,8 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
     @T.prim_func(s_tir=True)
     def window_attention(var_q: T.handle, var_pages: T.handle, var_qo_indptr: T.handle,
                          var_page_indptr: T.handle, var_page_values: T.handle,
-                         var_last_page_len: T.handle, var_q_positions: T.handle,
-                         var_out: T.handle):
+                         var_last_page_len: T.handle, var_first_key: T.handle,
+                         var_q_positions: T.handle, var_out: T.handle):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         n = T.int32()
         b = T.int32()
@@ -61,6 +63,7 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
         page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32")
         page_values = T.match_buffer(var_page_values, (p,), "int32")
         last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
+        first_key = T.match_buffer(var_first_key, (b,), "int32")
         q_positions = T.match_buffer(var_q_positions, (n,), "int32")
         out = T.match_buffer(var_out, (n, HQ, D), dtype)
         q_sh = T.sblock_alloc_buffer((D,), "float32", scope="shared")
@@ -80,7 +83,8 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
                     pos: T.let[T.int32] = q_positions[row]
                     lo: T.let[T.int32] = T.if_then_else(W > 0, T.max(pos - W + 1, 0), 0)
                     count: T.let[T.int32] = pos - lo + 1
-                    first: T.let[T.int32] = page_indptr[seq[0]]
+                    # the page list's start, moved back by the freed pages: (c - key0) // PS
+                    first: T.let[T.int32] = page_indptr[seq[0]] - first_key[seq[0]] // PS
                     kvh: T.let[T.int32] = head // GROUP
                     for dd in T.serial(DPT):
                         if dd * NT + tx < D:

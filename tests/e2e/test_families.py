@@ -195,3 +195,19 @@ def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path_factory, comp
     assert np.abs(logits - hf_logits(hf, prompt)[-1]).max() < LOGIT_TOL
     (got,) = run_core(core, [prompt], greedy(16))
     assert got == hf_greedy(hf, prompt, 16)
+
+
+def test_a_windowed_model_runs_past_its_kv_pool(family):
+    """Every layer windowed (Mistral, Phi-3): the cache frees pages behind the window, so a
+    sequence longer than the whole pool runs, and gives transformers' tokens."""
+    name, _, hf, art_dir, _ = family
+    window = load_artifact(art_dir).model.get("kv_window")
+    if not window:
+        pytest.skip(f"{name}: not every layer is windowed")
+    # 5 pages (80 token slots); steps of at most 16 tokens: 24-token window + 16 + alignment
+    core = make_core(art_dir, num_pages=5, prefill_chunk_size=16)
+    prompt = ids_of(50, 12)
+    (got,) = run_core(core, [prompt], greedy(50))
+    assert len(prompt) + len(got) > core.kv.capacity_tokens
+    assert got == hf_greedy(hf, prompt, 50)
+    assert core.kv.free_pages == core.kv.num_pages

@@ -106,3 +106,45 @@ def test_last_page_exactly_full():
     assert idx.last_page_len == [4]
     assert idx.append_slots == [7]
     assert idx.q_positions == [7]
+
+
+def test_sliding_window_frees_the_pages_behind_it():
+    """window 8, pages of 4: a sequence growing one token at a time holds at most the pages its
+    next token's window touches; the rest go back to the pool, and the index arrays list the
+    kept pages from the first kept key on."""
+    kv = KVCache(num_pages=6, page_size=4, window=8)
+    kv.allocate(0, 5)  # a 5-token prompt
+    for start in range(5, 40):
+        assert kv.can_allocate(0, start + 1)
+        kv.allocate(0, start + 1)
+        index = kv.index_for([(0, start, 1)])
+        dropped = kv.dropped_pages(0)
+        first_needed = max(0, start - 8 + 1)
+        assert dropped * 4 <= first_needed < dropped * 4 + 4  # nothing kept that is not needed
+        assert index.k_rope_pos_offset == [dropped * 4]
+        listed = index.page_values
+        assert len(listed) == len(kv.page_table(0)) <= 3
+        assert index.append_slots == [listed[start // 4 - dropped] * 4 + start % 4]
+        assert kv.free_pages == 6 - len(listed)
+    # 40 tokens in a pool of 24 slots: only possible because pages were freed
+    assert kv.num_tokens(0) == 40 > kv.capacity_tokens
+    kv.free(0)
+    assert kv.free_pages == 6 and kv.dropped_pages(0) == 0
+
+
+def test_sliding_window_prefill_chunks_keep_what_their_first_query_sees():
+    kv = KVCache(num_pages=16, page_size=4, window=6)
+    kv.allocate(0, 10)
+    kv.index_for([(0, 0, 10)])
+    kv.allocate(0, 20)  # the chunk's first query (10) sees keys from 5 on: page 1 onwards
+    index = kv.index_for([(0, 10, 10)])
+    assert kv.dropped_pages(0) == 1 and index.k_rope_pos_offset == [4]
+    assert index.page_indptr == [0, 4]  # pages 1..4 of tokens 4..19
+    with pytest.raises(ValueError, match="left the cache"):
+        kv.index_for([(0, 3, 1)])  # a query whose window reaches a freed page
+
+
+def test_without_a_window_nothing_is_dropped():
+    kv = KVCache(num_pages=16, page_size=4)
+    kv.allocate(0, 40)
+    assert kv.dropped_pages(0) == 0 and kv.index_for([(0, 39, 1)]).k_rope_pos_offset == [0]
