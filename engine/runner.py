@@ -53,17 +53,16 @@ def _layer_page_bytes(manifest: dict) -> list[int]:
     return sizes
 
 
-def page_bytes(manifest: dict) -> int:
-    """Device bytes one KV page takes across all layers."""
-    return sum(_layer_page_bytes(manifest))
-
-
 def kv_pages_for(manifest: dict, budget_bytes: int, max_storage_binding: int) -> int:
     """How many KV pages fit the budget (and one layer's tensor in a storage binding), capped
     at what the compiled bounds can ever use."""
     model = manifest["model"]
     per_layer = _layer_page_bytes(manifest)
-    useful = model["max_batch_size"] * -(-model["context_window"] // model["page_size"])
+    per_sequence = model["context_window"]
+    if model.get("kv_window"):  # a sequence holds its window's pages and one step's
+        per_sequence = min(per_sequence, model["kv_window"] + model["prefill_chunk_size"]
+                           + model["page_size"])
+    useful = model["max_batch_size"] * -(-per_sequence // model["page_size"])
     return max(1, min(budget_bytes // sum(per_layer), max_storage_binding // max(per_layer),
                       useful))
 
