@@ -153,7 +153,7 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantiza
 
 def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window: int,
                    prefill_chunk: int, max_batch: int, quant: Quantization,
-                   kv_window: int | None = None) -> dict:
+                   kv_window: int | None = None, kv_window_pool: int | None = None) -> dict:
     """The manifest's ``model`` section (engine/model_info.py reads it). ``family`` is the
     compiler's family module; ``model_type`` what the checkpoint called itself."""
     eos = hf.get("eos_token_id")
@@ -179,6 +179,7 @@ def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window:
         "add_bos_token": bool(tok_cfg.get("add_bos_token", False)),
         "chat_template": tok_cfg.get("chat_template"),
         "kv_window": kv_window,
+        "kv_window_pool": kv_window_pool,
     }
 
 
@@ -353,7 +354,8 @@ def compile_model(
         "model": _model_section(family.NAME, cfg, hf, loaded.tokenizer_config,
                                 context_window=window, prefill_chunk=prefill_chunk_size,
                                 max_batch=max_batch_size, quant=quant,
-                                kv_window=module.kv_window()),
+                                kv_window=module.kv_window(),
+                                kv_window_pool=module.window_pool()),
         "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},
         "source": {"model": origin, "sha256": source_hash},
         "compile_options": options,  # what `wick serve` reuses to build a sibling variant

@@ -62,6 +62,8 @@ class KVIndex:
     k_rope_pos_offset: list[int]
     q_positions: list[int]  # (n,) absolute position of each new token (RoPE)
     append_slots: list[int]  # (n,) page_id * page_size + slot where each new token's K/V goes
+    # a model with two page pools (kv_cache.PairedKVCache): the windowed layers' arrays
+    window: "KVIndex | None" = None
 
 
 @dataclass(slots=True)

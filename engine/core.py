@@ -22,7 +22,7 @@ from .chat_template import render_chat_template
 from .detokenize import IncrementalDetokenizer
 from .errors import ContextLengthExceededError, InvalidRequestError, WickError
 from .grammar import CompiledGrammar, GrammarBackend, VocabInfo
-from .kv_cache import KVCache
+from .kv_cache import kv_cache_for
 from .model_info import ModelInfo
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
@@ -146,7 +146,9 @@ class EngineCore:
         self.info = info
         self.grammar = grammar
         self.vocab = vocab
-        self.kv = KVCache(num_pages, info.page_size, window=info.kv_window)
+        self.kv = kv_cache_for(info.page_size, num_pages, window=info.kv_window,
+                               window_pool=info.kv_window_pool,
+                               num_window_pages=getattr(runner, "num_window_pages", 0))
         self.scheduler = Scheduler(
             self.kv,
             max_batch_size=max_batch_size or info.max_batch_size,

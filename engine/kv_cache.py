@@ -191,3 +191,80 @@ class KVCache:
             q_positions=q_positions,
             append_slots=append_slots,
         )
+
+
+class PairedKVCache:
+    """Two page pools for a model whose layers differ: global layers keep every page
+    (``main``), windowed ones only their window's (``local``, a ``KVCache`` with a window and
+    its own, smaller device buffers). Gemma 2 and 3 are such models (Gemma 3: five windowed
+    layers to one global). A sequence holds pages in both; the scheduler sees one cache whose
+    every change applies to both, and whose capacity is the main pool's. ``index_for`` gives
+    the main pool's arrays with the local pool's in ``KVIndex.window``."""
+
+    def __init__(self, main: KVCache, local: KVCache) -> None:
+        if local.window is None or main.page_size != local.page_size:
+            raise ValueError("the local pool needs a window and the main pool's page size")
+        self.main, self.local = main, local
+        self.page_size = main.page_size
+        self.window = None  # the sequence limit is the main pool's (see KVCache.window)
+
+    @property
+    def num_pages(self) -> int:
+        return self.main.num_pages
+
+    @property
+    def free_pages(self) -> int:
+        return self.main.free_pages
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.main.capacity_tokens
+
+    def sequence_tokens(self, step_tokens: int) -> int | None:
+        return self.main.sequence_tokens(step_tokens)
+
+    def has(self, seq_id: int) -> bool:
+        return self.main.has(seq_id)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.main.num_tokens(seq_id)
+
+    def page_table(self, seq_id: int) -> tuple[int, ...]:
+        return self.main.page_table(seq_id)
+
+    def pages_needed(self, seq_id: int, num_tokens: int) -> int:
+        return self.main.pages_needed(seq_id, num_tokens)
+
+    def can_allocate(self, seq_id: int, num_tokens: int) -> bool:
+        return (self.main.can_allocate(seq_id, num_tokens)
+                and self.local.can_allocate(seq_id, num_tokens))
+
+    def allocate(self, seq_id: int, num_tokens: int) -> None:
+        if not self.local.can_allocate(seq_id, num_tokens):
+            self.local.allocate(seq_id, num_tokens)  # raises KVCacheFullError, naming it
+        self.main.allocate(seq_id, num_tokens)
+        self.local.allocate(seq_id, num_tokens)
+
+    def append(self, seq_id: int, num_new_tokens: int = 1) -> None:
+        self.allocate(seq_id, self.num_tokens(seq_id) + num_new_tokens)
+
+    def free(self, seq_id: int) -> None:
+        self.main.free(seq_id)
+        self.local.free(seq_id)
+
+    def index_for(self, entries: Iterable[tuple[int, int, int]]) -> KVIndex:
+        entries = list(entries)
+        index = self.main.index_for(entries)
+        index.window = self.local.index_for(entries)
+        return index
+
+
+def kv_cache_for(page_size: int, num_pages: int, *, window: int | None = None,
+                 window_pool: int | None = None, num_window_pages: int = 0
+                 ) -> KVCache | PairedKVCache:
+    """The cache a model needs (``ModelInfo.kv_window`` / ``kv_window_pool``): one pool, one
+    pool that slides, or a main pool with a sliding one for the windowed layers."""
+    main = KVCache(num_pages, page_size, window=window)
+    if not window_pool:
+        return main
+    return PairedKVCache(main, KVCache(num_window_pages, page_size, window=window_pool))

@@ -30,6 +30,8 @@ class ModelInfo:
     chat_template: str | None = None
     # every layer attends to at most the last kv_window tokens: the KV cache frees older pages
     kv_window: int | None = None
+    # global layers and layers windowed to this many tokens, each kind with its own page pool
+    kv_window_pool: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_window", "page_size", "prefill_chunk_size",
@@ -46,9 +48,11 @@ class ModelInfo:
             raise ArtifactError(f"model.eos_token_ids {list(eos)!r} must be token ids below "
                                 f"vocab_size {self.vocab_size}", path=MANIFEST_NAME)
         object.__setattr__(self, "eos_token_ids", eos)
-        if self.kv_window is not None and (not _is_int(self.kv_window) or self.kv_window < 1):
-            raise ArtifactError(f"model.kv_window must be a positive integer or null, got "
-                                f"{self.kv_window!r}", path=MANIFEST_NAME)
+        for name in ("kv_window", "kv_window_pool"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ArtifactError(f"model.{name} must be a positive integer or null, got "
+                                    f"{value!r}", path=MANIFEST_NAME)
         if self.add_bos_token and self.bos_token_id is None:
             raise ArtifactError("model.add_bos_token is true but model.bos_token_id is null",
                                 path=MANIFEST_NAME)
@@ -79,6 +83,7 @@ class ModelInfo:
             add_bos_token=_require(model, "add_bos_token", bool, "model."),
             chat_template=template,
             kv_window=model.get("kv_window"),
+            kv_window_pool=model.get("kv_window_pool"),
         )
 
 

@@ -18,7 +18,7 @@ from .backend import Backend, Read, Write
 from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
 from .plan import DTYPE_BYTES, KernelTable, PlanFunction, TensorRef, evaluate
-from .step_inputs import STEP_INPUTS, step_bounds, step_values
+from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
 KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
 _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
@@ -28,24 +28,32 @@ _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
 DEFAULT_KV_BUDGET = 256 << 20  # bytes of KV pages when the caller does not say
 
 
-def kv_layers(manifest: dict) -> list[tuple[tuple[int, ...], str]]:
-    """(shape of one page, dtype) of each layer's KV tensor, read off the ``forward`` plan's
-    inputs: whatever a family's attention stores (heads, head size, dtype), the runner sizes
-    it from the plan, never from the model's config."""
+MAIN_POOL, WINDOW_POOL = "num_pages", "num_window_pages"  # a KV tensor's page-count variable
+
+
+def kv_layers(manifest: dict) -> list[tuple[tuple[int, ...], str, str]]:
+    """(shape of one page, dtype, pool) of each layer's KV tensor, read off the ``forward``
+    plan's inputs: whatever a family's attention stores (heads, head size, dtype), the runner
+    sizes it from the plan, never from the model's config. ``pool`` is the variable naming its
+    page count: the main pool, or the windowed layers' own (engine/kv_cache.PairedKVCache)."""
     layers = []
     for spec in manifest["plans"]["forward"]["inputs"]:
         if spec["name"].startswith(KV_INPUT_PREFIX):
-            dims = [evaluate(d, {"num_pages": 1}) for d in spec["shape"]]
-            layers.append((tuple(dims[1:]), spec["dtype"]))  # dims[0] is the page count
+            first = spec["shape"][0]
+            pool = first["v"] if isinstance(first, dict) else MAIN_POOL
+            dims = [evaluate(d, {MAIN_POOL: 1, WINDOW_POOL: 1}) for d in spec["shape"]]
+            layers.append((tuple(dims[1:]), spec["dtype"], pool))  # dims[0]: the page count
     if not layers:
         raise ArtifactError("the forward plan takes no KV page tensors")
     return layers
 
 
-def _layer_page_bytes(manifest: dict) -> list[int]:
-    """Device bytes one KV page takes in each layer."""
+def _layer_page_bytes(manifest: dict, pool: str = MAIN_POOL) -> list[int]:
+    """Device bytes one page of ``pool`` takes in each of its layers."""
     sizes = []
-    for shape, dtype in kv_layers(manifest):
+    for shape, dtype, layer_pool in kv_layers(manifest):
+        if layer_pool != pool:
+            continue
         count = DTYPE_BYTES[dtype]
         for d in shape:
             count *= d
@@ -53,18 +61,31 @@ def _layer_page_bytes(manifest: dict) -> list[int]:
     return sizes
 
 
+def window_pages_for(manifest: dict) -> int:
+    """Pages of the windowed layers' own pool (0 without one): each of the batch's sequences
+    holds its window and one step's tokens, and a page more for alignment."""
+    model = manifest["model"]
+    window = model.get("kv_window_pool")
+    if not window:
+        return 0
+    per_sequence = -(-(window + model["prefill_chunk_size"]) // model["page_size"]) + 1
+    return model["max_batch_size"] * per_sequence
+
+
 def kv_pages_for(manifest: dict, budget_bytes: int, max_storage_binding: int) -> int:
-    """How many KV pages fit the budget (and one layer's tensor in a storage binding), capped
-    at what the compiled bounds can ever use."""
+    """How many (main pool) KV pages fit the budget, after the windowed layers' pool if the
+    model has one, and one layer's tensor in a storage binding; capped at what the compiled
+    bounds can ever use."""
     model = manifest["model"]
     per_layer = _layer_page_bytes(manifest)
+    window_bytes = window_pages_for(manifest) * sum(_layer_page_bytes(manifest, WINDOW_POOL))
     per_sequence = model["context_window"]
     if model.get("kv_window"):  # a sequence holds its window's pages and one step's
         per_sequence = min(per_sequence, model["kv_window"] + model["prefill_chunk_size"]
                            + model["page_size"])
     useful = model["max_batch_size"] * -(-per_sequence // model["page_size"])
-    return max(1, min(budget_bytes // sum(per_layer), max_storage_binding // max(per_layer),
-                      useful))
+    return max(1, min(max(0, budget_bytes - window_bytes) // sum(per_layer),
+                      max_storage_binding // max(per_layer), useful))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +163,15 @@ class Runner:
         params, self.weight_placements = self._alloc_params(artifact)
         if upload_weights:
             self._write_weights(artifact, report)
+        self.num_window_pages = window_pages_for(artifact.manifest)
+        self.window_pool = m.get("kv_window_pool")  # the windowed layers' window, if a pool
         self.kv_pages = self._alloc_pages(artifact)
-        bounds = step_bounds(self.max_tokens, self.max_batch, num_pages)
+        bounds = step_bounds(self.max_tokens, self.max_batch, num_pages,
+                             self.num_window_pages)
+        planned = {i["name"] for i in plans["forward"]["inputs"]}
+        self.step_inputs = STEP_INPUTS + tuple(i for i in WINDOW_INPUTS if i.name in planned)
         self.inputs = {}
-        for spec in STEP_INPUTS:
+        for spec in self.step_inputs:
             count = 1
             for d in spec.dims:
                 count *= bounds[d]
@@ -208,12 +234,13 @@ class Runner:
 
     def _alloc_pages(self, artifact: Artifact) -> list[TensorRef]:
         pages = []
-        for page_shape, dtype in kv_layers(artifact.manifest):
-            shape = (self.num_pages, *page_shape)
+        counts = {MAIN_POOL: self.num_pages, WINDOW_POOL: self.num_window_pages}
+        for page_shape, dtype, pool in kv_layers(artifact.manifest):
+            shape = (counts[pool], *page_shape)
             t = TensorRef(0, 0, shape, dtype)
             if t.nbytes > self.backend.max_storage_binding:
                 raise ArtifactError(
-                    f"KV cache of {self.num_pages} pages needs {t.nbytes} bytes per layer, over the "
+                    f"KV cache of {counts[pool]} pages needs {t.nbytes} bytes per layer, over the "
                     f"storage binding limit {self.backend.max_storage_binding}: use fewer pages"
                 )
             pages.append(TensorRef(self.backend.alloc(t.nbytes), 0, shape, dtype))
@@ -229,7 +256,7 @@ class Runner:
                                 f"({self.max_tokens} / {self.max_batch})")
         writes: list[Write] = []
         inputs: dict[str, TensorRef] = {}
-        for name, values in step_values(batch).items():
+        for name, values in step_values(batch, self.step_inputs).items():
             handle = self.inputs[name]
             if values:
                 writes.append(Write(handle, 0, array("i", values).tobytes()))

@@ -6,7 +6,11 @@ each one off a scheduled ``Batch`` (whose index arrays ``KVCache.index_for`` bui
 input is one entry here plus where its values come from; nothing else lists them.
 
 Dimensions are named by what bounds them: ``n`` new tokens in the step, ``b`` sequences, ``b1``
-= b + 1, ``p`` pages the step references.
+= b + 1, ``p`` pages the step references, ``wp`` pages of the windowed layers' own pool.
+
+``WINDOW_INPUTS`` exist only in models with two page pools (Gemma: global and windowed layers,
+engine/kv_cache.py ``PairedKVCache``); their windowed layers read them in place of the
+``page_*``, ``last_page_len``, ``k_rope_pos_offset`` and ``append_slots`` inputs.
 """
 
 from __future__ import annotations
@@ -42,13 +46,27 @@ STEP_INPUTS: tuple[StepInput, ...] = (
     StepInput("logit_positions", ("b",), lambda batch: [end - 1 for end in batch.kv.qo_indptr[1:]]),
 )
 
+def _window(field: str) -> Callable[[Batch], list[int]]:
+    return lambda batch: getattr(batch.kv.window, field)
+
+
+WINDOW_PREFIX = "window_"
+# the windowed layers' pool: (input name, the main input it stands for there, dims)
+WINDOW_INPUTS: tuple[StepInput, ...] = tuple(
+    StepInput(WINDOW_PREFIX + name, dims, _window(name)) for name, dims in (
+        ("append_slots", ("n",)), ("page_indptr", ("b1",)), ("page_values", ("wp",)),
+        ("last_page_len", ("b",)), ("k_rope_pos_offset", ("b",))))
+
 STEP_INPUT_NAMES = tuple(i.name for i in STEP_INPUTS)
 
 
-def step_bounds(max_tokens: int, max_batch: int, num_pages: int) -> dict[str, int]:
-    """The largest size of each dimension a compiled artifact and a KV pool allow."""
-    return {"n": max_tokens, "b": max_batch, "b1": max_batch + 1, "p": num_pages}
+def step_bounds(max_tokens: int, max_batch: int, num_pages: int,
+                num_window_pages: int = 0) -> dict[str, int]:
+    """The largest size of each dimension a compiled artifact and its KV pools allow."""
+    return {"n": max_tokens, "b": max_batch, "b1": max_batch + 1, "p": num_pages,
+            "wp": num_window_pages}
 
 
-def step_values(batch: Batch) -> dict[str, list[int]]:
-    return {i.name: i.values(batch) for i in STEP_INPUTS}
+def step_values(batch: Batch, inputs: tuple[StepInput, ...] = STEP_INPUTS
+                ) -> dict[str, list[int]]:
+    return {i.name: i.values(batch) for i in inputs}

@@ -18,13 +18,16 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from ...engine.errors import WickError
-from ...engine.step_inputs import STEP_INPUTS
+from ...engine.step_inputs import STEP_INPUTS, WINDOW_INPUTS, WINDOW_PREFIX
 from ..hf_source import rope_settings
 from ..quantization import Quantization
 from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear, take_rows
 from .paged_attention import AttentionSpec, PagedAttention
 
 KV_PAGES = "kv_pages"  # forward's per-layer KV tensors (engine/runner.py reads their shapes)
+# the page-count dimension of a layer's KV tensor: the main pool's, or the windowed layers' own
+# pool's in a model that mixes windowed and global layers (engine/kv_cache.PairedKVCache)
+MAIN_POOL, WINDOW_POOL = "num_pages", "num_window_pages"
 
 
 class UnsupportedConfig(WickError):
@@ -183,12 +186,29 @@ class DecoderForCausalLM(nn.Module):
         self.model = Body(c, layers, quant, max_param_bytes)
         if not c.tie_word_embeddings:
             self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant, max_param_bytes)
+        windows = {attn.shape.window for attn in self.layer_attention}
+        # global and windowed layers: the windowed ones get a pool of their own
+        self.paired = None in windows and len(windows) > 1
+        self.step_inputs = STEP_INPUTS + (WINDOW_INPUTS if self.paired else ())
+        # export_tvm names the compiled function's inputs after the Python parameters: the
+        # step entry points take the step inputs' names (engine/step_inputs.py)
+        step = _with_signature(self._step, [i.name for i in self.step_inputs] + [KV_PAGES])
+        self.forward = step
+        self.decode = step  # the same step compiled for one token per sequence (n == b)
+        self.decode1 = step  # ... and for a single sequence (static shapes: GEMV kernels)
 
     def kv_window(self) -> int | None:
         """The window when every layer has the same one (the KV cache may then free the pages
         behind it; engine/kv_cache.py), else None."""
         windows = {attn.shape.window for attn in self.layer_attention}
         return windows.pop() if len(windows) == 1 else None
+
+    def window_pool(self) -> int | None:
+        """The windowed layers' window in a model that also has global layers."""
+        if not self.paired:
+            return None
+        (window,) = {a.shape.window for a in self.layer_attention} - {None}
+        return window
 
     def make_layer(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> nn.Module:
         return Layer(c, attn, quant)
@@ -199,33 +219,41 @@ class DecoderForCausalLM(nn.Module):
     def final_logits(self, logits: Tensor) -> Tensor:
         return logits
 
-    def forward(self, *args: Tensor) -> Tensor:
+    def _step(self, *args: Tensor) -> Tensor:
         """One engine step over a ragged batch -> logits (b, vocab) float32."""
         *inputs, kv_pages = args
-        step = {spec.name: t for spec, t in zip(STEP_INPUTS, inputs)}
+        step = {spec.name: t for spec, t in zip(self.step_inputs, inputs)}
+        # the windowed layers of a paired model read their own pool's arrays
+        local = {**step, **{name[len(WINDOW_PREFIX):]: t for name, t in step.items()
+                            if name.startswith(WINDOW_PREFIX)}}
         h = self.embed(step["input_ids"])  # (n, hidden)
-        for layer, layer_pages in zip(self.model.layers, kv_pages):
-            h = layer(h, layer_pages, step)
+        for layer, attn, layer_pages in zip(self.model.layers, self.layer_attention, kv_pages):
+            h = layer(h, layer_pages, local if self._in_window_pool(attn) else step)
         h = self.model.norm(take_rows(h, step["logit_positions"]))  # (b, hidden)
         head = self.model.embed_tokens.lm_head if self.config.tie_word_embeddings else self.lm_head
         return self.final_logits(op.astype(head(h), "float32"))
 
-    # export_tvm names the compiled function's inputs after the Python parameters: give
-    # forward the step inputs' names (engine/step_inputs.py) instead of a second list here
-    forward.__signature__ = inspect.Signature(
-        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-         for name in ("self", *(i.name for i in STEP_INPUTS), KV_PAGES)])
-
-    decode = forward  # the same step compiled for one token per sequence (n == b)
-    decode1 = forward  # ... and for a single sequence (static shapes: GEMV kernels)
+    def _in_window_pool(self, attn: PagedAttention) -> bool:
+        return self.paired and attn.shape.window is not None
 
     def forward_spec(self, **sizes: int | str) -> dict[str, Any]:
         """Input specs of one step. ``n="b"`` gives the decode variant (one new token per
         sequence); ``n=1, b=1, b1=2`` the single-sequence decode with static shapes."""
         spec = {i.name: nn.spec.Tensor([sizes.get(d, d) for d in i.dims], i.dtype)
-                for i in STEP_INPUTS}
-        spec[KV_PAGES] = [attn.page_spec() for attn in self.layer_attention]
+                for i in self.step_inputs}
+        spec[KV_PAGES] = [attn.page_spec(WINDOW_POOL if self._in_window_pool(attn)
+                                         else MAIN_POOL) for attn in self.layer_attention]
         return spec
+
+
+def _with_signature(method, names: list[str]):
+    """``method`` as a function whose parameters are called ``names``."""
+    def step(*args):
+        return method(*args)
+
+    step.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    return step
 
 
 # ----------------------------------------------------------------------------- weights

@@ -101,10 +101,11 @@ class PagedAttention:
             }
         ).with_attr("global_symbol", "batch_prefill_paged_kv" + tag)
 
-    def page_spec(self) -> nn.spec.Tensor:
+    def page_spec(self, pages: str = "num_pages") -> nn.spec.Tensor:
+        """One layer's KV tensor: (pages, 2 = k|v, kv_heads, page_size, head_dim); ``pages``
+        names the pool whose page count it has."""
         s = self.shape
-        # (num_pages, 2 = k|v, kv_heads, page_size, head_dim)
-        return nn.spec.Tensor(["num_pages", 2, s.num_kv_heads, PAGE_SIZE, s.head_dim], s.dtype)
+        return nn.spec.Tensor([pages, 2, s.num_kv_heads, PAGE_SIZE, s.head_dim], s.dtype)
 
     def __call__(self, qkv: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
         """qkv (n, hq + 2*hkv, d) -> attention output (n, hq * d); appends k, v to ``pages``."""

@@ -157,9 +157,17 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
 
+def kv_cache_of(runner: Runner):
+    """A fresh KV cache shaped like the runner's pools (two for Gemma-like models)."""
+    from wick.engine.kv_cache import kv_cache_for
+
+    return kv_cache_for(runner.page_size, runner.num_pages, window_pool=runner.window_pool,
+                        num_window_pages=runner.num_window_pages)
+
+
 def prefill_logits(runner: Runner, prompts: Sequence[Sequence[int]]) -> np.ndarray:
     """Last-position logits of each prompt, all prefilled together in one ragged step."""
-    kv = KVCache(runner.num_pages, runner.page_size)
+    kv = kv_cache_of(runner)
     for i, p in enumerate(prompts):
         kv.allocate(i, len(p))
     batch = Batch(list(range(len(prompts))), [t for p in prompts for t in p],
@@ -170,7 +178,7 @@ def prefill_logits(runner: Runner, prompts: Sequence[Sequence[int]]) -> np.ndarr
 def decode_logits(runner: Runner, prompts: Sequence[Sequence[int]]) -> np.ndarray:
     """Last-position logits of each prompt computed as a decode step: prefill all tokens but the
     last, then one step of one token per sequence (the runner's ``decode`` plan)."""
-    kv = KVCache(runner.num_pages, runner.page_size)
+    kv = kv_cache_of(runner)
     for i, p in enumerate(prompts):
         kv.allocate(i, len(p))
     heads = [p[:-1] for p in prompts]
@@ -206,6 +214,11 @@ def all_position_logits(runner: Runner, ids: Sequence[int]) -> np.ndarray:
                      page_values=page_values, last_page_len=[p % ps + 1 for p in positions],
                      k_rope_pos_offset=[0] * b, q_positions=list(positions),
                      append_slots=list(positions))
+        if runner.num_window_pages:  # the windowed layers' pool: the same pages, unslid
+            assert len(ids) <= runner.num_window_pages * ps
+            kv.window = KVIndex(**{f: getattr(kv, f) for f in (
+                "qo_indptr", "page_indptr", "page_values", "last_page_len",
+                "k_rope_pos_offset", "q_positions", "append_slots")})
         rows.extend(runner.read_logits(Batch(list(range(b)), [ids[p] for p in positions], kv)))
     return np.array(rows, dtype=np.float64)
 

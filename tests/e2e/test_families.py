@@ -211,3 +211,28 @@ def test_a_windowed_model_runs_past_its_kv_pool(family):
     assert len(prompt) + len(got) > core.kv.capacity_tokens
     assert got == hf_greedy(hf, prompt, 50)
     assert core.kv.free_pages == core.kv.num_pages
+
+
+def test_global_and_windowed_layers_have_a_pool_each(family):
+    """Gemma: windowed layers keep their KV in a pool of their own whose pages slide with the
+    window; a long generation gives transformers' tokens and leaves both pools whole."""
+    name, _, hf, art_dir, _ = family
+    if not load_artifact(art_dir).model.get("kv_window_pool"):
+        pytest.skip(f"{name}: no windowed layers beside global ones")
+    core = make_core(art_dir, num_pages=16, prefill_chunk_size=16)
+    local = core.kv.local
+    held = []
+    real_allocate = local.allocate
+
+    def watch(seq_id, num_tokens):
+        real_allocate(seq_id, num_tokens)
+        held.append(len(local.page_table(seq_id)))
+
+    local.allocate = watch
+    prompt = ids_of(50, 13)
+    (got,) = run_core(core, [prompt], greedy(40))
+    assert got == hf_greedy(hf, prompt, 40)
+    window = load_artifact(art_dir).model["kv_window_pool"]
+    assert max(held) <= -(-(window + 16) // 16) + 1 < -(-(50 + 40) // 16)  # it slid
+    assert core.kv.main.free_pages == core.kv.main.num_pages
+    assert local.free_pages == local.num_pages

@@ -148,3 +148,22 @@ def test_without_a_window_nothing_is_dropped():
     kv = KVCache(num_pages=16, page_size=4)
     kv.allocate(0, 40)
     assert kv.dropped_pages(0) == 0 and kv.index_for([(0, 39, 1)]).k_rope_pos_offset == [0]
+
+
+def test_paired_pools_grow_together_and_only_the_local_one_slides():
+    from wick.engine.kv_cache import PairedKVCache
+
+    kv = PairedKVCache(KVCache(num_pages=16, page_size=4), KVCache(4, 4, window=6))
+    for target in range(1, 41):
+        assert kv.can_allocate(0, target)
+        kv.allocate(0, target)
+        index = kv.index_for([(0, target - 1, 1)])
+        assert index.page_indptr == [0, -(-target // 4)]  # the main pool keeps every page
+        local = index.window
+        assert len(local.page_values) <= 3 and local.k_rope_pos_offset == [
+            kv.local.dropped_pages(0) * 4]
+        assert local.q_positions == index.q_positions == [target - 1]
+    assert kv.main.free_pages == 6 and kv.local.free_pages >= 1
+    assert not kv.can_allocate(0, 65)  # the main pool is full: 16 pages of 4
+    kv.free(0)
+    assert kv.main.free_pages == 16 and kv.local.free_pages == 4
