@@ -61,31 +61,41 @@ def _layer_page_bytes(manifest: dict, pool: str = MAIN_POOL) -> list[int]:
     return sizes
 
 
-def window_pages_for(manifest: dict) -> int:
-    """Pages of the windowed layers' own pool (0 without one): each of the batch's sequences
-    holds its window and one step's tokens, and a page more for alignment."""
+def window_pages_for(manifest: dict, num_pages: int, max_storage_binding: int | None = None
+                     ) -> int:
+    """Pages of the windowed layers' own pool (0 without one), beside ``num_pages`` main
+    pages: what the batch's sequences can use at most (each its window, one step's tokens and
+    a page for alignment), but never more than the main pool (a sequence holds no more local
+    pages than main ones, give or take one) nor one binding."""
     model = manifest["model"]
     window = model.get("kv_window_pool")
     if not window:
         return 0
     per_sequence = -(-(window + model["prefill_chunk_size"]) // model["page_size"]) + 1
-    return model["max_batch_size"] * per_sequence
+    pages = min(model["max_batch_size"] * per_sequence, num_pages)
+    if max_storage_binding:
+        pages = min(pages, max_storage_binding // max(_layer_page_bytes(manifest, WINDOW_POOL)))
+    return max(1, pages)
 
 
 def kv_pages_for(manifest: dict, budget_bytes: int, max_storage_binding: int) -> int:
-    """How many (main pool) KV pages fit the budget, after the windowed layers' pool if the
-    model has one, and one layer's tensor in a storage binding; capped at what the compiled
-    bounds can ever use."""
+    """How many main-pool KV pages fit the budget (beside the windowed layers' pool, if the
+    model has one: ``window_pages_for``), and one layer's tensor in a storage binding; capped
+    at what the compiled bounds can ever use."""
     model = manifest["model"]
     per_layer = _layer_page_bytes(manifest)
-    window_bytes = window_pages_for(manifest) * sum(_layer_page_bytes(manifest, WINDOW_POOL))
+    main_bytes = sum(per_layer)
+    window_bytes = sum(_layer_page_bytes(manifest, WINDOW_POOL))
     per_sequence = model["context_window"]
     if model.get("kv_window"):  # a sequence holds its window's pages and one step's
         per_sequence = min(per_sequence, model["kv_window"] + model["prefill_chunk_size"]
                            + model["page_size"])
     useful = model["max_batch_size"] * -(-per_sequence // model["page_size"])
-    return max(1, min(max(0, budget_bytes - window_bytes) // sum(per_layer),
-                      max_storage_binding // max(per_layer), useful))
+    pages = budget_bytes // (main_bytes + window_bytes)  # as many local pages as main ones
+    most_local = window_pages_for(manifest, 1 << 30) if window_bytes else 0
+    if window_bytes and pages > most_local:  # the local pool is full: the rest is main pages
+        pages = (budget_bytes - most_local * window_bytes) // main_bytes
+    return max(1, min(pages, max_storage_binding // max(per_layer), useful))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +173,8 @@ class Runner:
         params, self.weight_placements = self._alloc_params(artifact)
         if upload_weights:
             self._write_weights(artifact, report)
-        self.num_window_pages = window_pages_for(artifact.manifest)
+        self.num_window_pages = window_pages_for(artifact.manifest, num_pages,
+                                                 backend.max_storage_binding)
         self.window_pool = m.get("kv_window_pool")  # the windowed layers' window, if a pool
         self.kv_pages = self._alloc_pages(artifact)
         bounds = step_bounds(self.max_tokens, self.max_batch, num_pages,
