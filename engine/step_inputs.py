@@ -57,7 +57,6 @@ WINDOW_INPUTS: tuple[StepInput, ...] = tuple(
         ("append_slots", ("n",)), ("page_indptr", ("b1",)), ("page_values", ("wp",)),
         ("last_page_len", ("b",)), ("k_rope_pos_offset", ("b",))))
 
-STEP_INPUT_NAMES = tuple(i.name for i in STEP_INPUTS)
 
 
 def step_bounds(max_tokens: int, max_batch: int, num_pages: int,

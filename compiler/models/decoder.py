@@ -25,9 +25,8 @@ from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear, take_rows
 from .paged_attention import AttentionSpec, PagedAttention
 
 KV_PAGES = "kv_pages"  # forward's per-layer KV tensors (engine/runner.py reads their shapes)
-# the page-count dimension of a layer's KV tensor: the main pool's, or the windowed layers' own
-# pool's in a model that mixes windowed and global layers (engine/kv_cache.PairedKVCache)
-MAIN_POOL, WINDOW_POOL = "num_pages", "num_window_pages"
+# the page-count dimension of a layer's KV tensor (the runner sizes each pool by these names)
+from ...engine.runner import MAIN_POOL, WINDOW_POOL  # noqa: E402
 
 
 class UnsupportedConfig(WickError):

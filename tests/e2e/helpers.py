@@ -15,7 +15,6 @@ import numpy as np
 from wick.engine.artifact import Artifact
 from wick.engine.batch import Batch, KVIndex
 from wick.engine.core import EngineCore
-from wick.engine.kv_cache import KVCache
 from wick.engine.model_info import ModelInfo
 from wick.engine.runner import Runner
 from wick.engine.sequence import SamplingParams
