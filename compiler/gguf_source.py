@@ -35,7 +35,10 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 ROPE_FREQS = "rope_freqs.weight"  # read into the config (rope_scaling), not a weight
-NOT_WEIGHTS = {ROPE_FREQS}
+# longrope's per-dimension factors (llama.cpp's Phi-3 converter), also config, not weights
+ROPE_FACTORS = {"long_factor": "rope_factors_long.weight",
+                "short_factor": "rope_factors_short.weight"}
+NOT_WEIGHTS = {ROPE_FREQS, *ROPE_FACTORS.values()}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -107,12 +110,9 @@ class GGUFModel:
         rope_scaling = self._rope_scaling(key)
         if ROPE_FREQS in self.tensor_types:  # Llama 3.1+: llama3 scaling as divisors
             rope_scaling = self._llama3_scaling(float(key("rope.freq_base", 10000.0)), head_dim)
+        if ROPE_FACTORS["long_factor"] in self.tensor_types:
+            rope_scaling = self._longrope_scaling(key)
         rotary = int(key("rope.dimension_count", head_dim))
-        if rotary != head_dim:
-            raise GGUFFormatError(
-                f"{self.path}: partial rotary embedding (rope.dimension_count={rotary}, "
-                f"head_dim={head_dim}) is not supported"
-            )
         vocab = key("vocab_size", None)
         if vocab is None:
             vocab = len(self.meta["tokenizer.ggml.tokens"])
@@ -138,6 +138,7 @@ class GGUFModel:
             "bos_token_id": None if bos is None else int(bos),
             "eos_token_id": eos if eos is None or isinstance(eos, list) else int(eos),
             "model_type": self.family.HF_MODEL_TYPES[0],
+            "partial_rotary_factor": rotary / head_dim,
         }
 
     def _rope_scaling(self, key: Callable[..., Any]) -> dict[str, Any] | None:
@@ -156,6 +157,20 @@ class GGUFModel:
                 ),
             }
         raise GGUFFormatError(f"{self.path}: rope.scaling.type={kind!r} is not supported")
+
+    def _longrope_scaling(self, key: Callable[..., Any]) -> dict[str, Any]:
+        """transformers' longrope parameters from llama.cpp's factor tensors and keys."""
+        scaling: dict[str, Any] = {"rope_type": "longrope"}
+        for name, tensor_name in ROPE_FACTORS.items():
+            (tensor,) = [t for t in self.reader.tensors if t.name == tensor_name]
+            scaling[name] = [float(f) for f in dequantize(
+                tensor.data, GGMLQuantizationType(tensor.tensor_type)).reshape(-1)]
+        scaling["original_max_position_embeddings"] = int(
+            key("rope.scaling.original_context_length"))
+        attention = key("rope.scaling.attn_factor", None)
+        if attention is not None:
+            scaling["attention_factor"] = float(attention)
+        return scaling
 
     def _llama3_scaling(self, theta: float, head_dim: int) -> dict[str, Any]:
         from .rope_factors import NotLlama3Factors, llama3_scaling

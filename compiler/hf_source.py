@@ -157,6 +157,7 @@ def rope_settings(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         kind = scaling.pop("type", None)
         scaling.setdefault("rope_type", kind)
         scaling.pop("rope_theta", None)
+        scaling.pop("partial_rotary_factor", None)  # (not scaling: DecoderConfig reads it)
         if scaling["rope_type"] in (None, "default"):
             scaling = None
     return float(theta), scaling or None

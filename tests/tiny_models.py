@@ -90,10 +90,29 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
     return out
 
 
-def write_llama_gguf(hf_dir: Path, out: Path) -> Path:
-    """A tiny Llama HF directory written as llama.cpp's converter would write it: llama.cpp
-    tensor names, q/k rows interleaved per head, the byte-level vocabulary as a "gpt2"
-    tokenizer, and Llama 3's RoPE scaling as per-frequency divisors (``rope_freqs.weight``)."""
+# llama.cpp's tensor names (gguf-py tensor_mapping.py) for each family's HF modules
+GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",  # Qwen3, Gemma 3
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3 keeps them fused
+}
+GEMMA_LAYER_NAMES = {  # Gemma 2/3: four norms per layer
+    "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def write_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> Path:
+    """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
+    (llama, qwen3, gemma2, phi3), read off its model classes: llama.cpp tensor names; Llama's
+    q/k rows interleaved per head and Llama 3's RoPE scaling as per-frequency divisors
+    (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's
+    fused projections kept, its longrope factors as ``rope_factors_long/short`` tensors with
+    the pretrained length and attention factor as keys; the byte-level vocabulary as a
+    "gpt2" tokenizer."""
     import math
 
     import gguf
@@ -107,7 +126,7 @@ def write_llama_gguf(hf_dir: Path, out: Path) -> Path:
                load_file(str(hf_dir / "model.safetensors")).items()}
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    writer = gguf.GGUFWriter(str(out), "llama")
+    writer = gguf.GGUFWriter(str(out), arch)
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
@@ -115,9 +134,18 @@ def write_llama_gguf(hf_dir: Path, out: Path) -> Path:
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if "head_dim" in cfg:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' base
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     writer.add_rope_freq_base(theta)
+    if cfg.get("sliding_window"):
+        writer.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     specials = {t.content for t in tok.get_added_tokens_decoder().values()}
@@ -136,23 +164,38 @@ def write_llama_gguf(hf_dir: Path, out: Path) -> Path:
 
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
              "output_norm.weight", "lm_head.weight": "output.weight"}
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch.startswith("gemma") else {})}
     for name, w in weights.items():
+        if arch.startswith("gemma"):
+            if name == "lm_head.weight":
+                continue
+            if name.endswith("norm.weight"):  # Gemma's RMSNorm multiplies by 1 + w
+                w = w + 1.0
         if name in names:
             writer.add_tensor(names[name], np.ascontiguousarray(w))
             continue
         _, _, i, *rest = name.split(".")
         module, kind = ".".join(rest[:-1]), rest[-1]
-        if module == "self_attn.q_proj":
+        if arch == "llama" and module == "self_attn.q_proj":
             w = interleave(w, heads)
-        elif module == "self_attn.k_proj":
+        elif arch == "llama" and module == "self_attn.k_proj":
             w = interleave(w, kv_heads)
         writer.add_tensor(f"blk.{i}.{layer[module]}.{kind}", np.ascontiguousarray(w))
-    scaling = rope if rope.get("rope_type") == "llama3" else cfg.get("rope_scaling")
-    if scaling:  # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors, in numpy
+    scaling = rope if rope.get("rope_type") in ("llama3", "longrope") else cfg.get("rope_scaling")
+    if arch == "phi3":  # Phi3MiniModel: rotary dims, pretrained length, longrope tensors
+        rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+        original = cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+        writer.add_rope_dimension_count(rotary)
+        writer.add_rope_scaling_orig_ctx_len(original)
+        if scaling:
+            scale = cfg["max_position_embeddings"] / original
+            writer.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
+            writer.add_tensor("rope_factors_long.weight",
+                              np.array(scaling["long_factor"], dtype=np.float32))
+            writer.add_tensor("rope_factors_short.weight",
+                              np.array(scaling["short_factor"], dtype=np.float32))
+    elif scaling:  # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors, in numpy
         inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
         factors = []
         low = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"]

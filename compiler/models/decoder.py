@@ -57,16 +57,24 @@ class DecoderConfig:
     mlp_bias: bool = False  # biases on gate, up, down (Llama mlp_bias)
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
     sliding_window: int | None = None  # every layer's window (Mistral, Phi-3), if any
+    rotary_dim: int | None = None  # partial rotary: RoPE on the first dimensions only (Phi-3.5)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> "DecoderConfig":
         heads = int(hf["num_attention_heads"])
+        head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)
         theta, scaling = rope_settings(hf)
-        if scaling and scaling["rope_type"] not in ("linear", "llama3", "yarn"):
-            raise UnsupportedConfig(f"rope_scaling type {scaling['rope_type']!r} is not supported")
-        if scaling and scaling["rope_type"] == "yarn":
-            raise UnsupportedConfig("YaRN rope scaling is not supported yet")
+        partial = float(hf.get("partial_rotary_factor")
+                        or (hf.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
+        rotary_dim = int(round(head_dim * partial))
+        if scaling and scaling["rope_type"] not in ("linear", "llama3", "longrope"):
+            raise UnsupportedConfig(f"rope_scaling type {scaling['rope_type']!r} is not "
+                                    "supported (wick has linear, llama3 and longrope)")
+        if scaling and scaling["rope_type"] == "longrope":
+            from .longrope import longrope_settings
+
+            scaling = longrope_settings(scaling, hf, rotary_dim)
         values = dict(
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
@@ -74,12 +82,13 @@ class DecoderConfig:
             num_hidden_layers=int(hf["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             context_window=int(hf.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             rope_scaling=scaling,
+            rotary_dim=rotary_dim if rotary_dim != head_dim else None,
         )
         values.update(overrides)
         return cls(**values)
@@ -88,7 +97,8 @@ class DecoderConfig:
         """Layer ``layer``'s attention; every layer the same unless a family says otherwise."""
         return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
                              dtype, self.rope_theta, self.rope_scaling,
-                             window=effective_window(self.sliding_window, self.context_window))
+                             window=effective_window(self.sliding_window, self.context_window),
+                             rotary_dim=self.rotary_dim)
 
 
 def effective_window(window: int | None, context_window: int) -> int | None:

@@ -47,6 +47,7 @@ class AttentionSpec:
     scale: float | None = None  # None -> head_dim ** -0.5
     window: int | None = None
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
+    rotary_dim: int | None = None  # dimensions RoPE rotates (partial rotary); None = head_dim
 
     def __post_init__(self) -> None:
         # hashable (equal specs share kernels): the scaling dict as sorted (key, value) pairs
@@ -78,11 +79,18 @@ class PagedAttention:
                 s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype, s.softmax_scale, s.window,
                 s.softcap).with_attr("global_symbol", self.window_name)
         scaling = dict(s.rope_scaling or {})
-        rope = llama_rope_with_position_map(
-            s.rope_theta, 1.0, s.head_dim, s.num_q_heads, s.num_kv_heads, s.dtype, scaling, None
-        )
-        self.rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)}).with_attr(
-            "global_symbol", "fused_rope" + tag)  # (specialized: apply_rope = 1)
+        rotary_dim = s.rotary_dim or s.head_dim
+        if scaling.get("rope_type") == "longrope":
+            from .longrope import longrope_prim_func
+
+            rope = longrope_prim_func(s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype,
+                                      s.rope_theta, rotary_dim, scaling)
+            scaling = {}  # (the prefill kernel below does not rotate: rotary_mode 0)
+        else:
+            rope = llama_rope_with_position_map(s.rope_theta, 1.0, s.head_dim, s.num_q_heads,
+                                                s.num_kv_heads, s.dtype, scaling, rotary_dim)
+            rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)})  # apply_rope = 1
+        self.rope = rope.with_attr("global_symbol", "fused_rope" + tag)
         kv = (s.num_kv_heads, s.head_dim, s.dtype)
         if kv not in shared:
             shared[kv] = _kv_cache_transpose_append(*kv, PAGE_SIZE)

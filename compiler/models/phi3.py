@@ -2,8 +2,10 @@
 (``qkv_proj``) and gate|up fused (``gate_up_proj``), exactly the layout wick compiles.
 
 Semantics: HF transformers ``models/phi3/modeling_phi3.py``. Its ``sliding_window`` (2047 in
-Phi-3-mini-4k) masks every layer (window_attention.py). Not yet: ``longrope`` scaling (the 128k
-checkpoints) and partial rotary.
+Phi-3-mini-4k) masks every layer (window_attention.py). The 128k checkpoints and Phi-3.5 use
+``longrope`` scaling (longrope.py); ``partial_rotary_factor`` (Phi-4-mini: 0.75) rotates the
+first dimensions of each head only. Both come through DecoderConfig.from_hf; from GGUF, llama.cpp's
+``rope_factors_long/short`` tensors and ``rope.dimension_count`` (gguf_source.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .decoder import DecoderConfig, DecoderForCausalLM, UnsupportedConfig, fuse_layer_weights
+from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights
 
 NAME = "phi3"
 HF_MODEL_TYPES = ("phi3",)
@@ -25,15 +27,13 @@ GGUF_LAYER_NAMES = {  # llama.cpp keeps Phi-3's fused projections fused
 
 
 def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
-    return {"sliding_window": key("attention.sliding_window", None)}
+    # llama.cpp writes 0 for "no window" (Phi-4)
+    return {"sliding_window": key("attention.sliding_window", None) or None}
 
 
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise UnsupportedConfig("partial rotary embedding (partial_rotary_factor < 1) is "
-                                    "not supported yet")
         return super().from_hf(hf, sliding_window=hf.get("sliding_window"))
 
 

@@ -256,6 +256,22 @@ def hf_greedy(model, ids: Sequence[int], max_new_tokens: int, *, stop_at_eos: bo
     return out[0, len(ids):].tolist()
 
 
+def hf_greedy_stepwise(model, ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens from transformers' forward with its KV cache, one token per call: what
+    ``generate`` does, minus Phi-3's re-prefill of the whole sequence when it first passes the
+    pretrained length (see compiler/models/longrope.py for why wick keeps its cache)."""
+    import torch
+
+    out_ids: list[int] = []
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)]), use_cache=True)
+        for i in range(max_new_tokens):
+            out_ids.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([[out_ids[-1]]]), past_key_values=out.past_key_values,
+                        use_cache=True, position_ids=torch.tensor([[len(ids) + i]]))
+    return out_ids
+
+
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "uint32": np.uint32,
               "int32": np.int32}
 

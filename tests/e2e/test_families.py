@@ -13,6 +13,7 @@ from tests.e2e.conftest import TINY_OPTIONS
 from tests.e2e.helpers import (
     greedy,
     hf_greedy,
+    hf_greedy_stepwise,
     hf_logits,
     load_artifact,
     load_hf,
@@ -30,8 +31,13 @@ FAMILIES = {
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     "qwen2": {"tie": False},  # q/k/v bias, untied head
     "qwen3": {"tie": False},  # q/k norm, head_dim 32 with hidden 64 / 4 heads
-    # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts
-    "phi3": {"tie": False, "sliding_window": 20},
+    # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts;
+    # longrope on half of each head (Phi-3.5 / Phi-4-mini): prompts within the pretrained 64
+    # positions (short factors), the 32 greedy tokens cross it (long factors from position 64)
+    "phi3": {"tie": False, "sliding_window": 20, "partial_rotary_factor": 0.5,
+             "original_max_position_embeddings": 64,
+             "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.0, 4.5],
+                              "long_factor": [1.5, 3.0, 7.0, 20.0]}},
     "mistral": {"tie": True, "sliding_window": 24},
     # alternating windowed/global layers, attention and final soft-capping (small caps, so
     # that they bite on these logits)
@@ -42,6 +48,12 @@ FAMILIES = {
                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                    "full_attention": {"rope_type": "default", "rope_theta": 50000.0}}},
 }
+
+
+def reference_greedy(name: str):
+    """transformers' greedy tokens for a family: ``generate``, except for the longrope model
+    whose generations cross its pretrained length (helpers.hf_greedy_stepwise says why)."""
+    return hf_greedy_stepwise if name == "phi3" else hf_greedy
 
 
 def ids_of(n: int, seed: int) -> list[int]:
@@ -89,17 +101,31 @@ def test_greedy_32_tokens_match_transformers(family):
     name, core, hf, _, _ = family
     prompt = ids_of(50, 4)  # four pages before the first new token
     (got,) = run_core(core, [prompt], greedy(32))
-    want = hf_greedy(hf, prompt, 32)
+    want = reference_greedy(name)(hf, prompt, 32)
     assert got == want
     assert len(set(want)) >= 4  # a real continuation, not one token repeated
+    if name == "phi3":  # the long factors are used from position 64 on, and they matter
+        assert want != hf_greedy_stepwise(_with_rope_factors(hf, "short"), prompt, 32)
+
+
+def _with_rope_factors(hf, which: str):
+    """A copy of a longrope model that uses ``which`` factors at every position."""
+    import copy
+
+    other = copy.deepcopy(hf)
+    rope = other.model.rotary_emb
+    other.config.rope_parameters["long_factor"] = list(
+        other.config.rope_parameters[f"{which}_factor"])
+    rope.long_inv_freq = rope.original_inv_freq.clone()
+    return other
 
 
 def test_batched_sequences_match_transformers(family):
-    _, core, hf, _, _ = family
+    name, core, hf, _, _ = family
     prompts = [ids_of(n, 30 + n) for n in (3, 17, 33)]
     together = run_core(core, prompts, greedy(12))
     for p, got in zip(prompts, together):
-        assert got == hf_greedy(hf, p, 12)
+        assert got == reference_greedy(name)(hf, p, 12)
     assert core.kv.free_pages == core.kv.num_pages
 
 
@@ -179,22 +205,39 @@ def test_the_window_matters_in_these_comparisons(family):
     assert diff > 1e-2
 
 
-def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path_factory, compiled):
-    """The tiny Llama-3 model written as a GGUF the way llama.cpp writes Llama 3.1 (q/k rows
-    interleaved, RoPE scaling as per-frequency divisors): wick's GGUF path reads it back into
-    the same model, logits and greedy tokens equal to transformers on the HF directory."""
-    from tests.tiny_models import make_tiny_model, write_llama_gguf
+# GGUF architecture -> (tiny family, config changes): what llama.cpp's converter has to
+# say in each architecture's own way (Gemma 2's GGUF has no query_pre_attn_scalar: llama.cpp
+# scales by 1/sqrt(key_length), so the tiny model uses that scale)
+GGUF_CASES = {
+    "llama": ("llama3", {}),  # Llama 3.1: q/k rows interleaved, rope_freqs divisors
+    "qwen3": ("qwen3", {}),  # q/k norms, key_length != hidden / heads
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # norms stored as 1 + w, caps, window
+    "phi3": ("phi3", {}),  # fused qkv / gate_up, longrope factor tensors, partial rotary
+}
 
-    hf_dir = make_tiny_model(tmp_path_factory.mktemp("tiny-llama3-gguf"), "llama", seed=11,
-                             merges=[("\u0120", "\u0120")], **FAMILIES["llama3"])
-    gguf_file = write_llama_gguf(hf_dir, hf_dir / "tiny-llama3.gguf")
-    core = make_core(compiled(gguf_file, "q0f32", **TINY_OPTIONS), num_pages=32)
+
+@pytest.mark.parametrize("arch", sorted(GGUF_CASES))
+def test_gguf_architecture_matches_transformers(arch, tmp_path_factory, compiled):
+    """A tiny model of each GGUF architecture written the way llama.cpp's converter writes
+    it (tests/tiny_models.write_gguf): wick's GGUF path reads it back into the same model,
+    logits and greedy tokens equal to transformers on the HF directory."""
+    from tests.tiny_models import make_tiny_model, write_gguf
+
+    name, changes = GGUF_CASES[arch]
+    family_name = "llama" if name == "llama3" else name
+    hf_dir = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}-gguf"), family_name,
+                             seed=11, merges=[("\u0120", "\u0120")],
+                             **{**FAMILIES[name], **changes})
+    gguf_file = write_gguf(hf_dir, hf_dir / f"tiny-{arch}.gguf", arch)
+    art_dir = compiled(gguf_file, "q0f32", **TINY_OPTIONS)
+    assert load_artifact(art_dir).model["family"] == family_name
+    core = make_core(art_dir, num_pages=32)
     hf = load_hf(hf_dir)
     prompt = ids_of(40, 9)
     (logits,) = prefill_logits(core.runner, [prompt])
     assert np.abs(logits - hf_logits(hf, prompt)[-1]).max() < LOGIT_TOL
     (got,) = run_core(core, [prompt], greedy(16))
-    assert got == hf_greedy(hf, prompt, 16)
+    assert got == reference_greedy(name)(hf, prompt, 16)
 
 
 def test_a_windowed_model_runs_past_its_kv_pool(family):
@@ -209,7 +252,7 @@ def test_a_windowed_model_runs_past_its_kv_pool(family):
     prompt = ids_of(50, 12)
     (got,) = run_core(core, [prompt], greedy(50))
     assert len(prompt) + len(got) > core.kv.capacity_tokens
-    assert got == hf_greedy(hf, prompt, 50)
+    assert got == reference_greedy(name)(hf, prompt, 50)
     assert core.kv.free_pages == core.kv.num_pages
 
 
@@ -231,7 +274,7 @@ def test_global_and_windowed_layers_have_a_pool_each(family):
     local.allocate = watch
     prompt = ids_of(50, 13)
     (got,) = run_core(core, [prompt], greedy(40))
-    assert got == hf_greedy(hf, prompt, 40)
+    assert got == reference_greedy(name)(hf, prompt, 40)
     window = load_artifact(art_dir).model["kv_window_pool"]
     assert max(held) <= -(-(window + 16) // 16) + 1 < -(-(50 + 40) // 16)  # it slid
     assert core.kv.main.free_pages == core.kv.main.num_pages
