@@ -26,7 +26,7 @@ from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, row_splits
 from .models.paged_attention import PAGE_SIZE
-from .quantization import Quantization, get_quantization, quantize_q4
+from .quantization import Quantization, get_quantization, quantize
 
 # Bump on a format change; the source digest below catches every other compiler change.
 COMPILER_REVISION = 3
@@ -136,13 +136,13 @@ def _weight_for(name: str, converted: dict[str, np.ndarray], quant: Quantization
 
 def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantization,
              max_bytes: int) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield the compiled model's parameters in order, quantizing q4 weights on the way."""
+    """Yield the compiled model's parameters in order, quantizing packed weights on the way."""
     for name in names:
         if name.endswith((".weight_scale", ".weight_min")):
             continue  # produced together with their .weight_q
         weight = _weight_for(name, converted, quant, max_bytes)
         if name.endswith(".weight_q"):
-            packed, scale, minimum = quantize_q4(weight, quant.dtype)
+            packed, scale, minimum = quantize(weight, quant)
             base = name.removesuffix("_q")
             yield name, packed
             yield base + "_scale", scale
@@ -218,14 +218,12 @@ def _check_weights(named: list, converted: dict[str, np.ndarray], quant: Quantiz
                    max_bytes: int) -> None:
     """Every parameter of the built model has a source weight of its shape, checked before the
     (slow) lowering: a file declaring other shapes than its config fails here, by name."""
-    from .quantization import VALUES_PER_WORD
-
     for name, param in named:
         if name.endswith((".weight_scale", ".weight_min")):
             continue
         want = [int(d) for d in param.shape]
         if name.endswith(".weight_q"):
-            want[-1] *= VALUES_PER_WORD
+            want[-1] *= quant.values_per_word
         try:
             got = list(_weight_for(name, converted, quant, max_bytes).shape)
         except KeyError:
@@ -315,7 +313,7 @@ def compile_model(
 
             raise UnsupportedConfig(
                 f"{family.NAME} models overflow float16 activations, so {quant.name} would "
-                "compute inf/NaN; compile a float32 variant (q4f32_1 or q0f32) instead.",
+                "compute inf/NaN; compile a float32 variant (q4f32_1, q8f32_1 or q0f32) instead.",
                 param="quantization")
         converted = family.convert_weights(cfg, loaded.weights)
     window = min(context_window or cfg.context_window, cfg.context_window)

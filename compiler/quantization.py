@@ -1,8 +1,8 @@
-"""Weight quantization schemes: q0f32, q0f16, q4f32_1, q4f16_1.
+"""Weight quantization schemes: q0f32, q0f16, q4f32_1, q4f16_1, q8f32_1, q8f16_1.
 
-``qAfB_1``: A-bit weights, B-bit activations. The packing of the 4-bit schemes is documented in
-docs/quantization.md; this module is its one implementation (numpy packing at compile time,
-TE dequantization fused by TVM into the GEMV/GEMM kernels at run time).
+``qAfB_1``: A-bit weights, B-bit activations. The packing of the 4- and 8-bit schemes is
+documented in docs/quantization.md; this module is its one implementation (numpy packing at
+compile time, TE dequantization fused by TVM into the GEMV/GEMM kernels at run time).
 """
 
 from __future__ import annotations
@@ -12,23 +12,31 @@ from dataclasses import dataclass
 import numpy as np
 
 GROUP_SIZE = 32  # weights sharing one scale and one minimum
-VALUES_PER_WORD = 8  # 4-bit values packed in one uint32
-LEVELS = 15  # nibble q encodes q * scale + minimum, q in 0..15
+WORD_BITS = 32  # values are packed into uint32 words
 
 
 @dataclass(frozen=True, slots=True)
 class Quantization:
     name: str
-    weight_bits: int  # 0 = not quantized
+    weight_bits: int  # 0 = not quantized, else 4 or 8
     dtype: str  # activation / compute dtype: "float32" | "float16"
 
     @property
     def quantized(self) -> bool:
-        return self.weight_bits == 4
+        return self.weight_bits > 0
 
     @property
     def needs_f16(self) -> bool:
         return self.dtype == "float16"
+
+    @property
+    def values_per_word(self) -> int:
+        return WORD_BITS // self.weight_bits
+
+    @property
+    def levels(self) -> int:
+        """The largest stored value: q encodes q * scale + minimum, q in 0..levels."""
+        return (1 << self.weight_bits) - 1
 
 
 QUANTIZATIONS = {
@@ -36,6 +44,8 @@ QUANTIZATIONS = {
     "q0f16": Quantization("q0f16", 0, "float16"),
     "q4f32_1": Quantization("q4f32_1", 4, "float32"),
     "q4f16_1": Quantization("q4f16_1", 4, "float16"),
+    "q8f32_1": Quantization("q8f32_1", 8, "float32"),
+    "q8f16_1": Quantization("q8f16_1", 8, "float16"),
 }
 
 
@@ -58,37 +68,44 @@ def get_quantization(name: str) -> Quantization:
         ) from None
 
 
-def quantize_q4(weight: np.ndarray, scale_dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(out, in) float weights -> packed (out, in/8) uint32, scale and minimum (out, in/32).
+def quantize(weight: np.ndarray, quant: Quantization) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(out, in) float weights -> packed (out, in * bits / 32) uint32, scale and minimum
+    (out, in / 32), the scale and minimum in ``quant``'s activation dtype.
 
     Asymmetric per-group quantization along the input dimension: a group's values span
-    [minimum, minimum + 15 * scale]. This is the shape of GGUF's Q4_1, so re-quantizing a Q4_1
-    source is (up to rounding of the scale) lossless. Nibble ``k`` (bits 4k..4k+3) of word ``j``
-    holds input column ``8*j + k``.
+    [minimum, minimum + levels * scale] (levels = 15 for 4 bits, 255 for 8). For 4 bits this is
+    the shape of GGUF's Q4_1, so re-quantizing a Q4_1 source is (up to rounding of the scale)
+    lossless. Value ``k`` of word ``j`` (bits ``k*bits ..``) holds input column
+    ``j * values_per_word + k``.
     """
     out_features, in_features = weight.shape
     if in_features % GROUP_SIZE:
-        raise ValueError(f"q4 needs the input dimension divisible by {GROUP_SIZE}: {weight.shape}")
+        raise ValueError(f"{quant.name} needs the input dimension divisible by {GROUP_SIZE}: "
+                         f"{weight.shape}")
+    per_word, levels = quant.values_per_word, quant.levels
     w = weight.astype(np.float32).reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
     low = w.min(axis=2, keepdims=True)
-    scale = (w.max(axis=2, keepdims=True) - low) / LEVELS
+    scale = (w.max(axis=2, keepdims=True) - low) / levels
     # quantize against the stored (possibly float16) scale and minimum
-    low = low.astype(scale_dtype).astype(np.float32)
-    scale = scale.astype(scale_dtype).astype(np.float32)
+    low = low.astype(quant.dtype).astype(np.float32)
+    scale = scale.astype(quant.dtype).astype(np.float32)
     safe = np.where(scale == 0, 1.0, scale)
-    q = np.clip(np.rint((w - low) / safe), 0, LEVELS).astype(np.uint32)
-    q = q.reshape(out_features, in_features // VALUES_PER_WORD, VALUES_PER_WORD)
-    shifts = (np.arange(VALUES_PER_WORD, dtype=np.uint32) * 4)[None, None, :]
+    q = np.clip(np.rint((w - low) / safe), 0, levels).astype(np.uint32)
+    q = q.reshape(out_features, in_features // per_word, per_word)
+    shifts = (np.arange(per_word, dtype=np.uint32) * quant.weight_bits)[None, None, :]
     packed = np.bitwise_or.reduce(q << shifts, axis=2).astype(np.uint32)
-    return (packed, scale.reshape(out_features, -1).astype(scale_dtype),
-            low.reshape(out_features, -1).astype(scale_dtype))
+    return (packed, scale.reshape(out_features, -1).astype(quant.dtype),
+            low.reshape(out_features, -1).astype(quant.dtype))
 
 
-def dequantize_q4(packed: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
-    """Inverse of quantize_q4 in float32 (the reference for tests)."""
+def dequantize(packed: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
+    """Inverse of ``quantize`` in float32 (the reference for tests); the bit width follows
+    from the shapes (words per group)."""
     out_features, words = packed.shape
-    shifts = (np.arange(VALUES_PER_WORD, dtype=np.uint32) * 4)[None, None, :]
-    q = (packed[:, :, None] >> shifts) & 0xF
-    values = q.reshape(out_features, words * VALUES_PER_WORD).astype(np.float32)
+    bits = WORD_BITS * words // (scale.shape[1] * GROUP_SIZE)
+    per_word = WORD_BITS // bits
+    shifts = (np.arange(per_word, dtype=np.uint32) * bits)[None, None, :]
+    q = (packed[:, :, None] >> shifts) & np.uint32((1 << bits) - 1)
+    values = q.reshape(out_features, words * per_word).astype(np.float32)
     return (values * np.repeat(scale.astype(np.float32), GROUP_SIZE, axis=1)
             + np.repeat(minimum.astype(np.float32), GROUP_SIZE, axis=1))

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
+from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..engine.errors import WickError
 
-QUANTIZATIONS = ("q4f16_1", "q4f32_1", "q0f16", "q0f32")  # wick.compiler.quantization names
+QUANTIZATIONS = tuple(_SCHEMES)
 DEFAULT_QUANTIZATION = "q4f16_1"  # best; devices without shader-f16 (some browsers) use q4f32_1
 
 

@@ -22,8 +22,10 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
+
 log = logging.getLogger("wick.server")
-QUANTIZATIONS = ("q4f16_1", "q4f32_1", "q0f16", "q0f32")
+QUANTIZATIONS = tuple(_SCHEMES)
 MAX_BODY_MIB = 4  # (fastapi and the engine load only when the server runs: `wick list` stays fast)
 SHUTDOWN_GRACE_S = 15.0
 

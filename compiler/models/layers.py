@@ -16,7 +16,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.core import wrap_nested
 
-from ..quantization import GROUP_SIZE, VALUES_PER_WORD, Quantization
+from ..quantization import GROUP_SIZE, Quantization
 
 MAX_BINDING_BYTES = 128 << 20  # WebGPU's default maxStorageBufferBindingSize
 # Matmul sums accumulate in float32 even in f16 variants. The kernels that run a step differ
@@ -30,31 +30,34 @@ ACCUMULATE = "float32"
 def row_splits(out_features: int, in_features: int, quant: Quantization,
                max_bytes: int = MAX_BINDING_BYTES) -> list[tuple[int, int]]:
     """[start, stop) row ranges so that each part's largest tensor fits one binding."""
-    row_bytes = in_features // 2 if quant.quantized else in_features * _DTYPE_BYTES[quant.dtype]
+    row_bytes = (in_features * quant.weight_bits // 8 if quant.quantized
+                 else in_features * _DTYPE_BYTES[quant.dtype])
     rows = max(1, max_bytes // row_bytes)
     return [(start, min(start + rows, out_features)) for start in range(0, out_features, rows)]
 
 
 def _dequantize_te(w: te.Tensor, s: te.Tensor, m: te.Tensor, rows, in_features: int,
-                   dtype: str) -> te.Tensor:
+                   quant: Quantization) -> te.Tensor:
+    per_word, bits, dtype = quant.values_per_word, quant.weight_bits, quant.dtype
+
     def value(o, i):
-        word = w[o, i // VALUES_PER_WORD]
-        nibble = (word >> ((i % VALUES_PER_WORD) * 4).astype("uint32")) & tirx.const(15, "uint32")
+        word = w[o, i // per_word]
+        q = (word >> ((i % per_word) * bits).astype("uint32")) & tirx.const(quant.levels, "uint32")
         g = i // GROUP_SIZE
-        return nibble.astype(dtype) * s[o, g].astype(dtype) + m[o, g].astype(dtype)
+        return q.astype(dtype) * s[o, g].astype(dtype) + m[o, g].astype(dtype)
 
     return te.compute((rows, in_features), value, name="dequantize")
 
 
 def _dequantize(packed: Tensor, scale: Tensor, minimum: Tensor, out_features: int,
-                in_features: int, dtype: str):
+                in_features: int, quant: Quantization):
     return op.tensor_expr_op(
-        lambda w, s, m: _dequantize_te(w, s, m, out_features, in_features, dtype), "dequantize",
+        lambda w, s, m: _dequantize_te(w, s, m, out_features, in_features, quant), "dequantize",
         [packed, scale, minimum])
 
 
 def _dequantize_matmul(x: Tensor, packed: Tensor, scale: Tensor, minimum: Tensor,
-                       out_features: int, in_features: int, dtype: str) -> Tensor:
+                       out_features: int, in_features: int, quant: Quantization) -> Tensor:
     """x (n, in) @ dequantize(W)^T in ONE kernel: Relax's FuseOps would not fuse an injective
     producer into a reduction, and a separate dequantize kernel would write the whole f16/f32
     weight to memory every step. dlight's GEMV/GEMM rules recognise the "dequantize" block.
@@ -62,15 +65,15 @@ def _dequantize_matmul(x: Tensor, packed: Tensor, scale: Tensor, minimum: Tensor
     The sum is accumulated in float32 whatever ``dtype`` is (see ``ACCUMULATE``)."""
 
     def compute(xt: te.Tensor, w: te.Tensor, s: te.Tensor, m: te.Tensor):
-        weight = _dequantize_te(w, s, m, out_features, in_features, dtype)
+        weight = _dequantize_te(w, s, m, out_features, in_features, quant)
         k = te.reduce_axis((0, in_features), name="k")
         acc = te.compute((xt.shape[0], out_features),
                          lambda i, j: te.sum(xt[i, k].astype(ACCUMULATE)
                                              * weight[j, k].astype(ACCUMULATE), axis=k),
                          name="matmul")
-        if dtype == ACCUMULATE:
+        if quant.dtype == ACCUMULATE:
             return acc
-        return te.compute(acc.shape, lambda i, j: acc[i, j].astype(dtype), name="cast")
+        return te.compute(acc.shape, lambda i, j: acc[i, j].astype(quant.dtype), name="cast")
 
     return op.tensor_expr_op(compute, "dequantize_matmul", [x, packed, scale, minimum])
 
@@ -83,7 +86,7 @@ def take_rows(x: Tensor, indices: Tensor) -> Tensor:
 
 
 class QLinear(nn.Module):
-    """y = x @ W^T (+ b) with W (out, in), stored plain or q4-packed; a bias stays unquantized
+    """y = x @ W^T (+ b) with W (out, in), stored plain or packed (q4/q8); a bias stays unquantized
     in the variant's dtype."""
 
     def __init__(self, in_features: int, out_features: int, quant: Quantization,
@@ -96,7 +99,8 @@ class QLinear(nn.Module):
                                         for start, stop in self.splits])
             return
         elif quant.quantized:
-            self.weight_q = nn.Parameter((out_features, in_features // VALUES_PER_WORD), "uint32")
+            self.weight_q = nn.Parameter((out_features, in_features // quant.values_per_word),
+                                         "uint32")
             self.weight_scale = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
             self.weight_min = nn.Parameter((out_features, in_features // GROUP_SIZE), quant.dtype)
         else:
@@ -109,7 +113,7 @@ class QLinear(nn.Module):
             return op.concat([part(x) for part in self.parts], dim=-1)
         if self.quant.quantized:
             y = _dequantize_matmul(x, self.weight_q, self.weight_scale, self.weight_min,
-                                   self.out_features, self.in_features, self.quant.dtype)
+                                   self.out_features, self.in_features, self.quant)
         elif self.quant.dtype == ACCUMULATE:
             y = op.matmul(x, op.permute_dims(self.weight))
         else:
@@ -146,7 +150,7 @@ class QEmbedding(nn.Module):
         rows_q = take_rows(t.weight_q, ids)
         rows_s = take_rows(t.weight_scale, ids)
         rows_m = take_rows(t.weight_min, ids)
-        return _dequantize(rows_q, rows_s, rows_m, ids.shape[0], t.in_features, t.quant.dtype)
+        return _dequantize(rows_q, rows_s, rows_m, ids.shape[0], t.in_features, t.quant)
 
     def lm_head(self, x: Tensor) -> Tensor:
         return self.table(x)

@@ -277,9 +277,9 @@ _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "uint32": np.uint32,
 
 
 def artifact_weights(art: Artifact) -> dict[str, np.ndarray]:
-    """The artifact's stored parameters as float32 arrays, q4 triples dequantized with
-    ``dequantize_q4`` and row-split ``parts.K`` concatenated back: compiled-module names."""
-    from wick.compiler.quantization import dequantize_q4
+    """The artifact's stored parameters as float32 arrays, packed triples dequantized with
+    ``dequantize`` and row-split ``parts.K`` concatenated back: compiled-module names."""
+    from wick.compiler.quantization import dequantize
 
     shards = dict(art.shard_bytes())
     raw = {}
@@ -293,7 +293,7 @@ def artifact_weights(art: Artifact) -> dict[str, np.ndarray]:
             continue
         if name.endswith(".weight_q"):
             base = name[: -len("_q")]
-            plain[base] = dequantize_q4(value, raw[base + "_scale"], raw[base + "_min"])
+            plain[base] = dequantize(value, raw[base + "_scale"], raw[base + "_min"])
         else:
             plain[name] = value.astype(np.float32)
     parts: dict[str, list[tuple[int, np.ndarray]]] = {}

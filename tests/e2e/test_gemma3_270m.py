@@ -83,8 +83,15 @@ def test_greedy_completion_equals_transformers(gemma_core, gemma_hf):
 _ppl: dict[str, float] = {}
 
 
-@pytest.mark.parametrize("quant", ["q0f32", "q4f32_1"])
+@pytest.mark.parametrize("quant", ["q0f32", "q8f32_1", "q4f32_1"])
 def test_perplexity_of_quantized_variants(gemma_core, gemma_hf, compiled, quant):
+    """q0f32 equals transformers on the GGUF's weights; the packed variants equal transformers
+    holding the artifact's weights, and 8 bits (the default) stay within 10 % of q0f32.
+
+    4 bits do not, and no 4-bit rounding measured does: with only the layers re-quantized
+    (transformers, the first 48 tokens, q0f32 2.18), wick's q4 gives 4.52, GGUF Q4_1 6.10 and
+    Q4_0 10.16; even Q5_0 2.62 (+20 %); Q8_0 2.21. The checkpoint itself keeps most of these
+    weights in Q5_0, Q6_K and Q8_0."""
     core = gemma_core(quant)
     ids = core.prompt_ids(GENESIS)[:NUM_TOKENS]
     with forward_plan_only(core.runner):
@@ -100,9 +107,6 @@ def test_perplexity_of_quantized_variants(gemma_core, gemma_hf, compiled, quant)
               f"max logit diff {diff:.2e}")
         assert diff < 2e-2
     else:
-        # re-quantizing the Q4_K_M checkpoint to wick's q4 costs this small model a lot of
-        # perplexity (see the session note); what is checked here is that the kernels compute
-        # exactly what transformers computes with the artifact's (dequantized) weights
         import torch
 
         from tests.e2e.helpers import hf_model_from_artifact
@@ -117,3 +121,7 @@ def test_perplexity_of_quantized_variants(gemma_core, gemma_hf, compiled, quant)
               f"{_ppl.get('q0f32', float('nan')):.4f}")
         assert diff < 2e-2
         assert abs(_ppl[quant] - perplexity(ref, ids)) < 1e-3 * _ppl[quant]
+        if quant.startswith("q8"):
+            if "q0f32" not in _ppl:
+                pytest.skip("needs the q0f32 perplexity (run the module)")
+            assert _ppl[quant] < 1.10 * _ppl["q0f32"]
