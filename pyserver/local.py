@@ -29,7 +29,22 @@ log = logging.getLogger("wick.engine")
 def _check_feature(quantization: str, features) -> None:
     if quantization.endswith("f16") or "f16_" in quantization:
         if "shader-f16" not in features:
-            raise MissingFeatureError("shader-f16", ["q4f32_1", "q0f32"], requested=quantization)
+            raise MissingFeatureError("shader-f16", ["q4f32_1", "q8f32_1", "q0f32"],
+                                      requested=quantization)
+
+
+def pick_quantization(model: str, quantization: str | None, features) -> str | None:
+    """The variant to compile: the asked one (checked against the device), else the model's
+    default (None), or its float32 twin (q4f16_1 -> q4f32_1) on a device without shader-f16."""
+    if quantization is None and "shader-f16" not in features:
+        from ..compiler.compile import default_quantization
+        from ..compiler.quantization import f32_twin
+
+        default = default_quantization(model)
+        quantization = f32_twin(default) or default
+    if quantization is not None:
+        _check_feature(quantization, features)
+    return quantization
 
 
 def load_artifact(model: str, quantization: str | None, features, progress: Progress | None) -> Artifact:
@@ -45,10 +60,7 @@ def load_artifact(model: str, quantization: str | None, features, progress: Prog
         raise ModelNotFoundError(model)
     from ..compiler.compile import compile_model
 
-    if quantization is None and "shader-f16" not in features:
-        quantization = "q4f32_1"
-    if quantization is not None:
-        _check_feature(quantization, features)
+    quantization = pick_quantization(model, quantization, features)
     out = compile_model(model, quantization, progress=progress)  # None: the model's default
     return Artifact.load(lambda p: (out / p).read_bytes(), str(out))
 

@@ -1,6 +1,7 @@
 """A non-Llama real model in the browser: Gemma-3-270m (Gemma 3: q/k norms, GELU, 262k vocab,
-sliding-window layers through wick's own attention kernel) in q4f32_1 -- SwiftShader has no
-shader-f16, and Gemma refuses f16 anyway -- gives the native engine's greedy tokens."""
+sliding-window layers through wick's own attention kernel) in q8f32_1, its default (8-bit
+weights; SwiftShader has no shader-f16, and Gemma refuses f16 anyway), gives the native engine's
+greedy tokens."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ N = 4
 
 @pytest.fixture(scope="module")
 def gemma_artifact(compiled):
-    return compiled("gemma-3-270m", "q4f32_1")
+    return compiled("gemma-3-270m", "q8f32_1", context_window=1024)  # (the native tests' artifact)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_gemma3_greedy_completion_equals_native(context, gemma_server, gemma_art
     page = Page(context, gemma_server.url)
     out = page.run("""async ([prompt, n]) => {
         const t0 = performance.now();
-        const engine = await wick.createEngine("gemma-3-270m", {quantization: "q4f32_1"});
+        const engine = await wick.createEngine("gemma-3-270m", {quantization: "q8f32_1"});
         const loadMs = performance.now() - t0;
         const comp = await engine.completions.create(
             {prompt, max_tokens: n, temperature: 0, logprobs: 0});
@@ -54,9 +55,9 @@ def test_gemma3_greedy_completion_equals_native(context, gemma_server, gemma_art
         await engine.unload();
         return {comp, loadMs, ms, info: engine.info, chatError};
     }""", [PROMPT, N], timeout=900_000)
-    print(f"Gemma-3-270m q4f32_1 in Chromium: load {out['loadMs'] / 1e3:.1f} s, "
+    print(f"Gemma-3-270m q8f32_1 in Chromium: load {out['loadMs'] / 1e3:.1f} s, "
           f"{N} tokens in {out['ms'] / 1e3:.1f} s")
-    assert out["info"]["quantization"] == "q4f32_1"
+    assert out["info"]["quantization"] == "q8f32_1"
     got, want = out["comp"]["choices"][0], native["choices"][0]
     assert got["logprobs"]["tokens"] == want["logprobs"]["tokens"]
     assert got["text"] == want["text"] and len(want["logprobs"]["tokens"]) == N

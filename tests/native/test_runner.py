@@ -49,6 +49,11 @@ def test_engine_picks_f32_variant_and_rejects_f16_without_feature():
     with pytest.raises(MissingFeatureError, match="q4f32_1"):
         _check_feature("q0f16", set())
     _check_feature("q4f32_1", set())  # no error
+    from wick.server.local import pick_quantization
+
+    assert pick_quantization("smollm2-135m-instruct", None, set()) == "q4f32_1"
+    assert pick_quantization("smollm2-135m-instruct", None, {"shader-f16"}) is None  # its own
+    assert pick_quantization("gemma-3-270m", None, set()) == "q8f32_1"
 
 
 def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_llama_dir, compiled, backend):

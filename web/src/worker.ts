@@ -100,7 +100,11 @@ function pickModel(models: ModelEntry[], model: string, quantization: string | u
   if (!runnable.length) {
     const m = choices[0];
     const missing = m.features.find((f) => !features.includes(f))!;
-    const variants = ["q4f32_1", "q0f32"].filter((q) => named.some((n) => n.quantization === q));
+    // the variants of this model the server offers that need no optional feature, smallest
+    // weights first (q4, q8, then q0 = unquantized)
+    const bits = (q: string) => Number(q.match(/^q(\d+)/)?.[1] ?? 0) || 32;
+    const variants = [...new Set(named.filter((n) => !n.features.length).map((n) => n.quantization))]
+      .sort((a, b) => bits(a) - bits(b));
     throw new Failure(missingFeature(missing, variants.length ? variants : ["q4f32_1", "q0f32"],
       `${m.model} ${m.quantization}`));
   }
