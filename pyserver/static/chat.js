@@ -188,8 +188,10 @@ async function send(text) {
     const secs = (performance.now() - started) / 1000;
     if (usage) {
       const ttft = firstToken ? ((firstToken - started) / 1000).toFixed(2) : "-";
+      const rate = usage.completion_tokens / secs;  // (two digits even when slow: "0.033")
+      const shown = rate >= 10 ? rate.toFixed(1) : rate.toPrecision(2);
       $("status").textContent = `${usage.completion_tokens} tokens in ${secs.toFixed(1)} s ` +
-        `(${(usage.completion_tokens / secs).toFixed(1)} tok/s, first token ${ttft} s)`;
+        `(${shown} tok/s, first token ${ttft} s)`;
     }
   } catch (err) {
     if (err.name === "AbortError" || err.name === "EngineAbortedError") {
