@@ -35,6 +35,12 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
 
+def window_pages(window: int, step_tokens: int, page_size: int) -> int:
+    """Pages a windowed sequence holds at most during a step of ``step_tokens`` tokens: its
+    window, the step's tokens, and one page for where the window starts inside a page."""
+    return pages_for(window + step_tokens, page_size) + 1
+
+
 class KVCache:
     def __init__(self, num_pages: int, page_size: int, window: int | None = None) -> None:
         if num_pages < 1 or page_size < 1:
@@ -75,7 +81,7 @@ class KVCache:
 
     def window_pages(self, step_tokens: int) -> int:
         """Pages a windowed sequence holds at most during a step of ``step_tokens`` tokens."""
-        return pages_for(self.window + step_tokens, self.page_size) + 1
+        return window_pages(self.window, step_tokens, self.page_size)
 
     def has(self, seq_id: int) -> bool:
         return seq_id in self._tables

@@ -17,6 +17,7 @@ from .artifact import Artifact
 from .backend import Backend, Read, Write
 from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
+from .kv_cache import pages_for, window_pages
 from .plan import DTYPE_BYTES, KernelTable, PlanFunction, TensorRef, evaluate
 from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
@@ -71,7 +72,7 @@ def window_pages_for(manifest: dict, num_pages: int, max_storage_binding: int | 
     window = model.get("kv_window_pool")
     if not window:
         return 0
-    per_sequence = -(-(window + model["prefill_chunk_size"]) // model["page_size"]) + 1
+    per_sequence = window_pages(window, model["prefill_chunk_size"], model["page_size"])
     pages = min(model["max_batch_size"] * per_sequence, num_pages)
     if max_storage_binding:
         pages = min(pages, max_storage_binding // max(_layer_page_bytes(manifest, WINDOW_POOL)))
@@ -86,11 +87,12 @@ def kv_pages_for(manifest: dict, budget_bytes: int, max_storage_binding: int) ->
     per_layer = _layer_page_bytes(manifest)
     main_bytes = sum(per_layer)
     window_bytes = sum(_layer_page_bytes(manifest, WINDOW_POOL))
-    per_sequence = model["context_window"]
+    per_sequence = pages_for(model["context_window"], model["page_size"])
     if model.get("kv_window"):  # a sequence holds its window's pages and one step's
-        per_sequence = min(per_sequence, model["kv_window"] + model["prefill_chunk_size"]
-                           + model["page_size"])
-    useful = model["max_batch_size"] * -(-per_sequence // model["page_size"])
+        per_sequence = min(per_sequence, window_pages(model["kv_window"],
+                                                      model["prefill_chunk_size"],
+                                                      model["page_size"]))
+    useful = model["max_batch_size"] * per_sequence
     pages = budget_bytes // (main_bytes + window_bytes)  # as many local pages as main ones
     most_local = window_pages_for(manifest, 1 << 30) if window_bytes else 0
     if window_bytes and pages > most_local:  # the local pool is full: the rest is main pages

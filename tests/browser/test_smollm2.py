@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct (the bundled GGUF) in q0f32 -- SwiftShader has no shader-f16 -- in the
-browser equals the native engine on the same artifact: greedy chat and completion token for
-token, the streamed chunks join to the non-stream text, and a JSON-schema answer (web-xgrammar
-over SmolLM2's vocabulary) is the native one and validates."""
+browser equals the native engine on the same artifact: greedy chat token for token, the
+streamed chunks join to the non-stream text, and a JSON-schema answer (web-xgrammar over
+SmolLM2's vocabulary) is the native one and validates. (Completions in the browser: Gemma's
+test, test_gemma3.py; each decode step here costs seconds on SwiftShader.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from .conftest import Page
 pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-PROMPT = "The three primary colors are"
 N = 8
 SCHEMA = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}},
@@ -45,16 +45,14 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
 
     eng = Engine(str(smol_artifact))
     chat = eng.chat.completions.create(messages=MESSAGES, max_tokens=N, temperature=0).to_dict()
-    comp = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0).to_dict()
     constrained = eng.chat.completions.create(**JSON_REQUEST).to_dict()
     del eng
     page = Page(context, smol_server.url)
-    out = page.run("""async ([messages, prompt, n, jsonRequest]) => {
+    out = page.run("""async ([messages, n, jsonRequest]) => {
         const t0 = performance.now();
         const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32"});
         const loadMs = performance.now() - t0;
         const chat = await engine.chat.completions.create({messages, max_tokens: n, temperature: 0});
-        const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
         const parts = [];
         for await (const c of await engine.chat.completions.create(
                 {messages, max_tokens: n, temperature: 0, stream: true})) {
@@ -62,16 +60,14 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
         }
         const constrained = await engine.chat.completions.create(jsonRequest);
         await engine.unload();
-        return {chat, comp, streamed: parts.join(""), loadMs, info: engine.info, constrained};
-    }""", [MESSAGES, PROMPT, N, JSON_REQUEST], timeout=900_000)
+        return {chat, streamed: parts.join(""), loadMs, info: engine.info, constrained};
+    }""", [MESSAGES, N, JSON_REQUEST], timeout=900_000)
     print(f"SmolLM2 q0f32 in Chromium: load {out['loadMs'] / 1e3:.1f} s")
     assert out["info"]["quantization"] == "q0f32"
     text = out["chat"]["choices"][0]["message"]["content"]
     assert text == chat["choices"][0]["message"]["content"]
     assert "Paris" in text
     assert out["chat"]["usage"] == chat["usage"]
-    assert out["comp"]["choices"][0]["text"] == comp["choices"][0]["text"]
-    assert out["comp"]["usage"] == comp["usage"]
     assert out["streamed"] == text
     answer = out["constrained"]["choices"][0]
     assert answer["message"] == constrained["choices"][0]["message"]

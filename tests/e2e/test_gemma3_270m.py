@@ -70,7 +70,7 @@ def test_f16_variants_are_refused_with_the_ones_that_work(compiled):
 def test_greedy_completion_equals_transformers(gemma_core, gemma_hf):
     core = gemma_core("q0f32")
     # a prompt longer than the 512-token window: the local layers must drop its start
-    prompt = core.prompt_ids(GENESIS * 6)
+    prompt = core.prompt_ids(GENESIS * 5)
     assert len(prompt) > 600
     with record(core.runner) as rec:
         r = EngineAPI(core).completions.create(prompt=prompt, temperature=0, max_tokens=8)
@@ -83,15 +83,16 @@ def test_greedy_completion_equals_transformers(gemma_core, gemma_hf):
 _ppl: dict[str, float] = {}
 
 
-@pytest.mark.parametrize("quant", ["q0f32", "q8f32_1", "q4f32_1"])
+@pytest.mark.parametrize("quant", ["q0f32", "q8f32_1"])
 def test_perplexity_of_quantized_variants(gemma_core, gemma_hf, compiled, quant):
     """q0f32 equals transformers on the GGUF's weights; the packed variants equal transformers
     holding the artifact's weights, and 8 bits (the default) stay within 10 % of q0f32.
 
-    4 bits do not, and no 4-bit rounding measured does: with only the layers re-quantized
-    (transformers, the first 48 tokens, q0f32 2.18), wick's q4 gives 4.52, GGUF Q4_1 6.10 and
-    Q4_0 10.16; even Q5_0 2.62 (+20 %); Q8_0 2.21. The checkpoint itself keeps most of these
-    weights in Q5_0, Q6_K and Q8_0."""
+    4 bits do not (q4f32_1: 5.61, measured once; not run here to save a compile), and no 4-bit
+    rounding measured does: with only the layers re-quantized (transformers, the first 48
+    tokens, q0f32 2.18), wick's q4 gives 4.52, GGUF Q4_1 6.10 and Q4_0 10.16; even Q5_0 2.62
+    (+20 %); Q8_0 2.21. The checkpoint itself keeps most of these weights in Q5_0, Q6_K and
+    Q8_0."""
     core = gemma_core(quant)
     ids = core.prompt_ids(GENESIS)[:NUM_TOKENS]
     with forward_plan_only(core.runner):
