@@ -68,6 +68,8 @@ class DecoderConfig:
         partial = float(hf.get("partial_rotary_factor")
                         or (hf.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
         rotary_dim = int(round(head_dim * partial))
+        if scaling and scaling["rope_type"] == "su":  # Phi-3's first name for longrope
+            scaling["rope_type"] = "longrope"
         if scaling and scaling["rope_type"] not in ("linear", "llama3", "longrope"):
             raise UnsupportedConfig(f"rope_scaling type {scaling['rope_type']!r} is not "
                                     "supported (wick has linear, llama3 and longrope)")

@@ -27,6 +27,16 @@ def phi3_config(hidden, heads, partial, max_pos, original):
                              "long_factor": (1 + 40 * RNG.random(half)).tolist()}}
 
 
+def test_su_is_the_older_name_of_longrope():
+    raw = phi3_config(*SHAPES[0])
+    raw["rope_scaling"]["type"] = "su"  # the first Phi-3 128k configs
+    c = phi3.Config.from_hf(raw)
+    assert c.rope_scaling["rope_type"] == "longrope"
+    assert c.attention(0, "float32").rope_scaling == phi3.Config.from_hf(
+        phi3_config(*SHAPES[0]) | {"rope_scaling": {**raw["rope_scaling"], "type": "longrope"}}
+    ).attention(0, "float32").rope_scaling
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_longrope_settings_give_transformers_frequencies(shape):
     import torch
