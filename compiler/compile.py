@@ -236,29 +236,50 @@ def _check_weights(named: list, converted: dict[str, np.ndarray], quant: Quantiz
 DEFAULT_QUANTIZATION = "q4f16_1"  # the best on a device with shader-f16
 
 
-def default_quantization(model: str) -> str:
-    """The variant to build when none is asked: a built-in's registry default, else q4f16_1,
-    or q4f32_1 for a family whose activations overflow float16 (Gemma)."""
-    from .models import GGUF_ARCHITECTURES, HF_MODEL_TYPES
+def family_of(model: str):
+    """The family module of a built-in name, HF directory or .gguf file, read from its registry
+    entry or its config / metadata alone (no weights), or None when that cannot be read."""
+    from .models import FAMILIES, GGUF_ARCHITECTURES, HF_MODEL_TYPES
     from .sources import builtin_models
 
     registry = builtin_models()
     if model in registry:
-        return registry[model].get("default_quantization", DEFAULT_QUANTIZATION)
+        return FAMILIES.get(registry[model].get("family"))
     path = Path(model).expanduser()
-    family = None
     try:
         if path.is_file() and path.suffix == ".gguf":
             from gguf import GGUFReader
 
             field = GGUFReader(path).fields.get("general.architecture")
-            family = GGUF_ARCHITECTURES.get(field.contents()) if field else None
-        elif (path / "config.json").is_file():
-            family = HF_MODEL_TYPES.get(json.loads((path / "config.json").read_text())
-                                        .get("model_type"))
+            return GGUF_ARCHITECTURES.get(field.contents()) if field else None
+        if (path / "config.json").is_file():
+            return HF_MODEL_TYPES.get(json.loads((path / "config.json").read_text())
+                                      .get("model_type"))
     except Exception:  # noqa: BLE001 - unreadable: compile_model names the problem
-        family = None
+        return None
+    return None
+
+
+def default_quantization(model: str) -> str:
+    """The variant to build when none is asked: a built-in's registry default, else q4f16_1,
+    or q4f32_1 for a family whose activations overflow float16 (Gemma)."""
+    from .sources import builtin_models
+
+    registry = builtin_models()
+    if model in registry:
+        return registry[model].get("default_quantization", DEFAULT_QUANTIZATION)
+    family = family_of(model)
     return "q4f32_1" if getattr(family, "FLOAT16_OVERFLOWS", False) else DEFAULT_QUANTIZATION
+
+
+def _refuse_f16_overflow(family, quant: Quantization) -> None:
+    if quant.needs_f16 and getattr(family, "FLOAT16_OVERFLOWS", False):
+        from .models.decoder import UnsupportedConfig
+
+        raise UnsupportedConfig(
+            f"{family.NAME} models overflow float16 activations, so {quant.name} would "
+            "compute inf/NaN; compile a float32 variant (q4f32_1, q8f32_1 or q0f32) instead.",
+            param="quantization")
 
 
 def compile_model(
@@ -282,6 +303,7 @@ def compile_model(
 
     report = progress or (lambda stage, done, total: None)
     quant = get_quantization(quantization or default_quantization(model))
+    _refuse_f16_overflow(family_of(model), quant)  # before any download or hashing
     sweep_stale_builds(paths.artifacts_dir())
     if output is not None:
         sweep_stale_builds(Path(output).parent)
@@ -308,13 +330,7 @@ def compile_model(
         hf = loaded.config
         family = family_for(hf.get("model_type", "llama"))
         cfg = family.Config.from_hf(hf)
-        if quant.dtype == "float16" and getattr(family, "FLOAT16_OVERFLOWS", False):
-            from .models.decoder import UnsupportedConfig
-
-            raise UnsupportedConfig(
-                f"{family.NAME} models overflow float16 activations, so {quant.name} would "
-                "compute inf/NaN; compile a float32 variant (q4f32_1, q8f32_1 or q0f32) instead.",
-                param="quantization")
+        _refuse_f16_overflow(family, quant)  # (a source family_of could not read ahead)
         converted = family.convert_weights(cfg, loaded.weights)
     window = min(context_window or cfg.context_window, cfg.context_window)
 
