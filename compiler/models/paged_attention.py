@@ -87,8 +87,14 @@ class PagedAttention:
                                       s.rope_theta, rotary_dim, scaling)
             scaling = {}  # (the prefill kernel below does not rotate: rotary_mode 0)
         else:
-            rope = llama_rope_with_position_map(s.rope_theta, 1.0, s.head_dim, s.num_q_heads,
-                                                s.num_kv_heads, s.dtype, scaling, rotary_dim)
+            # linear scaling (transformers: inv_freq / factor) is positions / factor, which is
+            # the kernel's own ``scale``; TVM has no "linear" rope_type
+            position_scale = 1.0
+            if scaling.get("rope_type") == "linear":
+                position_scale, scaling = 1.0 / float(scaling["factor"]), {}
+            rope = llama_rope_with_position_map(s.rope_theta, position_scale, s.head_dim,
+                                                s.num_q_heads, s.num_kv_heads, s.dtype, scaling,
+                                                rotary_dim)
             rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)})  # apply_rope = 1
         self.rope = rope.with_attr("global_symbol", "fused_rope" + tag)
         kv = (s.num_kv_heads, s.head_dim, s.dtype)

@@ -205,6 +205,25 @@ def test_the_window_matters_in_these_comparisons(family):
     assert diff > 1e-2
 
 
+def test_linear_rope_scaling_matches_transformers(tmp_path_factory, compiled):
+    """``rope_type: linear`` (positions divided by the factor): the logits of a 40-token
+    prompt equal transformers', and differ from those without the scaling."""
+    from tests.tiny_models import make_tiny_model
+
+    scaling = {"rope_type": "linear", "factor": 4.0}
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny-linear-rope"), "llama", seed=5,
+                           rope_scaling=scaling)
+    core = make_core(compiled(path, "q0f32", **TINY_OPTIONS), num_pages=16)
+    hf = load_hf(path)
+    prompt = ids_of(40, 6)
+    (logits,) = prefill_logits(core.runner, [prompt])
+    want = hf_logits(hf, prompt)[-1]
+    assert np.abs(logits - want).max() < LOGIT_TOL
+    unscaled = load_hf(make_tiny_model(tmp_path_factory.mktemp("tiny-no-scaling"), "llama",
+                                       seed=5))
+    assert np.abs(hf_logits(unscaled, prompt)[-1] - want).max() > 1e-2
+
+
 # GGUF architecture -> (tiny family, config changes): what llama.cpp's converter has to
 # say in each architecture's own way (Gemma 2's GGUF has no query_pre_attn_scalar: llama.cpp
 # scales by 1/sqrt(key_length), so the tiny model uses that scale)
