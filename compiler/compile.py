@@ -260,15 +260,20 @@ def family_of(model: str):
     return None
 
 
-def default_quantization(model: str) -> str:
+_UNREAD = object()
+
+
+def default_quantization(model: str, family=_UNREAD) -> str:
     """The variant to build when none is asked: a built-in's registry default, else q4f16_1,
-    or q4f32_1 for a family whose activations overflow float16 (Gemma)."""
+    or q4f32_1 for a family whose activations overflow float16 (Gemma). ``family``: what
+    ``family_of(model)`` gave, when the caller already read it."""
     from .sources import builtin_models
 
     registry = builtin_models()
     if model in registry:
         return registry[model].get("default_quantization", DEFAULT_QUANTIZATION)
-    family = family_of(model)
+    if family is _UNREAD:
+        family = family_of(model)
     return "q4f32_1" if getattr(family, "FLOAT16_OVERFLOWS", False) else DEFAULT_QUANTIZATION
 
 
@@ -302,8 +307,9 @@ def compile_model(
     from .sources import builtin_models, reading, resolve_source
 
     report = progress or (lambda stage, done, total: None)
-    quant = get_quantization(quantization or default_quantization(model))
-    _refuse_f16_overflow(family_of(model), quant)  # before any download or hashing
+    family = family_of(model)  # (config or metadata only: read once)
+    quant = get_quantization(quantization or default_quantization(model, family))
+    _refuse_f16_overflow(family, quant)  # before any download or hashing
     sweep_stale_builds(paths.artifacts_dir())
     if output is not None:
         sweep_stale_builds(Path(output).parent)

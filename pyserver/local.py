@@ -27,10 +27,11 @@ log = logging.getLogger("wick.engine")
 
 
 def _check_feature(quantization: str, features) -> None:
-    if quantization.endswith("f16") or "f16_" in quantization:
-        if "shader-f16" not in features:
-            raise MissingFeatureError("shader-f16", ["q4f32_1", "q8f32_1", "q0f32"],
-                                      requested=quantization)
+    from ..compiler.quantization import QUANTIZATIONS, get_quantization
+
+    if get_quantization(quantization).needs_f16 and "shader-f16" not in features:
+        working = [q.name for q in QUANTIZATIONS.values() if not q.needs_f16]
+        raise MissingFeatureError("shader-f16", working, requested=quantization)
 
 
 def pick_quantization(model: str, quantization: str | None, features) -> str | None:
