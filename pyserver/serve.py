@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
+from .shutdown import HEADER_TIMEOUT_S
 
 log = logging.getLogger("wick.server")
 QUANTIZATIONS = tuple(_SCHEMES)
@@ -57,6 +58,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--body-timeout", type=float, metavar="SECONDS",
                    help="a request body must arrive within this (default 60; a pause over 15 s "
                         "also ends it): slow or half-sent bodies get a 408")
+    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="SECONDS",
+                   help="a connection must send each request's headers within this (default "
+                        f"{HEADER_TIMEOUT_S:.0f}); connections that trickle or send nothing "
+                        "are closed")
     p.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="SECONDS",
                    help="on SIGTERM/Ctrl-C, how long running requests may finish before they "
                         f"are ended with an error (default {SHUTDOWN_GRACE_S:.0f})")
@@ -86,7 +91,8 @@ def serve_main(args: argparse.Namespace) -> int:
         quantization=args.quantization, device=args.device,
         kv_cache_bytes=args.kv_cache_mib << 20 if args.kv_cache_mib else None,
         max_body_bytes=int(args.max_body_mib * (1 << 20)), log_level=args.log_level,
-        shutdown_grace=args.shutdown_grace, browser_variants=args.browser_variants,
+        shutdown_grace=args.shutdown_grace, header_timeout=args.header_timeout,
+        browser_variants=args.browser_variants,
         batch_invariant=args.batch_invariant, body_timeout=args.body_timeout,
     )
 
@@ -98,6 +104,7 @@ def run_server(
     port: int = 8000,
     log_level: str = "info",
     shutdown_grace: float = SHUTDOWN_GRACE_S,
+    header_timeout: float = HEADER_TIMEOUT_S,
     sock: socket.socket | None = None,
     **options,
 ) -> int:
@@ -123,7 +130,8 @@ def run_server(
             server.should_exit = True
 
     app = serving_app(models, url=_url(sock), on_failed=stop, **options)
-    server = GracefulServer(app, app.state.shutdown, shutdown_grace, log_level=log_level)
+    server = GracefulServer(app, app.state.shutdown, shutdown_grace, log_level=log_level,
+                            header_timeout=header_timeout)
     _after_shutdown_ignore_signals()
     server.run(sockets=[sock])
     return 1 if app.state.pool.state == "failed" else 0
@@ -209,7 +217,8 @@ class ServerThread:
     tests and benchmarks. ``url`` is set once it listens; ``stop()`` shuts it down."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning", grace: float = 1.0) -> None:
+                 log_level: str = "warning", grace: float = 1.0,
+                 header_timeout: float = HEADER_TIMEOUT_S) -> None:
         import threading
 
         from .app import GracefulServer
@@ -217,7 +226,7 @@ class ServerThread:
         self.app = app
         self.sock = bind_socket(host, port)
         self.url = _url(self.sock)
-        self.server = GracefulServer(app, app.state.shutdown, grace, log_level)
+        self.server = GracefulServer(app, app.state.shutdown, grace, log_level, header_timeout)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="wick-serve", daemon=True)
         self.thread.start()

@@ -228,6 +228,50 @@ def test_half_sent_body_times_out_and_the_connection_closes(tiny_a):
         live.stop()
 
 
+def test_connections_without_request_headers_are_closed():
+    """Slowloris: connections that send nothing, or trickle a request head a byte at a time,
+    are closed when the header deadline passes; a request whose head arrived in time may send
+    its body more slowly than that and still gets its answer."""
+    live = LiveServer(create_app(ModelPool.of(), body_timeout=10.0), header_timeout=1.0)
+    host, port = live.url.removeprefix("http://").split(":")
+
+    def closed_after(trickle: bytes) -> float:
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=8) as s:
+            for byte in trickle:
+                try:
+                    s.sendall(bytes([byte]))
+                except OSError:  # closed by the server mid-trickle
+                    break
+                time.sleep(0.2)
+            assert s.recv(1024) == b"", "the server answered a request it never got"
+        return time.monotonic() - started
+
+    def slow_body() -> bytes:
+        body = json.dumps({"model": "none", "prompt": "hi"}).encode()
+        with socket.create_connection((host, int(port)), timeout=8) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      b"Content-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body))
+            for i in range(0, len(body), 4):  # the body over ~2 s: past the header deadline
+                s.sendall(body[i:i + 4])
+                time.sleep(2 / len(body) * 4)
+            return s.recv(65536)
+
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            silent = pool.submit(closed_after, b"")
+            trickled = pool.submit(closed_after, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            answered = pool.submit(slow_body)
+            assert 0.9 < silent.result() < 4
+            assert 0.9 < trickled.result() < 4
+            answer = answered.result()
+        assert answer.startswith(b"HTTP/1.1 404") and b'"model_not_found"' in answer, answer
+        assert httpx.get(f"{live.url}/health").status_code == 200  # the server is still fine
+    finally:
+        live.stop()
+
+
 def test_client_leaving_mid_body_is_one_info_line(caplog):
     app = create_app(ModelPool.of())
     live = LiveServer(app)
