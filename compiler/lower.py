@@ -237,14 +237,20 @@ def build_kernels(tir_mod: tvm.IRModule, target) -> tuple[list[Kernel], dict[str
 
 
 def schedule_rules(kind: str) -> list:
-    """dlight rules: tiled GEMM where many rows share weights (prefill), GEMV where few do."""
+    """dlight rules: tiled GEMM where many rows share weights (prefill), GEMV where few do.
+
+    ``decode`` and ``decode1`` (the same step for any b, and for b == 1) differ only in how
+    many rows a workgroup pads to (4 or 1). Each row of LowBatchGEMV reduces in the same order
+    whatever that number, so a sequence's decode logits are bit-identical alone and in a
+    batch. (dlight's plain GEMV rule, which takes static b == 1 only, sums in another order.)"""
     from tvm.s_tir import dlight as dl
 
     tail = [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     if kind == "prefill":
         return [dl.gpu.Matmul(), dl.gpu.GEMV()] + tail
-    if kind == "decode":
-        return [dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(4), dl.gpu.Matmul()] + tail
+    if kind in ("decode", "decode1"):
+        rows = 4 if kind == "decode" else 1
+        return [dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(rows), dl.gpu.Matmul()] + tail
     raise ValueError(kind)
 
 

@@ -73,8 +73,8 @@ class Batch:
     kv: KVIndex
     sample_rows: list[int] = field(default_factory=list)  # indexes into seq_ids that need a token
     sampling: list[SamplingRow] = field(default_factory=list)  # one per sample_rows entry
-    # every row is a generating sequence's one new token (no prompt in the step); set by a
-    # scheduler that keeps prefill and decode apart (batch-invariant mode)
+    # every row is a generating sequence's one new token (no prompt in the step): the runner
+    # then uses its decode plans, else forward
     decode_only: bool = False
 
     @property

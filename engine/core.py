@@ -126,14 +126,15 @@ class EngineCore:
         num_pages: int,
         max_batch_size: int | None = None,
         prefill_chunk_size: int | None = None,
-        batch_invariant: bool = False,
+        batch_invariant: bool = True,
         grammar: GrammarBackend | None = None,
         vocab: VocabInfo | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """``batch_invariant``: never mix prompt and decode work in a step, so that with a
-        runner in the same mode (``Runner(batch_invariant=True)``) a request's tokens do not
-        depend on what else runs. ``grammar`` compiles response formats (None: requests that
+        """``batch_invariant`` (the default): never mix prompt and decode work in a step, so
+        that a request's tokens do not depend on what else runs (``Runner``). ``False`` mixes
+        them (chunked prefill beside decodes: more throughput while prompts arrive, at the
+        price of rounding that depends on the batch). ``grammar`` compiles response formats (None: requests that
         need one are refused); ``vocab`` gives each token's bytes for logprobs."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
         for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),

@@ -131,19 +131,16 @@ class StepTimings:
 class Runner:
     def __init__(self, artifact: Artifact, backend: Backend, *, num_pages: int,
                  progress: Callable[[str, int, int], None] | None = None,
-                 batched_decode: bool = True, upload_weights: bool = True,
-                 batch_invariant: bool = False) -> None:
+                 batched_decode: bool = True, upload_weights: bool = True) -> None:
         """``batched_decode=False`` leaves the ``decode`` plan and its kernels unloaded (steps of
         one token per sequence, b > 1, then run ``forward``).
 
-        ``batch_invariant=True``: a sequence's tokens come out the same whatever runs beside
-        it. The kernels of ``decode1`` (GEMV), ``decode`` (batched GEMV) and ``forward``
-        (tiled GEMM) sum in different orders, and in f16 variants those orders round apart
-        now and then; so every decode step runs ``decode`` whatever its size (its rows do not
-        depend on each other) and every prompt step ``forward``, and the scheduler must not
-        mix them (``Scheduler(separate_prefill=True)``, which marks ``Batch.decode_only``).
-        It costs the single-sequence ``decode1`` plan (on lavapipe 2.1x slower decode steps
-        for SmolLM2 at batch 1).
+        A step of generating sequences only (``Batch.decode_only``) runs ``decode1`` (b == 1)
+        or ``decode``, any other step ``forward`` (tiled GEMM). The decode plans sum each
+        sequence's row in the same order (compiler/lower.py ``schedule_rules``), ``forward``
+        in another; in f16 variants the two round apart now and then. So a sequence's tokens
+        do not depend on what runs beside it as long as the scheduler keeps prompt work out of
+        decode steps (``Scheduler(separate_prefill=True)``, the engine's default).
 
         ``upload_weights=False`` only allocates the weight buffers: the caller fills them as
         ``weight_placements`` say before the first step (the browser streams verified shards
@@ -159,7 +156,6 @@ class Runner:
         self.max_tokens = m["prefill_chunk_size"]
         self.max_batch = m["max_batch_size"]
         self.vocab_size = m["vocab_size"]
-        self.batch_invariant = batch_invariant
         self.timings = StepTimings()
         self._plan_ms = 0.0
         report = progress or (lambda stage, done, total: None)
@@ -167,8 +163,7 @@ class Runner:
         plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
         entries = [e for e in ("forward", "decode", "decode1", "sample", "process_logits",
                                "logprobs")
-                   if e in plans and (batched_decode or e != "decode")
-                   and not (batch_invariant and e == "decode1")]
+                   if e in plans and (batched_decode or e != "decode")]
         used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
                 if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
         self.kernels = KernelTable(artifact.kernels(used), backend)
@@ -200,11 +195,11 @@ class Runner:
         self._sparse: dict[str, int] = {}
         self._top_k_compiled = 0  # the logprobs kernel's K, from its output shape
         self.forward = PlanFunction(plans["forward"], tir, self.kernels, backend, params)
-        # one new token per sequence: GEMV-scheduled kernels instead of tiled GEMM
+        # one new token per sequence: batched-GEMV kernels instead of tiled GEMM, padded to
+        # four rows (decode) or one (decode1: a single sequence); both sum a row in the same
+        # order (artifacts compiled before decode1 existed fall back to decode)
         self.decode = (PlanFunction(plans["decode"], tir, self.kernels, backend, params)
                        if "decode" in entries else self.forward)
-        # a single sequence decoding: static shapes, one GEMV workgroup per output row
-        # (artifacts compiled before this plan existed fall back to ``decode``)
         self.decode1 = (PlanFunction(plans["decode1"], tir, self.kernels, backend, params)
                         if "decode1" in entries else self.decode)
         self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
@@ -276,10 +271,10 @@ class Runner:
             inputs[name] = TensorRef(handle, 0, (len(values),), "int32")
         for i, pages in enumerate(self.kv_pages):
             inputs[f"{KV_INPUT_PREFIX}{i}"] = pages
-        if self.batch_invariant:
-            plan = self.decode if batch.decode_only else self.forward
+        if batch.decode_only:
+            plan = self.decode1 if b == 1 else self.decode
         else:
-            plan = self.decode1 if n == b == 1 else self.decode if n == b else self.forward
+            plan = self.forward
         dispatches, (logits,) = plan(inputs)
         return writes, dispatches, logits
 

@@ -119,7 +119,7 @@ class Scheduler:
 
         if not chunks:
             return None
-        return self._batch(chunks, decode_only=bool(decode_step))
+        return self._batch(chunks, decode_only=all(_generating(seq) for seq, _ in chunks))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

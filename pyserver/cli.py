@@ -350,8 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=_positive_int, help="per reply (default: until EOS)")
     p.add_argument("--seed", type=int)
     p.add_argument("--system", help="system prompt")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="reproducible greedy output whatever else runs (slower decode)")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                   help="greedy output that never depends on what else runs (default on)")
     p.set_defaults(run=cmd_chat)
 
     p = sub.add_parser("list", help="list compiled artifacts")

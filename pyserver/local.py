@@ -75,7 +75,7 @@ class NativeRunner(Runner):
 
 def build_core(model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 backend=None, batch_invariant: bool = False) -> EngineCore:
+                 backend=None, batch_invariant: bool = True) -> EngineCore:
     return load_local(model, quantization=quantization, device=device,
                       kv_cache_bytes=kv_cache_bytes, progress=progress, backend=backend,
                       batch_invariant=batch_invariant)[0]
@@ -83,7 +83,7 @@ def build_core(model: str, *, quantization: str | None = None, device: str = "au
 
 def load_local(model: str, *, quantization: str | None = None, device: str = "auto",
                kv_cache_bytes: int | None = None, progress: Progress | None = None,
-               backend=None, batch_invariant: bool = False) -> tuple[EngineCore, Path]:
+               backend=None, batch_invariant: bool = True) -> tuple[EngineCore, Path]:
     """The engine core for ``model`` on this machine, and the artifact directory it runs."""
     from ..native.wgpu_backend import WgpuBackend
 
@@ -112,8 +112,7 @@ def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: P
     from ..native.tokenizer import HFTokenizer
 
     pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
-    runner = NativeRunner(art, backend, num_pages=pages, progress=progress,
-                          batch_invariant=batch_invariant)
+    runner = NativeRunner(art, backend, num_pages=pages, progress=progress)
     tokenizer_json = art.tokenizer_json()
     info = ModelInfo.from_manifest(art.manifest)
     grammar, vocab = grammar_for(tokenizer_json, info.vocab_size, info.eos_token_ids)
@@ -143,12 +142,13 @@ class _Local:
 
 class Engine(_Local, EngineAPI):
     """``Engine(model, *, quantization=None, device="auto")`` with ``.chat.completions.create``
-    and ``.completions.create`` (``stream=True`` yields chunks). ``batch_invariant=True``: a
-    request's tokens never depend on what else runs (see ``Runner``), at some speed."""
+    and ``.completions.create`` (``stream=True`` yields chunks). ``batch_invariant`` (default
+    True): a request's tokens never depend on what else runs (see ``Runner``); False mixes
+    prompt and decode work in a step, for throughput while prompts arrive."""
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = True) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
             progress=progress, batch_invariant=batch_invariant)))
@@ -161,7 +161,7 @@ class AsyncEngine(_Local, AsyncEngineAPI):
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = True) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
             progress=progress, batch_invariant=batch_invariant)))

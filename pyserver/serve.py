@@ -65,9 +65,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="SECONDS",
                    help="on SIGTERM/Ctrl-C, how long running requests may finish before they "
                         f"are ended with an error (default {SHUTDOWN_GRACE_S:.0f})")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="a request's tokens never depend on what else runs (greedy output is "
-                        "reproducible under load); costs the single-sequence decode kernels")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                   help="a request's tokens never depend on what else runs: greedy output is "
+                        "reproducible under load (default on). --no-batch-invariant lets "
+                        "prompts share steps with decodes: more throughput while prompts "
+                        "arrive, greedy output then depends on the batch in the last bits")
     p.add_argument("--no-browser-variants", action="store_false", dest="browser_variants",
                    help="do not compile the f32 twin of an f16 model for browsers without "
                         "shader-f16")
@@ -150,7 +152,7 @@ def serving_app(
     max_body_bytes: int = MAX_BODY_MIB << 20,
     body_timeout: float | None = None,
     browser_variants: bool = True,
-    batch_invariant: bool = False,
+    batch_invariant: bool = True,
     on_failed=None,
 ):
     """The app ``wick serve`` runs: ``models`` load in the background (compiling when needed),

@@ -206,7 +206,7 @@ class DecoderForCausalLM(nn.Module):
         step = _with_signature(self._step, [i.name for i in self.step_inputs] + [KV_PAGES])
         self.forward = step
         self.decode = step  # the same step compiled for one token per sequence (n == b)
-        self.decode1 = step  # ... and for a single sequence (static shapes: GEMV kernels)
+        self.decode1 = step  # ... and for a single sequence (kernels padded to one row)
 
     def kv_window(self) -> int | None:
         """The window when every layer has the same one (the KV cache may then free the pages

@@ -184,7 +184,8 @@ def decode_logits(runner: Runner, prompts: Sequence[Sequence[int]]) -> np.ndarra
     runner.read_logits(Batch(list(range(len(prompts))), [t for h in heads for t in h],
                              kv.index_for([(i, 0, len(h)) for i, h in enumerate(heads)])))
     batch = Batch(list(range(len(prompts))), [p[-1] for p in prompts],
-                  kv.index_for([(i, len(p) - 1, 1) for i, p in enumerate(prompts)]))
+                  kv.index_for([(i, len(p) - 1, 1) for i, p in enumerate(prompts)]),
+                  decode_only=True)
     return np.array(runner.read_logits(batch), dtype=np.float64)
 
 

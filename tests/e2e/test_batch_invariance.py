@@ -1,14 +1,15 @@
 """Greedy output that does not depend on what else runs, in q4f16_1 on lavapipe.
 
-The step kernels differ with the batch (decode1: GEMV, decode: batched GEMV, forward: tiled
-GEMM) and sum in different orders. The f16 variants accumulate in float32 now, which brings
-them to the f32 variants' level; ``batch_invariant=True`` makes it exact: decode rows always
-run the batched-GEMV kernels and prompt rows the GEMM kernels, never mixed in one step.
+The step kernels differ with the batch: ``decode1`` (one sequence) and ``decode`` (several)
+are both batched GEMV, padded to 1 and 4 rows, and sum each row in the same order; ``forward``
+(tiled GEMM) sums in another. The f16 variants accumulate in float32, which brings them to the
+f32 variants' level; batch-invariant mode (the default) makes it exact: decode rows always run
+the decode plans and prompt rows the GEMM kernels, never mixed in one step.
 
 The reference is each request run alone; then the same requests run together, arriving at
 staggered times (so prompt chunks land in steps full of other sequences' decodes), twice.
-On the tiny random Llama, whose logits are close together, the default mode's outputs differ
-in some requests (a probe of 16 such requests x 3 rounds, 48 tokens: 11 of 48 differed with
+On the tiny random Llama, whose logits are close together, mixed steps change the outputs of
+some requests (a probe of 16 such requests x 3 rounds, 48 tokens: 11 of 48 differed with
 f16 accumulation, 6 of 48 with f32 accumulation, 0 in this mode; this test fails without it).
 """
 
@@ -52,7 +53,7 @@ def run_all(engine, rounds: int, tokens: int) -> tuple[list[str], list[list[str]
 def test_q4f16_greedy_output_is_batch_invariant(f16_artifact):
     from wick.server.local import AsyncEngine
 
-    engine = AsyncEngine(str(f16_artifact), batch_invariant=True)
+    engine = AsyncEngine(str(f16_artifact))  # the default mode
     solo, together = run_all(engine, rounds=2, tokens=40)
     assert len(set(solo)) == len(PROMPTS)  # distinct requests, distinct answers
     for outputs in together:
@@ -78,3 +79,32 @@ def test_f16_kernels_accumulate_in_f32(quant, tiny_llama_dir, tiny_hf, compiled)
     if quant == "q0f16":
         want = np.array([hf_logits(tiny_hf, p)[-1] for p in prompts])
         assert np.abs(prefill - want).max() < 0.03
+
+
+def test_one_sequence_decodes_bit_identically_alone_and_in_a_batch(tmp_path_factory, compiled):
+    """decode1 (a step of one sequence) and decode (several) give a sequence the very same
+    logits, so that a lone request does not change its tokens when others join it. A model
+    as wide as a small real one (hidden 576, like SmolLM2-135M): dlight's static GEMV, which
+    decode1 used before, summed there in another order (logits 1.2e-4 apart here, up to 0.047
+    on SmolLM2 itself)."""
+    import numpy as np
+
+    from tests.e2e.helpers import decode_logits, make_core, record
+    from tests.tiny_models import make_tiny_model
+
+    src = make_tiny_model(tmp_path_factory.mktemp("wide") / "wide-llama", "llama", layers=1,
+                          hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                          num_key_value_heads=3)
+    art = compiled(src, "q4f16_1", context_window=128, max_batch_size=4)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 256, size=n).tolist() for n in (7, 19, 33, 12)]
+    for i, p in enumerate(prompts):
+        alone = make_core(art, num_pages=32).runner
+        with record(alone) as rec:
+            one = decode_logits(alone, [p])[0]
+        assert rec.plans == ["forward", "decode1"]
+        batched = make_core(art, num_pages=32).runner
+        with record(batched) as rec:
+            rows = decode_logits(batched, [p] + prompts[:i] + prompts[i + 1:])
+        assert rec.plans == ["forward", "decode"]
+        assert np.array_equal(one, rows[0]), np.abs(one - rows[0]).max()

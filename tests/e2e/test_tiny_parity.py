@@ -121,7 +121,9 @@ def test_concurrent_sequences_equal_solo_and_transformers(tiny_core, tiny_hf, sc
     core = {
         "one-step-prefill": lambda: sibling_core(tiny_core),
         # 24 tokens a step: prompts are prefilled in chunks while others already decode
-        "mixed-chunks": lambda: sibling_core(tiny_core, prefill_chunk_size=24),
+        # (the mixed scheduler: batch_invariant=False)
+        "mixed-chunks": lambda: sibling_core(tiny_core, prefill_chunk_size=24,
+                                             batch_invariant=False),
         # 8 pages cannot hold all four: the newest are preempted and recomputed
         "preemption": lambda: sibling_core(tiny_core, num_pages=8),
     }[schedule]()

@@ -156,6 +156,11 @@ def test_separate_prefill_never_mixes_and_takes_turns():
         kinds.append("d" if batch.decode_only else "p")
     assert kinds[:4] == ["d", "p", "d", "p"], kinds  # turns while prompts wait
     assert "dd" in "".join(kinds)  # once every prompt is in, decode steps only
-    default = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=16)
-    default.add(make_seq(9, 3))
-    assert not run_step(default).decode_only  # the mixed scheduler never claims it
+    # the mixed scheduler marks a step decode_only only when it happens to be one
+    mixed = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=16)
+    mixed.add(make_seq(9, 3, max_output=8))
+    assert not run_step(mixed).decode_only  # the prompt
+    assert run_step(mixed).decode_only  # its first decode
+    mixed.add(make_seq(10, 3))
+    batch = run_step(mixed)
+    assert chunk_sizes(batch) == [1, 3] and not batch.decode_only  # decode and prompt mixed
