@@ -10,8 +10,11 @@
    (``/health``: ``kv_pages_free == kv_pages``, no request left) and the server's RSS flat.
 3. The hostile battery: malformed, oversized, cross-site, rebinding, traversal, slow and
    half-sent requests; every answer must be a 4xx OpenAI error object, the server still up.
+4. Slowloris: ``--slowloris`` connections that send nothing or half a request head; the
+   server must close every one (``--header-timeout 2``).
 
-The server runs in a child process (``wick serve`` with ``--body-timeout 2``) on a free port;
+The server runs in a child process (``wick serve`` with ``--body-timeout 2``
+``--header-timeout 2``) on a free port;
 its log (warnings and errors only) goes to this terminal: a traceback there is a failure too.
 """
 
@@ -163,6 +166,30 @@ def hostile(url: str) -> list[tuple[str, int, bool]]:
     return out
 
 
+def slowloris(url: str, connections: int, timeout: float) -> dict:
+    """Open ``connections`` sockets that send half a request head (or nothing) and never
+    finish it; count those the server closes within ``timeout`` + 5 seconds."""
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    for i in range(connections):
+        s = socket.create_connection((host, int(port)))
+        if i % 2:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        socks.append(s)
+    started = time.monotonic()
+    closed, last = 0, 0.0
+    for s in socks:
+        s.settimeout(max(0.1, started + timeout + 5 - time.monotonic()))
+        try:
+            if s.recv(1) == b"":
+                closed += 1
+                last = time.monotonic() - started
+        except (TimeoutError, OSError):
+            pass
+        s.close()
+    return {"opened": connections, "closed": closed, "last_s": last}
+
+
 def _openai_error(body: bytes) -> bool:
     try:
         err = json.loads(body)["error"]
@@ -177,12 +204,15 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--disconnects", type=int, default=32)
     p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--slowloris", type=int, default=200,
+                   help="connections that never send a whole request head")
     args = p.parse_args()
-    proc, url = start_server(tiny_artifact(), "--body-timeout", "2")
+    proc, url = start_server(tiny_artifact(), "--body-timeout", "2", "--header-timeout", "2")
     try:
         streams = asyncio.run(streaming_rounds(url, args.clients, args.rounds, args.tokens))
         drops = asyncio.run(disconnect_rounds(url, proc.pid, args.disconnects, args.rounds))
         battery = hostile(url)
+        loris = slowloris(url, args.slowloris, 2.0)
         alive = httpx.get(f"{url}/health").status_code == 200
     finally:
         proc.terminate()
@@ -199,6 +229,9 @@ def main() -> int:
     for name, status, is_error in battery:
         flag = "" if 400 <= status < 500 and is_error else "   <-- not a 4xx OpenAI error"
         print(f"  {status}  {name}{flag}")
+    print(f"slowloris: {loris['closed']}/{loris['opened']} connections without a whole request "
+          f"head closed by the server (--header-timeout 2), the last after "
+          f"{loris['last_s']:.1f} s")
     return 0
 
 

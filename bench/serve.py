@@ -4,6 +4,7 @@
     python bench/serve.py --model ARTIFACT_OR_NAME --clients 1,4,16 --max-tokens 64
     python bench/serve.py --tiny                       # a tiny random Llama (quick, offline)
     python bench/serve.py --url http://127.0.0.1:8000  # a server that is already running
+    python bench/serve.py --tiny --modes invariant,mixed  # batch-invariant steps vs mixed
 
 Without ``--url`` the server runs in a child process (so that client and server do not share
 one interpreter) on a free loopback port. Each client sends ``--requests`` requests one after
@@ -119,6 +120,28 @@ def tiny_model(max_batch: int) -> str:
     return str(compile_model(str(src), "q0f32", context_window=256, max_batch_size=max_batch))
 
 
+def run_mode(args, levels: list[int], mode: str) -> tuple[str, list[dict]]:
+    """Every concurrency level against one server (started here unless ``--url``) in
+    ``mode``; returns the served model's id and one row per level."""
+    proc = None
+    url = args.url
+    if url is None:
+        model = tiny_model(max(levels)) if args.tiny else args.model
+        options = [*(["--quantization", args.quantization] if args.quantization else []),
+                   *(["--kv-cache-mib", str(args.kv_cache_mib)] if args.kv_cache_mib else []),
+                   *(["--no-batch-invariant"] if mode == "mixed" else [])]
+        proc, url = start_server(model, *options)
+    try:
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        asyncio.run(level(url, model, 1, 1, 8))  # warm-up
+        return model, [asyncio.run(level(url, model, c, args.requests, args.max_tokens))
+                       for c in levels]
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct",
@@ -130,35 +153,35 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--kv-cache-mib", type=int)
+    p.add_argument("--modes", default="invariant",
+                   help="scheduling modes to run, comma-separated: 'invariant' (the default: "
+                        "prompt and decode work in separate steps) and/or 'mixed' "
+                        "(--no-batch-invariant); with both, the ratio of their throughputs")
     args = p.parse_args()
+    modes = args.modes.split(",")
+    if not modes or set(modes) - {"invariant", "mixed"}:
+        p.error("--modes takes 'invariant', 'mixed' or both")
     levels = [int(c) for c in args.clients.split(",")]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the child server
 
-    proc = None
-    url = args.url
-    if url is None:
-        model = tiny_model(max(levels)) if args.tiny else args.model
-        options = [*(["--quantization", args.quantization] if args.quantization else []),
-                   *(["--kv-cache-mib", str(args.kv_cache_mib)] if args.kv_cache_mib else [])]
-        proc, url = start_server(model, *options)
-    try:
-        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        asyncio.run(level(url, model, 1, 1, 8))  # warm-up
-        rows = [asyncio.run(level(url, model, c, args.requests, args.max_tokens))
-                for c in levels]
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-
+    if args.url is not None and len(modes) > 1:
+        p.error("--url runs one server as it is: give one --modes value")
+    results = {mode: run_mode(args, levels, mode) for mode in modes}
+    model = next(iter(results.values()))[0]
     print(f"\nwick serve: {model}, {args.max_tokens} tokens per request, greedy "
           f"({os.uname().machine})")
-    print("| clients | requests | requests/s | output tok/s | TTFT p50 | TTFT p99 |")
-    print("|--------:|---------:|-----------:|-------------:|---------:|---------:|")
-    for r in rows:
-        print(f"| {r['clients']:>7} | {r['requests']:>8} | {r['req_s']:>10.2f} | "
-              f"{r['tok_s']:>12.1f} | {r['ttft_p50'] * 1e3:>6.0f} ms | "
-              f"{r['ttft_p99'] * 1e3:>6.0f} ms |")
+    print("| mode | clients | requests | requests/s | output tok/s | TTFT p50 | TTFT p99 |")
+    print("|------|--------:|---------:|-----------:|-------------:|---------:|---------:|")
+    for mode, (_, rows) in results.items():
+        for r in rows:
+            print(f"| {mode} | {r['clients']:>7} | {r['requests']:>8} | {r['req_s']:>10.2f} | "
+                  f"{r['tok_s']:>12.1f} | {r['ttft_p50'] * 1e3:>6.0f} ms | "
+                  f"{r['ttft_p99'] * 1e3:>6.0f} ms |")
+    if len(results) == 2:
+        for inv, mix in zip(results["invariant"][1], results["mixed"][1]):
+            print(f"{inv['clients']:>3} clients: invariant / mixed output tok/s = "
+                  f"{inv['tok_s'] / mix['tok_s']:.2f}, TTFT p50 "
+                  f"{inv['ttft_p50'] / mix['ttft_p50']:.2f}")
     return 0
 
 
