@@ -134,8 +134,9 @@ class EngineCore:
         """``batch_invariant`` (the default): never mix prompt and decode work in a step, so
         that a request's tokens do not depend on what else runs (``Runner``). ``False`` mixes
         them (chunked prefill beside decodes: more throughput while prompts arrive, at the
-        price of rounding that depends on the batch). ``grammar`` compiles response formats (None: requests that
-        need one are refused); ``vocab`` gives each token's bytes for logprobs."""
+        price of rounding that depends on the batch). ``grammar`` compiles response formats
+        (None: requests that need one are refused); ``vocab`` gives each token's bytes for
+        logprobs."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
         for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),
                                    ("prefill_chunk_size", prefill_chunk_size,

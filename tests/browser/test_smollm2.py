@@ -1,8 +1,9 @@
 """SmolLM2-135M-Instruct (the bundled GGUF) in q0f32 -- SwiftShader has no shader-f16 -- in the
 browser equals the native engine on the same artifact: a greedy chat streamed in the browser
 joins to the native non-stream text, with its usage chunk equal to the native usage, and a
-JSON-schema answer (web-xgrammar over SmolLM2's vocabulary) is the native one and validates. (Completions in the browser: Gemma's
-test, test_gemma3.py; each decode step here costs seconds on SwiftShader.)"""
+JSON-schema answer (web-xgrammar over SmolLM2's vocabulary) is the native one and validates.
+(Completions in the browser: Gemma's test, test_gemma3.py; each decode step here costs seconds
+on SwiftShader.)"""
 
 from __future__ import annotations
 
