@@ -21,7 +21,7 @@ class CuttingProxy:
         self.cut: dict[str, int] = {}  # path suffix -> responses still to cut off midway
         self.stall_s = 0.0  # > 0: a cut response first goes silent for this long
         self.fail: set[str] = set()  # path suffixes answered with 503
-        self.log: list[tuple[str, str | None, int]] = []  # (path, Range header, status)
+        self.log: list[tuple[str, str | None, int, float]] = []  # (path, Range, status, when)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,7 +33,7 @@ class CuttingProxy:
             def do_GET(self) -> None:
                 rng = self.headers.get("Range")
                 if any(self.path.endswith(f) for f in proxy.fail):
-                    proxy.log.append((self.path, rng, 503))
+                    proxy.log.append((self.path, rng, 503, time.monotonic()))
                     self.send_response(503)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -47,7 +47,7 @@ class CuttingProxy:
                 except urllib.error.HTTPError as e:
                     status, headers, body = e.code, e.headers, e.read()
                 cut = next((f for f in proxy.cut if self.path.endswith(f) and proxy.cut[f] > 0), None)
-                proxy.log.append((self.path, rng, status))
+                proxy.log.append((self.path, rng, status, time.monotonic()))
                 self.send_response(status)
                 for k, v in headers.items():
                     if k.lower() not in _HOP:
@@ -71,7 +71,11 @@ class CuttingProxy:
         self._thread.start()
 
     def requests_for(self, suffix: str) -> list[tuple[str | None, int]]:
-        return [(rng, status) for path, rng, status in self.log if path.endswith(suffix)]
+        return [(rng, status) for path, rng, status, _ in self.log if path.endswith(suffix)]
+
+    def request_times(self, suffix: str) -> list[float]:
+        """When each request for `suffix` arrived (time.monotonic)."""
+        return [when for path, _, _, when in self.log if path.endswith(suffix)]
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -70,11 +70,11 @@ def test_f16_variants_are_refused_with_the_ones_that_work(compiled):
 def test_greedy_completion_equals_transformers(gemma_core, gemma_hf):
     core = gemma_core("q0f32")
     # a prompt longer than the 512-token window: the local layers must drop its start
-    prompt = core.prompt_ids(GENESIS * 5)
-    assert len(prompt) > 600
+    prompt = core.prompt_ids(GENESIS * 5)[:560]
+    assert len(prompt) == 560  # (each token and each decode step is slow on lavapipe)
     with record(core.runner) as rec:
-        r = EngineAPI(core).completions.create(prompt=prompt, temperature=0, max_tokens=8)
-    want = hf_greedy(gemma_hf, prompt, 8, stop_at_eos=True)
+        r = EngineAPI(core).completions.create(prompt=prompt, temperature=0, max_tokens=5)
+    want = hf_greedy(gemma_hf, prompt, 5, stop_at_eos=True)
     print(f"wick: {rec.sampled}\nhf:   {want}\ntext: {r.choices[0].text!r}")
     assert rec.sampled == want
     assert core.kv.free_pages == core.kv.num_pages
