@@ -367,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_models)
 
     add_serve_parser(sub)
+    from .extension_build import add_extension_parser
+
+    add_extension_parser(sub)
     return parser
 
 

@@ -12,15 +12,16 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from ..engine import AsyncEngineAPI, EngineAPI, EngineCore, ModelInfo
+from ..engine import AsyncEngineAPI, EngineAPI, EngineCore
 from ..engine.artifact import MANIFEST_NAME, VERIFY_MARKER, Artifact
+from ..engine.assembly import assemble_core
 from ..engine.errors import (
     ArtifactError,
     InvalidRequestError,
     MissingFeatureError,
     ModelNotFoundError,
 )
-from ..engine.runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
+from ..engine.runner import Runner
 
 Progress = Callable[[str, int, int], None]
 log = logging.getLogger("wick.engine")
@@ -111,13 +112,10 @@ def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: P
     from ..native.grammar import grammar_for
     from ..native.tokenizer import HFTokenizer
 
-    pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
-    runner = NativeRunner(art, backend, num_pages=pages, progress=progress)
-    tokenizer_json = art.tokenizer_json()
-    info = ModelInfo.from_manifest(art.manifest)
-    grammar, vocab = grammar_for(tokenizer_json, info.vocab_size, info.eos_token_ids)
-    return EngineCore(runner, HFTokenizer(tokenizer_json), info, num_pages=pages,
-                      batch_invariant=batch_invariant, grammar=grammar, vocab=vocab)
+    return assemble_core(
+        art, backend, tokenizer=HFTokenizer, kv_cache_bytes=kv_cache_bytes,
+        grammar=lambda tok_json, info: grammar_for(tok_json, info.vocab_size, info.eos_token_ids),
+        runner_class=NativeRunner, batch_invariant=batch_invariant, progress=progress)
 
 
 def software_adapter_notice(backend) -> str | None:

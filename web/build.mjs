@@ -1,6 +1,7 @@
 // Bundle web/src into ES modules: wick.js (the client API) and wick-worker.js (the engine's
 // worker), plus the API's type declarations, into pyserver/static/web/ (served at
-// /static/web/). `node build.mjs [outdir]`.
+// /static/web/); and the Chrome extension's scripts (web/src/extension) into
+// pyserver/static/ext/ (`wick extension build` packs them). `node build.mjs [outdir]`.
 import { build } from "esbuild";
 import { execFileSync } from "node:child_process";
 import { rmSync, writeFileSync } from "node:fs";
@@ -13,9 +14,13 @@ const common = { bundle: true, format: "esm", target: "es2022", sourcemap: true,
   platform: "browser" };
 await build({ ...common, entryPoints: { wick: path.join(here, "src", "client.ts") }, outdir });
 await build({ ...common, entryPoints: { "wick-worker": path.join(here, "src", "worker.ts") }, outdir });
+const extdir = path.join(outdir, "..", "ext");
+rmSync(extdir, { recursive: true, force: true });
+await build({ ...common, sourcemap: false, outdir: extdir, entryPoints: Object.fromEntries(
+  ["background", "offscreen", "sidepanel", "options"].map((n) => [n, path.join(here, "src", "extension", `${n}.ts`)])) });
 // the public API's types beside the bundle: wick.d.ts -> types/client.d.ts
 rmSync(path.join(outdir, "types"), { recursive: true, force: true });
 execFileSync(path.join(here, "node_modules", ".bin", "tsc"), ["-p", here, "--noEmit", "false",
   "--declaration", "--emitDeclarationOnly", "--outDir", path.join(outdir, "types")], { stdio: "inherit" });
 writeFileSync(path.join(outdir, "wick.d.ts"), 'export * from "./types/client.js";\n');
-console.error(`web: wick.js, wick-worker.js, wick.d.ts -> ${outdir}`);
+console.error(`web: wick.js, wick-worker.js, wick.d.ts -> ${outdir}; extension scripts -> ${extdir}`);

@@ -1,6 +1,9 @@
 // The chat page. Two engines: "browser" (default when WebGPU exists): wick's engine in a Web
 // Worker on this device's GPU (/static/wick.js, models from /web/models.json); "server": the
 // server's /v1/chat/completions streamed as server-sent events (models from /v1/models).
+// The Chrome extension's side panel runs this same file with `globalThis.wickChat` set: models
+// from its host, the browser engine only, the extension's shared engine.
+const config = globalThis.wickChat ?? { host: "", wickModule: "/static/wick.js", extension: false };
 const $ = (id) => document.getElementById(id);
 const history = []; // {role, content}
 let controller = null;
@@ -12,7 +15,7 @@ const mode = () => $("engine").value;
 
 function headers() {
   const h = { "Content-Type": "application/json" };
-  const key = $("api-key").value || localStorage.getItem("wick-api-key");
+  const key = $("api-key").value || localStorage.getItem("wick-api-key") || config.apiKey;
   if (key) h.Authorization = `Bearer ${key}`;
   return h;
 }
@@ -43,7 +46,7 @@ let preparingTimer = null;
 
 async function loadBrowserModels() {
   clearTimeout(preparingTimer);
-  const res = await fetch("/web/models.json", { headers: headers() });
+  const res = await fetch(`${config.host}/web/models.json`, { headers: headers() });
   if (res.status === 401) { askForKey(); return; }
   $("key-label").hidden = !localStorage.getItem("wick-api-key");
   if (!res.ok) { $("status").textContent = await errorText(res); return; }
@@ -87,13 +90,13 @@ async function browserEngineFor(key) {
   if (browserEngine?.key === key) return browserEngine.engine;
   if (browserEngine) { const old = browserEngine.engine; browserEngine = null; await old.unload(); }
   const [model, quantization] = JSON.parse(key);
-  wick ??= await import("/static/wick.js");
+  wick ??= await import(config.wickModule);
   const bar = $("progress");
   bar.hidden = false;
   try {
     const engine = await wick.createEngine(model, {
       quantization,
-      apiKey: $("api-key").value || localStorage.getItem("wick-api-key") || undefined,
+      apiKey: $("api-key").value || localStorage.getItem("wick-api-key") || config.apiKey || undefined,
       onProgress: (p) => {
         if (p.total) { bar.max = p.total; bar.value = p.loaded; }
         $("status").textContent = `${p.stage}: ${p.text}` +
@@ -101,7 +104,8 @@ async function browserEngineFor(key) {
       },
     });
     browserEngine = { key, engine };
-    $("status").textContent = `${engine.info.model} ${engine.info.quantization} on ${engine.info.device}`;
+    $("status").textContent = `${engine.info.model} ${engine.info.quantization} on ${engine.info.device}` +
+      (engine.info.attached ? " (already loaded)" : "");
     return engine;
   } finally {
     bar.hidden = true;
@@ -190,8 +194,9 @@ async function send(text) {
       const ttft = firstToken ? ((firstToken - started) / 1000).toFixed(2) : "-";
       const rate = usage.completion_tokens / secs;  // (two digits even when slow: "0.033")
       const shown = rate >= 10 ? rate.toFixed(1) : rate.toPrecision(2);
+      const cached = usage.prompt_tokens_details?.cached_tokens;
       $("status").textContent = `${usage.completion_tokens} tokens in ${secs.toFixed(1)} s ` +
-        `(${shown} tok/s, first token ${ttft} s)`;
+        `(${shown} tok/s, first token ${ttft} s${cached ? `, ${cached} prompt tokens cached` : ""})`;
     }
   } catch (err) {
     if (err.name === "AbortError" || err.name === "EngineAbortedError") {
@@ -235,8 +240,12 @@ async function start() {
   try { adapter = await navigator.gpu?.requestAdapter(); } catch { adapter = null; }
   f16 = Boolean(adapter?.features.has("shader-f16"));
   const saved = localStorage.getItem("wick-engine");
-  $("engine").value = adapter ? (saved || "browser") : "server";
-  $("engine").options[0].disabled = !adapter;
+  if (config.extension) {
+    if (!adapter) $("status").textContent = "This browser has no WebGPU adapter: wick's engine cannot run here.";
+  } else {
+    $("engine").value = adapter ? (saved || "browser") : "server";
+    $("engine").options[0].disabled = !adapter;
+  }
   await loadModels();
 }
 start();

@@ -38,8 +38,8 @@ def web_bundle() -> Path:
     web, static = ROOT / "web", ROOT / "pyserver" / "static"
     if (web / "node_modules" / "pyodide").is_dir():
         bundle = static / "web" / "wick.js"
-        newest = max(p.stat().st_mtime for p in (web / "src").glob("*.ts"))
-        if not bundle.is_file() or bundle.stat().st_mtime < newest:
+        newest = max(p.stat().st_mtime for p in (web / "src").rglob("*.ts"))
+        if not bundle.is_file() or bundle.stat().st_mtime < newest or not (static / "ext").is_dir():
             subprocess.run(["node", str(web / "build.mjs")], check=True)
         subprocess.run([sys.executable, str(ROOT / "wasm" / "build.py")], check=True)
     elif not _built():

@@ -14,12 +14,11 @@ import asyncio
 import json
 from typing import Any, Callable
 
-from wick.engine import AsyncEngineAPI, EngineCore, ModelInfo
+from wick.engine import AsyncEngineAPI
 from wick.engine.artifact import Artifact
+from wick.engine.assembly import assemble_core, no_grammar
 from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
-from wick.engine.grammar import VocabInfo
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
-from wick.engine.runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
 
 from .backend import WebGPUBackend
 from .grammar import WebGrammarBackend
@@ -44,12 +43,14 @@ class Host:
         return json.dumps([[w.shard, w.offset, w.nbytes, w.buffer]
                            for w in self.api.core.runner.weight_placements])
 
-    async def ready(self) -> None:
-        """After the weights are written: raise the first WebGPU error so far, typed for JS."""
+    async def ready(self) -> str | None:
+        """After the weights are written: the first WebGPU error so far as an error payload
+        (JSON, for the worker to rebuild as a typed JS error), else None."""
         try:
             await self.backend.check()
         except Exception as e:
-            raise RuntimeError(error_payload(e)) from None
+            return error_payload(e)
+        return None
 
     def grammar_json(self) -> str:
         """How many grammar masks were applied so far and the digest over all of them (the
@@ -118,20 +119,26 @@ class Host:
         await self.api.aclose()
 
 
+class Loaded:
+    """What ``load`` gives JavaScript: the host, or the failure as an error payload (JSON).
+    Errors cross into JS as data, never as a Python traceback to parse."""
+
+    def __init__(self, host: Host | None = None, error: str | None = None) -> None:
+        self.host = host
+        self.error = error
+
+
 async def load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-               kv_cache_bytes: int = 0, create_grammar: Any = None) -> Host:
+               kv_cache_bytes: int = 0, create_grammar: Any = None) -> Loaded:
     """``get_file(path)`` -> Uint8Array | None of the (already verified) small artifact files
     (tokenizer, kernels). The weight buffers are only allocated: the caller fills them as
     ``Host.placements_json()`` says, then awaits ``Host.ready()``. ``create_grammar``: the
-    factory of web/src/grammar.ts (None: structured output is refused with a 400).
-
-    A failure raises RuntimeError whose message is the error payload's JSON (the worker
-    rebuilds the typed JS error from it)."""
+    factory of web/src/grammar.ts (None: structured output is refused with a 400)."""
     try:
-        return await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes,
-                           create_grammar)
+        return Loaded(host=await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes,
+                                       create_grammar))
     except Exception as e:
-        raise RuntimeError(error_payload(e)) from None
+        return Loaded(error=error_payload(e))
 
 
 async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
@@ -143,19 +150,19 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
             raise FileNotFoundError(path)
         return data.to_bytes()
 
+    def grammar(tokenizer_json: str, info):
+        _, vocab = no_grammar(tokenizer_json, info)
+        if create_grammar is None:
+            return None, vocab
+        return WebGrammarBackend(create_grammar, vocab, info.vocab_size, info.eos_token_ids), vocab
+
     art = Artifact.load(read, "artifact")
     backend = WebGPUBackend(executor)
-    pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET, backend.max_storage_binding)
     # SwiftShader loses the device compiling some batched-decode GEMV kernels (SmolLM2's
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
-    runner = Runner(art, backend, num_pages=pages,
-                    batched_decode=not backend.software, upload_weights=False)
+    core = assemble_core(art, backend, kv_cache_bytes=kv_cache_bytes or None,
+                         tokenizer=lambda tok_json: WebTokenizer(js_tokenizer, tok_json),
+                         grammar=grammar, batched_decode=not backend.software,
+                         upload_weights=False)
     await backend.check()
-    tokenizer_json = art.tokenizer_json()
-    tokenizer = WebTokenizer(js_tokenizer, tokenizer_json)
-    info = ModelInfo.from_manifest(art.manifest)
-    vocab = VocabInfo.from_tokenizer_json(tokenizer_json, info.vocab_size)
-    grammar = (WebGrammarBackend(create_grammar, vocab, info.vocab_size, info.eos_token_ids)
-               if create_grammar is not None else None)
-    core = EngineCore(runner, tokenizer, info, num_pages=pages, vocab=vocab, grammar=grammar)
     return Host(AsyncEngineAPI(core), backend, post)

@@ -14,8 +14,11 @@
  */
 
 import {
-  EngineAbortedError, ErrorPayload, WebGPUUnavailableError, WickError, errorFromPayload,
+  EngineAbortedError, ErrorPayload, InvalidRequestError, WebGPUUnavailableError, WickError,
+  engineLost, errorFromPayload, payload, permissionDenied,
 } from "./errors.js";
+import { settings } from "./extension/settings.js";
+import { PORT_NAME } from "./worker_protocol.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 export * from "./errors.js";
@@ -123,6 +126,9 @@ export interface CreateEngineOptions {
   workerUrl?: string | URL;
   /** The wick host's API key (`wick serve --api-key`), sent with every model file request. */
   apiKey?: string;
+  /** One engine for every tab of this origin (a SharedWorker): a tab asking for the model that
+   * is loaded attaches to it instead of loading its own copy. */
+  shared?: boolean;
 }
 
 export interface EngineStats {
@@ -181,26 +187,62 @@ class ChunkStream<T> implements AsyncIterable<T> {
   }
 }
 
+/** One client's line to an engine host: the typed messages of worker_protocol.ts over a
+ * dedicated Worker, a SharedWorker's MessagePort or a chrome.runtime Port (the extension). */
+export interface Channel {
+  post(m: ToWorker): void;
+  /** every message from the host */
+  onMessage(listener: (m: FromWorker) => void): void;
+  /** the host went away: its worker failed, the port disconnected */
+  onLost(listener: () => void): void;
+  /** this client is done with the host */
+  close(): void;
+}
+
+/** A channel to a host that has loaded this client's model, and what it loaded. */
+type Attach = (onProgress?: (p: Progress) => void) => Promise<{ channel: Channel; info: EngineInfo }>;
+
 export class Engine {
-  readonly info: EngineInfo;
+  info: EngineInfo;
   /** Why the browser cache could not keep this model's files (e.g. a CacheQuotaError when its
    * quota is exceeded), or null. The engine works either way; the next load downloads again. */
   readonly cacheError: WickError | null;
   readonly chat: { completions: { create: Engine["createChat"] } };
   readonly completions: { create: Engine["createCompletion"] };
-  private worker: Worker | null;
-  private listeners: Map<number, Listener>;
-  private nextId: () => number;
+  private channel: Channel | null;
+  private reattaching: Promise<Channel> | null = null;
+  private unloaded = false;
+  private readonly listeners = new Map<number, Listener>();
+  private counter = 0;
 
   /** @internal */
-  constructor(worker: Worker, info: EngineInfo, listeners: Map<number, Listener>, nextId: () => number) {
-    this.worker = worker;
+  constructor(channel: Channel, info: EngineInfo, private readonly attach: Attach) {
     this.info = info;
     this.cacheError = info.cacheError ? errorFromPayload(info.cacheError) : null;
-    this.listeners = listeners;
-    this.nextId = nextId;
     this.chat = { completions: { create: this.createChat.bind(this) } };
     this.completions = { create: this.createCompletion.bind(this) };
+    this.channel = null;
+    this.use(channel);
+  }
+
+  private use(channel: Channel): void {
+    this.channel = channel;
+    channel.onMessage((m) => this.listeners.get(m.id)?.(m));
+    channel.onLost(() => {
+      if (this.channel !== channel) return;
+      this.channel = null;
+      this.failAll(engineLost());
+    });
+  }
+
+  private failAll(p: ErrorPayload): void {
+    const pending = [...this.listeners.values()];
+    this.listeners.clear();
+    for (const l of pending) l({ kind: "error", id: -1, error: p });
+  }
+
+  private nextId(): number {
+    return ++this.counter;
   }
 
   createChat(body: ChatCompletionCreateParamsBase & { stream: true }, opts?: RequestOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
@@ -217,13 +259,19 @@ export class Engine {
     return this.create("completion", body, opts);
   }
 
-  private create(api: "chat" | "completion", body: unknown, opts?: RequestOptions): Promise<unknown> {
-    const worker = this.live();
+  private async create(api: "chat" | "completion", body: unknown, opts?: RequestOptions): Promise<unknown> {
     const signal = opts?.signal;
-    if (signal?.aborted) return Promise.reject(aborted(signal));
+    if (signal?.aborted) throw aborted(signal);
+    let text: string;
+    try {
+      text = JSON.stringify(body ?? null);
+    } catch (e) {
+      throw new InvalidRequestError({ message: `The request cannot be sent: ${(e as Error).message}`,
+        type: "invalid_request_error", param: null, code: "invalid_body" }, 400);
+    }
+    const channel = await this.live();
     const id = this.nextId();
-    const stream = (body as { stream?: unknown })?.stream === true;
-    const cancel = () => worker.postMessage({ kind: "cancel", id } satisfies ToWorker);
+    const cancel = () => channel.post({ kind: "cancel", id });
     return new Promise((resolve, reject) => {
       let chunks: ChunkStream<unknown> | null = null;
       const onAbort = () => {
@@ -263,65 +311,64 @@ export class Engine {
           }
         }
       });
-      let text: string;
-      try {
-        text = JSON.stringify(body ?? null);
-      } catch (e) {
-        cleanup();
-        reject(e);
-        return;
-      }
-      worker.postMessage({ kind: "create", id, api, body: text } satisfies ToWorker);
-      void stream;
+      channel.post({ kind: "create", id, api, body: text });
     });
   }
 
-  /** Stop every running request: each ends with finish_reason "abort"; the engine stays usable. */
+  /** Stop this engine's running requests: each ends with finish_reason "abort" (on an engine
+   * shared with other clients, they end as aborted requests; others' requests go on). */
   interrupt(): void {
-    this.live().postMessage({ kind: "interrupt", id: this.nextId() } satisfies ToWorker);
+    this.channel?.post({ kind: "interrupt", id: this.nextId() });
   }
 
-  /** Engine statistics from the worker: model, device, steps run so far, and host-side
+  /** Engine statistics from the host: model, device, steps run so far, and host-side
    * milliseconds of the last step and summed over all steps (Python engine, plan building,
    * the backend call; the latter split into JS encoding and waiting for the device). */
   stats(): Promise<EngineStats> {
-    return this.call({ kind: "stats", id: this.nextId() }).then((d) => JSON.parse(d ?? "{}"));
+    return this.call("stats").then((d) => JSON.parse(d ?? "{}"));
   }
 
-  /** Free the GPU and stop the worker. */
+  /** Let go of the engine: a page's own engine frees the GPU and stops its worker; a shared or
+   * extension engine stays loaded for its other clients (and the next attach). */
   async unload(): Promise<void> {
-    if (!this.worker) return;
+    if (this.unloaded) return;
+    this.unloaded = true;
+    const channel = this.channel;
     try {
-      await this.call({ kind: "unload", id: this.nextId() });
+      if (channel) await this.call("unload", channel);
     } finally {
-      this.worker?.terminate();
-      this.worker = null;
-      for (const l of this.listeners.values()) {
-        l({ kind: "error", id: -1, error: { error: { message: "the engine was unloaded", type: "engine_error",
-          param: null, code: "engine_aborted" }, status: 503, class: "EngineAbortedError" } });
-      }
-      this.listeners.clear();
+      channel?.close();
+      this.channel = null;
+      this.failAll(payload("EngineAbortedError", "the engine was unloaded", "engine_error", "engine_aborted", 503));
     }
   }
 
-  private call(msg: ToWorker): Promise<string | undefined> {
-    const worker = this.live();
+  private async call(kind: "stats" | "unload", on?: Channel): Promise<string | undefined> {
+    const channel = on ?? await this.live();
+    const id = this.nextId();
     return new Promise((resolve, reject) => {
-      this.listeners.set(msg.id, (m) => {
-        this.listeners.delete(msg.id);
+      this.listeners.set(id, (m) => {
+        this.listeners.delete(id);
         if (m.kind === "error") reject(errorFromPayload(m.error));
         else resolve(m.kind === "ok" ? m.data : undefined);
       });
-      worker.postMessage(msg);
+      channel.post({ kind, id });
     });
   }
 
-  private live(): Worker {
-    if (!this.worker) {
+  /** The channel, attached again (the model reloads from the browser cache) if the host was lost. */
+  private async live(): Promise<Channel> {
+    if (this.unloaded) {
       throw new EngineAbortedError({ message: "the engine was unloaded", type: "engine_error", param: null,
         code: "engine_aborted" }, 503);
     }
-    return this.worker;
+    if (this.channel) return this.channel;
+    this.reattaching ??= this.attach().then(({ channel, info }) => {
+      this.info = info;
+      this.use(channel);
+      return channel;
+    }).finally(() => { this.reattaching = null; });
+    return this.reattaching;
   }
 }
 
@@ -348,39 +395,154 @@ function spawnWorker(url: URL): Worker {
   return worker;
 }
 
-/** Load `model` (a served model id, `id-quantization`, or artifact id) into a new worker. */
-export async function createEngine(model: string, options: CreateEngineOptions = {}): Promise<Engine> {
-  if (!(globalThis.navigator as Navigator | undefined)?.gpu) {
-    throw new WebGPUUnavailableError({
-      message: "WebGPU is not available in this browser (navigator.gpu is missing). wick's browser " +
-        "engine needs WebGPU (Chrome/Edge 113+); on a device without shader-f16 use q4f32_1 or q0f32.",
-      type: "device_error", param: null, code: "no_webgpu" }, 500);
-  }
-  const here = new URL(import.meta.url);
-  const baseUrl = (options.baseUrl ?? here.origin).replace(/\/$/, "");
-  const worker = spawnWorker(new URL(options.workerUrl ?? "./wick-worker.js", import.meta.url));
-  const listeners = new Map<number, Listener>();
-  let counter = 0;
-  const nextId = () => ++counter;
-  worker.onmessage = (ev: MessageEvent<FromWorker>) => listeners.get(ev.data.id)?.(ev.data);
-  const id = nextId();
-  try {
-    const info = await new Promise<EngineInfo>((resolve, reject) => {
-      worker.onerror = (ev) => reject(new WickError({ message: `the wick worker failed: ${ev.message}`,
-        type: "load_error", param: null, code: "worker_error" }, 500));
-      listeners.set(id, (m) => {
-        if (m.kind === "progress") options.onProgress?.(m.progress);
-        else if (m.kind === "loaded") { listeners.delete(id); resolve(m.info); }
-        else if (m.kind === "error") { listeners.delete(id); reject(errorFromPayload(m.error as ErrorPayload)); }
-      });
-      worker.postMessage({ kind: "load", id, model, quantization: options.quantization, baseUrl,
-        kvCacheBytes: options.kvCacheBytes, cache: options.cache,
-        stallTimeoutMs: options.stallTimeoutMs, apiKey: options.apiKey } satisfies ToWorker);
+function workerChannel(worker: Worker): Channel {
+  return {
+    post: (m) => worker.postMessage(m),
+    onMessage: (l) => { worker.onmessage = (ev: MessageEvent<FromWorker>) => l(ev.data); },
+    onLost: (l) => { worker.onerror = () => l(); },
+    close: () => worker.terminate(),
+  };
+}
+
+/** A SharedWorker's port. The tab holds a Web Lock while it lives: the engine learns of a
+ * closed tab when the lock is released, and cancels that tab's requests. */
+function sharedChannel(port: MessagePort, worker: SharedWorker, release: () => void): Channel {
+  return {
+    post: (m) => port.postMessage(m),
+    onMessage: (l) => { port.onmessage = (ev: MessageEvent<FromWorker>) => l(ev.data); },
+    onLost: (l) => { worker.onerror = () => l(); },
+    close: () => { port.postMessage({ kind: "detach", id: 0 } satisfies ToWorker); port.close(); release(); },
+  };
+}
+
+function chromePortChannel(port: chrome.runtime.Port): Channel {
+  let closed = false;
+  return {
+    post: (m) => { if (!closed) port.postMessage(m); },
+    onMessage: (l) => port.onMessage.addListener((m: FromWorker) => l(m)),
+    onLost: (l) => port.onDisconnect.addListener(() => { closed = true; l(); }),
+    close: () => { closed = true; port.disconnect(); },
+  };
+}
+
+/** Send `load` over `channel` and wait for the host to load (or attach to) the model. */
+function loadOver(channel: Channel, load: Omit<Extract<ToWorker, { kind: "load" }>, "id">,
+                  onProgress?: (p: Progress) => void,
+                  lost: () => ErrorPayload = engineLost): Promise<EngineInfo> {
+  const id = 0; // the channel is new: its first call
+  return new Promise<EngineInfo>((resolve, reject) => {
+    channel.onLost(() => reject(errorFromPayload(lost())));
+    channel.onMessage((m) => {
+      if (m.id !== id) return;
+      if (m.kind === "progress") onProgress?.(m.progress);
+      else if (m.kind === "loaded") resolve(m.info);
+      else if (m.kind === "error") reject(errorFromPayload(m.error));
     });
-    worker.onerror = null;
-    return new Engine(worker, info, listeners, nextId);
-  } catch (e) {
-    worker.terminate();
+    channel.post({ ...load, id });
+  }).catch((e) => {
+    channel.close();
     throw e;
+  });
+}
+
+function noWebGPU(): WebGPUUnavailableError {
+  return new WebGPUUnavailableError({
+    message: "WebGPU is not available in this browser (navigator.gpu is missing). wick's browser " +
+      "engine needs WebGPU (Chrome/Edge 113+); on a device without shader-f16 use q4f32_1 or q0f32.",
+    type: "device_error", param: null, code: "no_webgpu" }, 500);
+}
+
+/** Inside the wick Chrome extension (its side panel, options or any page of it). */
+function inExtension(): boolean {
+  return globalThis.location?.protocol === "chrome-extension:" && Boolean(globalThis.chrome?.runtime?.id);
+}
+
+function loadMessage(model: string, options: CreateEngineOptions, baseUrl: string) {
+  return { kind: "load" as const, model, quantization: options.quantization, baseUrl,
+    kvCacheBytes: options.kvCacheBytes, cache: options.cache, stallTimeoutMs: options.stallTimeoutMs,
+    apiKey: options.apiKey };
+}
+
+async function finish(attach: Attach, options: CreateEngineOptions): Promise<Engine> {
+  const { channel, info } = await attach(options.onProgress);
+  return new Engine(channel, info, attach);
+}
+
+/** Load `model` (a served model id, `id-quantization`, or artifact id) into an engine:
+ * - by default, a new Worker of this page;
+ * - `{ shared: true }`: the one engine of this origin, in a SharedWorker: every tab that asks
+ *   for the same model attaches to it (weights loaded once, requests batched together);
+ * - in a page of the wick Chrome extension: the extension's one engine (offscreen document).
+ * If the engine's host is lost (its worker or document closed), pending requests fail with an
+ * EngineLostError and the next request loads it again (from the browser cache). */
+export async function createEngine(model: string, options: CreateEngineOptions = {}): Promise<Engine> {
+  if (inExtension()) return connectExtension(null, model, options);
+  if (!(globalThis.navigator as Navigator | undefined)?.gpu) throw noWebGPU();
+  const baseUrl = (options.baseUrl ?? new URL(import.meta.url).origin).replace(/\/$/, "");
+  const workerUrl = new URL(options.workerUrl ?? "./wick-worker.js", import.meta.url);
+  const load = loadMessage(model, options, baseUrl);
+  if (options.shared) {
+    if (workerUrl.origin !== globalThis.location?.origin) {
+      throw new InvalidRequestError({ message: "{ shared: true } needs wick.js from this page's own " +
+        "origin (a SharedWorker's script must be same-origin).", type: "invalid_request_error",
+        param: "shared", code: "shared_cross_origin" }, 400);
+    }
+    return finish(async (onProgress) => {
+      const worker = new SharedWorker(workerUrl, { type: "module", name: "wick-engine" });
+      const lock = `wick-client-${crypto.randomUUID()}`;
+      let release = () => {};
+      await new Promise<void>((held) => {
+        void navigator.locks.request(lock, () => new Promise<void>((r) => { release = r; held(); }));
+      });
+      const channel = sharedChannel(worker.port, worker, release);
+      return { channel, info: await loadOver(channel, { ...load, clientLock: lock }, onProgress) };
+    }, options);
   }
+  return finish(async (onProgress) => {
+    const worker = spawnWorker(workerUrl);
+    const channel = workerChannel(worker);
+    const failed = () => payload("WickError", "the wick worker failed to start", "load_error", "worker_error", 500);
+    return { channel, info: await loadOver(channel, load, onProgress, failed) };
+  }, options);
+}
+
+/** The wick Chrome extension's engine, from a web page the user has allowed in the extension's
+ * options (`extensionId`: the extension's id, chrome://extensions). The model files come from
+ * the extension's host; the page downloads nothing. A page the user has not allowed (or no such
+ * extension) gets a PermissionDeniedError. */
+export async function createExtensionEngine(extensionId: string, model: string,
+                                            options: Omit<CreateEngineOptions, "shared" | "workerUrl"> = {}): Promise<Engine> {
+  return connectExtension(extensionId, model, options);
+}
+
+async function connectExtension(extensionId: string | null, model: string,
+                                options: CreateEngineOptions): Promise<Engine> {
+  if (extensionId === null) {
+    const config = await settings();
+    const baseUrl = (options.baseUrl ?? config.host).replace(/\/$/, "");
+    const load = loadMessage(model, { apiKey: config.apiKey, ...options }, baseUrl);
+    return finish(async (onProgress) => {
+      await chrome.runtime.sendMessage({ wick: "start-engine" }); // the offscreen document
+      const channel = chromePortChannel(chrome.runtime.connect({ name: PORT_NAME }));
+      return { channel, info: await loadOver(channel, load, onProgress) };
+    }, options);
+  }
+  // a web page: chrome.runtime exists here only if an extension lists this origin as
+  // externally_connectable; the extension decides the rest (and where the files come from)
+  const runtime = (globalThis as { chrome?: typeof chrome }).chrome?.runtime;
+  if (!runtime?.connect) throw errorFromPayload(permissionDenied());
+  const load = loadMessage(model, options, "");
+  return finish(async (onProgress) => {
+    let port: chrome.runtime.Port;
+    try {
+      port = runtime.connect(extensionId, { name: PORT_NAME });
+    } catch {
+      throw errorFromPayload(permissionDenied());
+    }
+    const channel = chromePortChannel(port);
+    let answered = false;
+    const info = await loadOver(channel, load, (p) => { answered = true; onProgress?.(p); },
+      () => (answered ? engineLost() : permissionDenied()));
+    return { channel, info };
+  }, options);
 }

@@ -59,6 +59,15 @@ export class KVCacheFullError extends WickError {}
 export class EngineAbortedError extends WickError {}
 /** A failure to download or boot (network, Pyodide). */
 export class LoadError extends WickError {}
+/** 403: this page's origin may not use the extension's engine (the user has not allowed it in
+ * the extension's options, or the extension does not exist). Says nothing more, on purpose. */
+export class PermissionDeniedError extends WickError {}
+/** The engine's host went away (its worker or the extension's offscreen document was closed)
+ * while a request ran; the next request loads the engine again (from the browser cache). */
+export class EngineLostError extends WickError {}
+/** 409: a shared engine runs another model for other clients; it switches models only when
+ * no one else is attached. */
+export class ModelInUseError extends WickError {}
 /** 401: the wick host needs an API key (`createEngine(model, { apiKey })`), or another one. */
 export class AuthenticationError extends WickError {}
 
@@ -66,7 +75,7 @@ const CLASSES: Record<string, new (body: ErrorBody, status?: number) => WickErro
   WickError, InvalidRequestError, UnsupportedParameterError, ContextLengthExceededError,
   ModelNotFoundError, DeviceError, MissingFeatureError, WebGPUUnavailableError, ArtifactError,
   CacheQuotaError, KVCacheFullError, EngineAbortedError, LoadError, AuthenticationError,
-  KernelCompileError: DeviceError,
+  PermissionDeniedError, EngineLostError, ModelInUseError, KernelCompileError: DeviceError,
 };
 
 /** The typed error for a payload: by class name, else by type/code. */
@@ -102,3 +111,11 @@ export function missingFeature(feature: string, variants: string[], requested?: 
       (variants.length ? `use ${use} instead.` : "no variant works without it."),
     "device_error", "missing_device_feature", 500);
 }
+
+export const permissionDenied = (): ErrorPayload => payload("PermissionDeniedError",
+  "This site may not use the wick extension's engine: allow it in the extension's options.",
+  "permission_error", "origin_not_allowed", 403);
+
+export const engineLost = (): ErrorPayload => payload("EngineLostError",
+  "The engine's host stopped (its worker or the extension's offscreen document was closed); " +
+    "the next request loads the model again.", "engine_error", "engine_lost", 503);

@@ -4,7 +4,10 @@
  * the artifact (loader.ts: manifest, kernels and tokenizer, then the engine allocates the weight
  * buffers and the verified shards stream into them) and runs the SAME Python engine
  * (wick.engine) with wasm/wick_web as glue.
- * It answers the typed protocol of worker_protocol.ts.
+ * It answers the typed protocol of worker_protocol.ts, for one client or many: a dedicated
+ * Worker serves the page that made it (and any MessagePort handed to it with `connect`, as the
+ * extension's offscreen document does for each chrome.runtime port); a SharedWorker serves every
+ * tab of its origin. Clients of one engine share its model and its steps (hub.ts).
  */
 
 import { Executor } from "./executor.js";
@@ -13,6 +16,7 @@ import {
 } from "./errors.js";
 import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
+import { Hub } from "./hub.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 const MANIFEST = "wick-artifact.json";
@@ -20,9 +24,6 @@ const PREPARE_POLL_MS = 1000; // how often to ask whether the host finished a va
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Any = any;
-
-const scope = self as unknown as DedicatedWorkerGlobalScope;
-const send = (m: FromWorker) => scope.postMessage(m);
 
 let host: Any = null; // wick_web.host.Host (a PyProxy)
 let executor: Executor | null = null;
@@ -53,9 +54,16 @@ interface WasmManifest {
 
 let xgrammarUrl = ""; // web-xgrammar's bundle, imported on the first request with a grammar
 
+/** Where Pyodide, the wheels and the tokenizer library are: the wick host's /static/wasm/,
+ * or, in the Chrome extension, its own packaged /wasm/ (MV3 runs no remote code). */
+function runtimeUrl(base: string): string {
+  if (location.protocol === "chrome-extension:") return new URL("/wasm/", location.href).href;
+  return `${base}/static/wasm/`;
+}
+
 async function boot(base: string, progress: (p: Progress) => void): Promise<void> {
   if (pyodide) return;
-  const wasm = `${base}/static/wasm/`;
+  const wasm = runtimeUrl(base);
   const man = (await (await fetchOk(`${wasm}manifest.json`, "wasm manifest", { cache: "no-cache" })).json()) as WasmManifest;
   progress({ stage: "boot", loaded: 0, total: 3, text: "starting Python (Pyodide)" });
   const tokLib = import(/* webpackIgnore: true */ `${wasm}${man.tokenizers}`);
@@ -159,9 +167,12 @@ async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" 
   }
 }
 
-async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInfo> {
+type Post = (rid: number, kind: string, data: string) => void;
+
+/** Load the model `msg` names; `post` routes the engine's answers to request ids. */
+async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Progress) => void,
+                    post: Post): Promise<EngineInfo> {
   const base = msg.baseUrl.replace(/\/$/, "");
-  const progress = (p: Progress) => send({ kind: "progress", id: msg.id, progress: p });
   const auth: Record<string, string> = msg.apiKey ? { Authorization: `Bearer ${msg.apiKey}` } : {};
   const [, exe] = await Promise.all([
     boot(base, progress),
@@ -188,20 +199,22 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
     encodeCsv: (text: string) => Array.from(tk.encode(text) as Int32Array).join(","),
     decodeCsv: (csv: string) => tk.decode(Int32Array.from(csv.split(",").map(Number))),
   };
-  const post = (rid: number, kind: string, data: string) => {
-    if (kind === "error") send({ kind: "error", id: rid, error: JSON.parse(data) });
-    else if (kind === "done") send({ kind: "done", id: rid });
-    else send({ kind: kind as "result" | "chunk", id: rid, data });
-  };
   progress({ stage: "compile", loaded: 0, total: manifest.kernels.length, text: "compiling kernels" });
   try {
     const mod = pyodide.pyimport("wick_web.host");
     try {
-      // kernels compiled, weight buffers allocated (empty), tokenizer and engine built
+      // kernels compiled, weight buffers allocated (empty), tokenizer and engine built; a
+      // failure comes back as an error payload (data), not as an exception
       const grammar = (vocab: string[], type: number, prefix: boolean, size: number, stops: number[]) =>
         createGrammar(xgrammarUrl, vocab, type, prefix, size, stops);
-      host = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
+      const loaded = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
         msg.kvCacheBytes ?? 0, grammar);
+      try {
+        if (loaded.error) throw new Failure(JSON.parse(loaded.error));
+        host = loaded.host.copy(); // (an attribute's proxy dies with its owner's)
+      } finally {
+        loaded.destroy();
+      }
     } catch (e) {
       throw new Failure(pythonError(e));
     } finally {
@@ -221,11 +234,8 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
         }
         await exe.drain(); // let the device take the bytes before the next shard arrives
       });
-    try {
-      await host.ready(); // the first error of compiling, allocating or writing, typed
-    } catch (e) {
-      throw new Failure(pythonError(e));
-    }
+    const failed = await host.ready(); // the first error of compiling, allocating or writing
+    if (failed) throw new Failure(JSON.parse(failed));
   } catch (e) {
     // a half-loaded model is of no use: drop it, and the device with its buffers
     if (host) {
@@ -242,60 +252,61 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>): Promise<EngineInf
   }
   progress({ stage: "ready", loaded: 1, total: 1, text: "ready" });
   return { model: manifest.model_id, quantization: manifest.quantization, artifactId: entry.id,
-    device: exe.name, features: exe.features, ...stats };
+    device: exe.name, features: exe.features, ...stats, attached: false };
 }
 
-/** A Python exception from the host: WickErrors carry their payload as JSON in the message. */
+/** An exception out of Python is a bug (the host returns its errors as payloads): its last
+ * line, as an internal error. */
 function pythonError(e: unknown): ErrorPayload {
+  if (e instanceof Failure) return e.p;
   const err = e as Error & { type?: string };
   if (err?.type && pyodide) {
-    try {
-      const m = /(\{"error":.*\})\s*$/s.exec(err.message);
-      if (m) return JSON.parse(m[1]);
-    } catch { /* fall through */ }
     const lines = err.message.trim().split("\n");
     return payload("WickError", lines[lines.length - 1], "internal_error", null, 500);
   }
   return toPayload(e);
 }
 
-// ------------------------------------------------------------------------ messages
+// ------------------------------------------------------------------------ engine
 
-scope.onmessage = async (ev: MessageEvent<ToWorker>) => {
-  const msg = ev.data;
-  try {
-    switch (msg.kind) {
-      case "load": {
-        const info = await load(msg);
-        send({ kind: "loaded", id: msg.id, info });
-        break;
-      }
-      case "create":
-        if (!host) throw new Failure(payload("WickError", "no model is loaded", "engine_error", "not_loaded", 500));
-        host.start(msg.id, msg.api, msg.body);
-        break;
-      case "cancel":
-        host?.cancel(msg.id);
-        break;
-      case "interrupt":
-        host?.interrupt();
-        send({ kind: "ok", id: msg.id });
-        break;
-      case "stats":
-        send({ kind: "ok", id: msg.id, data: host ? host.info_json() : "{}" });
-        break;
-      case "unload":
-        if (host) {
-          await host.close();
-          host.destroy();
-          host = null;
-        }
-        executor?.destroy();
-        executor = null;
-        send({ kind: "ok", id: msg.id });
-        break;
+/** What the hub drives: the Python host and the executor of this worker. */
+const engine = {
+  load,
+  start: (rid: number, api: string, body: string) => {
+    if (!host) throw new Failure(payload("WickError", "no model is loaded", "engine_error", "not_loaded", 500));
+    host.start(rid, api, body);
+  },
+  cancel: (rid: number) => host?.cancel(rid),
+  interrupt: () => host?.interrupt(),
+  stats: (): string => (host ? host.info_json() : "{}"),
+  async unload(): Promise<void> {
+    if (host) {
+      await host.close();
+      host.destroy();
+      host = null;
     }
-  } catch (e) {
-    send({ kind: "error", id: msg.id, error: toPayload(e) });
-  }
+    executor?.destroy();
+    executor = null;
+  },
+  toPayload,
 };
+
+const hub = new Hub(engine);
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+const scope = self as any;
+if ("onconnect" in scope) {
+  // a SharedWorker: one connection per tab (or other context) of the origin; the model stays
+  // while any tab lives (Chrome ends the worker with the origin's last tab)
+  hub.keepLoaded = true;
+  scope.onconnect = (ev: MessageEvent) => {
+    for (const port of ev.ports) hub.connect(port);
+  };
+} else {
+  // a dedicated Worker: its page, plus the MessagePorts handed over with {kind: "connect"}
+  hub.connect(scope as DedicatedWorkerGlobalScope, (m, ports) => {
+    if (m.kind !== "connect") return false;
+    hub.keepLoaded = true; // a bridge's (the extension's) engine outlives each of its clients
+    for (const port of ports) hub.connect(port);
+    return true;
+  });
+}

@@ -1,5 +1,7 @@
-/** The typed messages between the page (client.ts) and the engine's worker (worker.ts):
- * tagged unions on `kind`, every message carries the `id` of the call it belongs to. */
+/** The typed messages between a client (client.ts) and the engine's host (worker.ts, hub.ts):
+ * tagged unions on `kind`, every message carries the `id` of the call it belongs to. The same
+ * messages travel over a Worker, a SharedWorker's MessagePort or a chrome.runtime port (the
+ * extension), so every one of them is plain JSON. */
 
 import type { ErrorPayload } from "./errors.js";
 
@@ -24,16 +26,19 @@ export interface EngineInfo {
   shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
   resumedRequests: number; // Range requests that continued a cut-off download
   cacheError: ErrorPayload | null; // the cache could not keep the files, e.g. its quota is exceeded
+  attached: boolean; // joined an engine another client had loaded (shared / extension): no downloads
 }
 
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
-      kvCacheBytes?: number; cache?: boolean; stallTimeoutMs?: number; apiKey?: string }
+      kvCacheBytes?: number; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
+      clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
   | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
   | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired
   | { kind: "interrupt"; id: number }
   | { kind: "stats"; id: number }
-  | { kind: "unload"; id: number };
+  | { kind: "unload"; id: number } // this client is done; a shared engine stays loaded
+  | { kind: "detach"; id: number }; // the client is gone (no answer)
 
 export type FromWorker =
   | { kind: "progress"; id: number; progress: Progress }
@@ -43,3 +48,6 @@ export type FromWorker =
   | { kind: "done"; id: number }
   | { kind: "ok"; id: number; data?: string }
   | { kind: "error"; id: number; error: ErrorPayload };
+
+/** The chrome.runtime port name of the Chrome extension's engine. */
+export const PORT_NAME = "wick-engine";

@@ -1,0 +1,47 @@
+"""The one recipe for an engine: an artifact on a backend becomes an ``EngineCore``.
+
+Both hosts use it: the native engine (``wick.server.local``: wgpu, the HF tokenizers, xgrammar)
+and the browser worker (``wick_web.host``: WebGPU, tokenizers and xgrammar compiled to wasm).
+They differ only in the pieces handed in, so KV sizing, the runner and the core are built the
+same way everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .artifact import Artifact
+from .core import EngineCore
+from .grammar import VocabInfo
+from .model_info import ModelInfo
+from .runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
+from .tokenizer import Tokenizer
+
+# (tokenizer_json, model info) -> (grammar backend or None, the vocabulary it masks)
+GrammarFactory = Callable[[str, ModelInfo], "tuple[Any, VocabInfo]"]
+
+
+def no_grammar(tokenizer_json: str, info: ModelInfo) -> tuple[None, VocabInfo]:
+    """No structured output (requests asking for it get a 400); the vocabulary still serves
+    the tool-call parser and logit_bias checks."""
+    return None, VocabInfo.from_tokenizer_json(tokenizer_json, info.vocab_size)
+
+
+def assemble_core(art: Artifact, backend: Any, *,
+                  tokenizer: Callable[[str], Tokenizer],
+                  grammar: GrammarFactory = no_grammar,
+                  kv_cache_bytes: int | None = None,
+                  runner_class: type[Runner] = Runner,
+                  batch_invariant: bool = True,
+                  **runner_options: Any) -> EngineCore:
+    """The engine core for ``art`` on ``backend``. ``tokenizer(tokenizer_json)`` builds the
+    host's tokenizer; ``grammar`` its structured-output backend; ``runner_options`` go to the
+    runner (``progress``, ``batched_decode``, ``upload_weights``)."""
+    pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
+                         backend.max_storage_binding)
+    runner = runner_class(art, backend, num_pages=pages, **runner_options)
+    tokenizer_json = art.tokenizer_json()
+    info = ModelInfo.from_manifest(art.manifest)
+    grammar_backend, vocab = grammar(tokenizer_json, info)
+    return EngineCore(runner, tokenizer(tokenizer_json), info, num_pages=pages,
+                      batch_invariant=batch_invariant, grammar=grammar_backend, vocab=vocab)

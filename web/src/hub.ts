@@ -1,0 +1,205 @@
+/**
+ * The engine's side of the worker protocol for any number of clients (worker.ts owns the
+ * engine; this routes to it). Each client is one message endpoint: the dedicated Worker's own
+ * scope, a MessagePort of a SharedWorker, or a MessagePort the extension's offscreen document
+ * bridges to a chrome.runtime port. Clients number their calls independently; the hub gives
+ * every request an engine-wide id and sends each answer back to the client that asked.
+ *
+ * One model is loaded at a time. A client asking for the loaded model attaches to it (no
+ * downloads: `info.attached`); one asking while it loads waits and sees the same progress; one
+ * asking for another model switches the engine only when no other client is attached (else a
+ * typed ModelInUseError). Concurrent requests of all clients share the engine's steps.
+ */
+
+import { payload } from "./errors.js";
+import type { ErrorPayload } from "./errors.js";
+import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
+
+type LoadMessage = Extract<ToWorker, { kind: "load" }>;
+type Post = (rid: number, kind: string, data: string) => void;
+
+/** What the hub drives (worker.ts: Pyodide's host and the WebGPU executor). */
+export interface EngineOps {
+  load(msg: LoadMessage, progress: (p: Progress) => void, post: Post): Promise<EngineInfo>;
+  start(rid: number, api: string, body: string): void;
+  cancel(rid: number): void;
+  interrupt(): void;
+  stats(): string;
+  unload(): Promise<void>;
+  toPayload(e: unknown): ErrorPayload;
+}
+
+/** A message endpoint: DedicatedWorkerGlobalScope or MessagePort. */
+export interface Endpoint {
+  postMessage(m: FromWorker): void;
+  onmessage: ((ev: MessageEvent) => unknown) | null;
+}
+
+class Client {
+  readonly requests = new Map<number, number>(); // the client's request id -> engine-wide id
+  attached = false;
+  gone = false;
+  constructor(private readonly end: Endpoint) {}
+  send(m: FromWorker): void {
+    if (!this.gone) this.end.postMessage(m);
+  }
+}
+
+const NO_LOAD_STATS = { shardRequests: 0, shardsFromCache: 0, shardsRefetched: 0, resumedRequests: 0,
+  cacheError: null };
+
+export class Hub {
+  /** Keep the model loaded when its last client leaves (shared engines); a page's own worker
+   * frees the GPU at once. */
+  keepLoaded = false;
+  private readonly clients = new Set<Client>();
+  private readonly routes = new Map<number, { client: Client; id: number }>();
+  private nextRid = 0;
+  private current: { base: string; info: EngineInfo } | null = null;
+  private loading: { promise: Promise<EngineInfo>; watchers: Set<(p: Progress) => void> } | null = null;
+
+  constructor(private readonly engine: EngineOps) {}
+
+  /** Serve a client on `end`; `intercept` may take a message first (true: handled). */
+  connect(end: Endpoint, intercept?: (m: ToWorker | { kind: "connect" }, ports: readonly MessagePort[]) => boolean): void {
+    const client = new Client(end);
+    this.clients.add(client);
+    end.onmessage = (ev: MessageEvent) => {
+      if (intercept?.(ev.data, ev.ports)) return;
+      void this.handle(client, ev.data as ToWorker);
+    };
+  }
+
+  /** The Python host's answers, routed back by engine-wide id. */
+  private readonly post: Post = (rid, kind, data) => {
+    const route = this.routes.get(rid);
+    if (!route) return;
+    const { client, id } = route;
+    if (kind === "chunk") {
+      client.send({ kind: "chunk", id, data });
+      return;
+    }
+    this.routes.delete(rid);
+    client.requests.delete(id);
+    if (kind === "error") client.send({ kind: "error", id, error: JSON.parse(data) });
+    else if (kind === "done") client.send({ kind: "done", id });
+    else client.send({ kind: "result", id, data });
+  };
+
+  private async handle(client: Client, msg: ToWorker): Promise<void> {
+    try {
+      switch (msg.kind) {
+        case "load": {
+          const info = await this.attach(client, msg);
+          client.send({ kind: "loaded", id: msg.id, info });
+          // a tab of a SharedWorker holds this Web Lock while it lives: granted = it is gone
+          if (msg.clientLock) void navigator.locks.request(msg.clientLock, () => this.leave(client));
+          break;
+        }
+        case "create": {
+          if (!client.attached) {
+            throw payload("WickError", "no model is loaded", "engine_error", "not_loaded", 500);
+          }
+          const rid = ++this.nextRid;
+          this.routes.set(rid, { client, id: msg.id });
+          client.requests.set(msg.id, rid);
+          try {
+            this.engine.start(rid, msg.api, msg.body);
+          } catch (e) {
+            this.routes.delete(rid);
+            client.requests.delete(msg.id);
+            throw e;
+          }
+          break;
+        }
+        case "cancel": {
+          const rid = client.requests.get(msg.id);
+          if (rid !== undefined) this.engine.cancel(rid);
+          break;
+        }
+        case "interrupt":
+          // alone on the engine: every request ends with finish_reason "abort"; shared: only
+          // this client's requests stop (as aborted ones), never another client's
+          if (this.attachedClients().length <= 1) this.engine.interrupt();
+          else for (const rid of client.requests.values()) this.engine.cancel(rid);
+          client.send({ kind: "ok", id: msg.id });
+          break;
+        case "stats":
+          client.send({ kind: "ok", id: msg.id, data: this.engine.stats() });
+          break;
+        case "unload":
+          await this.leave(client, false);
+          client.send({ kind: "ok", id: msg.id });
+          break;
+        case "detach":
+          await this.leave(client);
+          break;
+      }
+    } catch (e) {
+      const error = isPayload(e) ? e : this.engine.toPayload(e);
+      client.send({ kind: "error", id: msg.id, error });
+    }
+  }
+
+  private attachedClients(): Client[] {
+    return [...this.clients].filter((c) => c.attached && !c.gone);
+  }
+
+  private async attach(client: Client, msg: LoadMessage): Promise<EngineInfo> {
+    const base = msg.baseUrl.replace(/\/$/, "");
+    const progress = (p: Progress) => client.send({ kind: "progress", id: msg.id, progress: p });
+    for (;;) {
+      if (this.loading) { // another client's load: watch it, then look again
+        const loading = this.loading;
+        loading.watchers.add(progress);
+        try { await loading.promise; } catch { /* its client got the error; try our own load */ }
+        loading.watchers.delete(progress);
+        continue;
+      }
+      if (!this.current) break;
+      const { info } = this.current;
+      if (this.current.base === base && [info.model, `${info.model}-${info.quantization}`, info.artifactId].includes(msg.model) &&
+          (!msg.quantization || msg.quantization === info.quantization)) {
+        client.attached = true;
+        return { ...info, ...NO_LOAD_STATS, attached: true };
+      }
+      if (this.attachedClients().some((c) => c !== client)) {
+        throw payload("ModelInUseError", `The shared engine runs ${info.model} ${info.quantization} for ` +
+          "other clients; it switches models when no other client is attached.",
+          "invalid_request_error", "model_in_use", 409, "model");
+      }
+      this.current = null;
+      await this.engine.unload();
+    }
+    const watchers = new Set<(p: Progress) => void>([progress]);
+    const promise = this.engine.load(msg, (p) => watchers.forEach((w) => w(p)), this.post);
+    this.loading = { promise, watchers };
+    try {
+      const info = await promise;
+      this.current = { base, info };
+      client.attached = true;
+      return { ...info, attached: false };
+    } finally {
+      this.loading = null;
+    }
+  }
+
+  /** The client stopped using the engine (unload) or is gone (detach, its lock released):
+   * its running requests are cancelled; the last one out frees the model unless keepLoaded. */
+  private async leave(client: Client, gone = true): Promise<void> {
+    for (const rid of client.requests.values()) this.engine.cancel(rid);
+    client.attached = false;
+    if (gone) {
+      client.gone = true;
+      this.clients.delete(client);
+    }
+    if (!this.keepLoaded && !this.attachedClients().length && this.current) {
+      this.current = null;
+      await this.engine.unload();
+    }
+  }
+}
+
+function isPayload(e: unknown): e is ErrorPayload {
+  return typeof e === "object" && e !== null && "error" in e && "class" in e && !(e instanceof Error);
+}
