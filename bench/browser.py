@@ -4,6 +4,7 @@ against the native engine (wgpu) on the same artifact.
     python bench/browser.py [--model smollm2-135m-instruct | --artifact DIR]
                             [--quantization q0f32] [--tokens 32] [--batch 1,4] [--prompt TEXT]
                             [--chromium /usr/bin/chromium] [--headed] [--skip-native]
+                            [--attach-only]
 
 Prints: cold (empty Cache API) and warm (from the cache) loads split into Pyodide boot, kernel
 compilation and weights (download or cache read, verify, upload), and the time to the first token
@@ -12,8 +13,12 @@ of ``--tokens`` greedy tokens (EOS ignored) per request, batch requests issued t
 decodes share steps, and host-side ms per step: the Python engine (scheduling and
 postprocessing), building the dispatch lists (plan) and the backend call, split in the browser
 into JS encoding and waiting for the device + readback. The same for the native engine (wgpu)
-on the same artifact, and the decode ratio. Headless Chromium's WebGPU here is SwiftShader (CPU):
-numbers describe the host, not a GPU. Needs ``bash web/build.sh`` first.
+on the same artifact, and the decode ratio. Then time to first token when attaching to an
+engine that is already loaded, beside a fresh ``createEngine`` with a cold and a warm cache:
+a second tab on ``createEngine(model, {shared: true})`` (SharedWorker), and a second page of
+the Chrome extension (``wick extension build``; cold: a new profile, warm: after closing the
+offscreen document). Headless Chromium's WebGPU here is SwiftShader (CPU): numbers describe
+the host, not a GPU. Needs ``bash web/build.sh`` first.
 """
 
 from __future__ import annotations
@@ -90,6 +95,93 @@ RUN = """async ([model, quantization, prompt, tokens, batches]) => {
   await engine.unload();
   return out;
 }"""
+
+
+# time to the first token of a request made right after createEngine returns
+TTFT = """async ([wickUrl, model, quantization, prompt, shared]) => {
+  const wick = await import(wickUrl);
+  const t0 = performance.now();
+  window.engine = await wick.createEngine(model, {quantization, shared});
+  const load_s = (performance.now() - t0) / 1000;
+  for await (const c of await engine.completions.create({prompt, max_tokens: 2, temperature: 0,
+      stream: true})) {
+    if (c.choices.length && c.choices[0].text) break;
+  }
+  return {load_s, ttft_s: (performance.now() - t0) / 1000, attached: engine.info.attached,
+          shardRequests: engine.info.shardRequests, shardsFromCache: engine.info.shardsFromCache};
+}"""
+
+
+def attach_runs(pw, args, server_url: str, art, artifact_dir: Path) -> dict:
+    """TTFT of a fresh engine (cold, warm) and of attaching to a loaded one: shared engine
+    (two tabs of one origin) and the Chrome extension (two extension pages)."""
+    import tempfile
+
+    from wick.server.extension_build import build_extension
+
+    spec = [art.model_id, art.quantization, args.prompt]
+    out: dict = {}
+    browser = pw.chromium.launch(executable_path=args.chromium, headless=not args.headed, args=ARGS)
+    ctx = browser.new_context()
+
+    def tab():
+        page = ctx.new_page()
+        page.route(server_url + PAGE, lambda r: r.fulfill(body="<!doctype html><title>bench</title>",
+                                                         content_type="text/html"))
+        page.goto(server_url + PAGE)
+        page.set_default_timeout(3_600_000)
+        return page
+
+    first = tab()
+    out["shared cold"] = first.evaluate(TTFT, ["/static/wick.js", *spec, True])
+    out["shared attach"] = tab().evaluate(TTFT, ["/static/wick.js", *spec, True])
+    ctx.close()
+    ctx = browser.new_context()
+    page = tab()
+    page.evaluate(TTFT, ["/static/wick.js", *spec, False])  # fills this context's cache
+    page.evaluate("() => engine.unload()")
+    out["fresh warm"] = page.evaluate(TTFT, ["/static/wick.js", *spec, False])
+    browser.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ext = Path(tmp) / "ext"
+        build_extension(ext, server_url)
+        ctx = pw.chromium.launch_persistent_context(
+            str(Path(tmp) / "profile"), executable_path=args.chromium, headless=not args.headed,
+            args=[*ARGS, "--headless=new", f"--disable-extensions-except={ext}", f"--load-extension={ext}"])
+        deadline = time.monotonic() + 30
+        while not ctx.service_workers and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ext_id = ctx.service_workers[0].url.split("/")[2]
+
+        def ext_page():
+            page = ctx.new_page()
+            page.set_default_timeout(3_600_000)
+            page.goto(f"chrome-extension://{ext_id}/options.html")
+            return page
+
+        wick_url = f"chrome-extension://{ext_id}/wick.js"
+        a = ext_page()
+        out["extension cold"] = a.evaluate(TTFT, [wick_url, *spec, False])
+        out["extension attach"] = ext_page().evaluate(TTFT, [wick_url, *spec, False])
+        a.evaluate("() => chrome.offscreen.closeDocument()")  # the engine goes; the cache stays
+        out["extension warm"] = ext_page().evaluate(TTFT, [wick_url, *spec, False])
+        ctx.close()
+    return out
+
+
+def attach_table(runs: dict) -> None:
+    for name, r in runs.items():
+        how = ("attached, no downloads" if r["attached"] else
+               f"{r['shardRequests']} shard downloads, {r['shardsFromCache']} from the cache")
+        print(f"{name:17s} createEngine {r['load_s']:6.2f} s, time to first token "
+              f"{r['ttft_s']:6.2f} s ({how})")
+    for kind in ("shared", "extension"):
+        attach = runs[f"{kind} attach"]["ttft_s"]
+        cold = runs[f"{kind} cold"]["ttft_s"]
+        warm = runs["fresh warm" if kind == "shared" else "extension warm"]["ttft_s"]
+        print(f"{kind}: attach TTFT is {cold / attach:.0f}x faster than a cold load and "
+              f"{warm / attach:.0f}x faster than a warm one")
 
 
 def native_runs(artifact: Path, prompt: str, tokens: int, batches: list[int]) -> dict:
@@ -176,6 +268,8 @@ def main() -> None:
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     ap.add_argument("--headed", action="store_true")
     ap.add_argument("--skip-native", action="store_true")
+    ap.add_argument("--attach-only", action="store_true",
+                    help="only the attach-vs-fresh time to first token")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
 
@@ -197,6 +291,10 @@ def main() -> None:
     server = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
     try:
         with sync_playwright() as pw:
+            attach = attach_runs(pw, args, server.url, art, artifact)
+            if args.attach_only:
+                attach_table(attach)
+                return
             browser = pw.chromium.launch(executable_path=args.chromium, headless=not args.headed,
                                          args=ARGS)
             page = browser.new_page()
@@ -224,6 +322,7 @@ def main() -> None:
         for b, n in zip(out["runs"], native["runs"]):
             print(f"batch {b['batch']:2d}: browser / native decode = "
                   f"{b['decode_tok_s_per_request'] / n['decode_tok_s_per_request']:.2f}x")
+    attach_table(attach)
 
 if __name__ == "__main__":
     main()

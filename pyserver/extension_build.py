@@ -12,6 +12,7 @@ directory (chrome://extensions, Developer mode, Load unpacked).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import zipfile
@@ -48,7 +49,8 @@ def _origin(text: str, what: str, *, path_ok: bool) -> tuple[str, str]:
 def _pattern(origin: str) -> str:
     """A match pattern for ``origin``: Chrome's patterns name no port (they match any)."""
     parts = urlsplit(origin)
-    return f"{parts.scheme}://{parts.hostname}/*"
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+    return f"{parts.scheme}://{host}/*"
 
 
 def manifest(host: str, allowed: list[str], version: str) -> dict:
@@ -78,10 +80,12 @@ def _chrome_version(version: str) -> str:
     """Chrome wants 1-4 dot-separated integers: '0.1.0.dev3' -> '0.1.0'."""
     nums = []
     for piece in version.split("."):
-        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        digits = re.match(r"\d*", piece).group()  # '3rc1' -> '3'
         if not digits:
             break
         nums.append(str(int(digits)))
+        if digits != piece:
+            break
     return ".".join(nums[:4]) or "0.1"
 
 
@@ -110,7 +114,8 @@ def build_extension(out: Path, host: str, allow_origins: list[str] | tuple[str, 
     with tempfile.TemporaryDirectory(prefix="wick-extension-") as tmp:
         root = Path(tmp) / "ext" if zipped else out
         if root.exists():
-            if not (root / "manifest.json").is_file() and any(root.iterdir()):
+            # only a directory this command wrote (its wick-extension.json) is replaced
+            if not (root / "wick-extension.json").is_file() and any(root.iterdir()):
                 raise InvalidRequestError(f"{root} exists and is not a wick extension: choose a new "
                                           "or empty directory", param="output")
             shutil.rmtree(root)

@@ -248,6 +248,39 @@ def test_allowed_site_uses_the_extension_engine_and_others_are_denied(ctx, ext_i
         p.page.close()
 
 
+def test_options_page_lists_cached_models_and_revokes_sites(ctx, ext_id, host, native, tiny_artifact):
+    import urllib.request
+
+    live, proxy = host
+    index = json.load(urllib.request.urlopen(proxy.url + "/web/models.json"))["data"]
+    tiny_id = next(m["id"] for m in index if m["model"] == native["model"])
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(f"chrome-extension://{ext_id}/options.html")
+    row = page.wait_for_selector(f"#models li[data-artifact='{tiny_id}']")
+    shown = float(row.inner_text().split(": ")[1].split(" MiB")[0])
+    shards = sum(p.stat().st_size for p in (tiny_artifact / "params").glob("*"))
+    everything = sum(p.stat().st_size for p in tiny_artifact.rglob("*") if p.is_file())
+    assert shards / 2**20 - 0.05 <= shown <= everything / 2**20 + 0.05
+    assert page.query_selector("#models li[data-artifact^='smollm2']")  # the side panel's
+    row.query_selector("button").click()
+    page.wait_for_selector(f"#models li[data-artifact='{tiny_id}']", state="detached")
+    left = page.evaluate("""async (id) => (await (await caches.open("wick-artifacts-v1")).keys())
+        .filter((r) => r.url.includes(`/artifacts/${id}/`)).length""", tiny_id)
+    assert left == 0
+    # revoking the allowed site: it is denied from now on
+    page.click(f"#origins li[data-origin='{live.url}'] button")
+    page.wait_for_selector(f"#origins li[data-origin='{live.url}']", state="detached")
+    site = Page(ctx, live.url)
+    denied = site.run("""async ([id, model]) => {
+        try { await wick.createExtensionEngine(id, model); return null; }
+        catch (e) { return e.name; }
+    }""", [ext_id, native["model"]])
+    assert denied == "PermissionDeniedError"
+    site.page.close()
+    page.close()
+
+
 def test_shared_engine_is_loaded_once_for_two_tabs(ctx, host, native):
     live, proxy = host
     first = Page(ctx, proxy.url)

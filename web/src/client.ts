@@ -231,6 +231,7 @@ export class Engine {
     channel.onLost(() => {
       if (this.channel !== channel) return;
       this.channel = null;
+      channel.close(); // (a failed worker is terminated, not left beside the next one)
       this.failAll(engineLost());
     });
   }
@@ -364,6 +365,11 @@ export class Engine {
     }
     if (this.channel) return this.channel;
     this.reattaching ??= this.attach().then(({ channel, info }) => {
+      if (this.unloaded) { // unload() came while the model loaded again
+        channel.close();
+        throw new EngineAbortedError({ message: "the engine was unloaded", type: "engine_error",
+          param: null, code: "engine_aborted" }, 503);
+      }
       this.info = info;
       this.use(channel);
       return channel;
@@ -522,7 +528,11 @@ async function connectExtension(extensionId: string | null, model: string,
     const baseUrl = (options.baseUrl ?? config.host).replace(/\/$/, "");
     const load = loadMessage(model, { apiKey: config.apiKey, ...options }, baseUrl);
     return finish(async (onProgress) => {
-      await chrome.runtime.sendMessage({ wick: "start-engine" }); // the offscreen document
+      const started = await chrome.runtime.sendMessage({ wick: "start-engine" }); // the offscreen document
+      if (started?.error) {
+        throw errorFromPayload(payload("LoadError", `the extension could not start its engine: ${started.error}`,
+          "load_error", "engine_start_failed", 500));
+      }
       const channel = chromePortChannel(chrome.runtime.connect({ name: PORT_NAME }));
       return { channel, info: await loadOver(channel, load, onProgress) };
     }, options);

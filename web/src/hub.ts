@@ -5,10 +5,11 @@
  * bridges to a chrome.runtime port. Clients number their calls independently; the hub gives
  * every request an engine-wide id and sends each answer back to the client that asked.
  *
- * One model is loaded at a time. A client asking for the loaded model attaches to it (no
- * downloads: `info.attached`); one asking while it loads waits and sees the same progress; one
- * asking for another model switches the engine only when no other client is attached (else a
- * typed ModelInUseError). Concurrent requests of all clients share the engine's steps.
+ * One model is loaded at a time; loads and unloads run one after another. A client asking for
+ * the loaded model attaches to it (no downloads: `info.attached`); one asking while it loads
+ * waits and sees the same progress; one asking for another model switches the engine only when
+ * no other client is attached (else a typed ModelInUseError). Concurrent requests of all
+ * clients share the engine's steps.
  */
 
 import { payload } from "./errors.js";
@@ -56,7 +57,8 @@ export class Hub {
   private readonly routes = new Map<number, { client: Client; id: number }>();
   private nextRid = 0;
   private current: { base: string; info: EngineInfo } | null = null;
-  private loading: { promise: Promise<EngineInfo>; watchers: Set<(p: Progress) => void> } | null = null;
+  private loading: { watchers: Set<(p: Progress) => void> } | null = null;
+  private queue: Promise<unknown> = Promise.resolve();
 
   constructor(private readonly engine: EngineOps) {}
 
@@ -120,7 +122,7 @@ export class Hub {
         case "interrupt":
           // alone on the engine: every request ends with finish_reason "abort"; shared: only
           // this client's requests stop (as aborted ones), never another client's
-          if (this.attachedClients().length <= 1) this.engine.interrupt();
+          if (this.attachedClients().every((c) => c === client)) this.engine.interrupt();
           else for (const rid of client.requests.values()) this.engine.cancel(rid);
           client.send({ kind: "ok", id: msg.id });
           break;
@@ -145,42 +147,49 @@ export class Hub {
     return [...this.clients].filter((c) => c.attached && !c.gone);
   }
 
+  /** Loads and unloads run one at a time, in order: a switch of models (unload, then load)
+   * never overlaps another client's load. */
+  private serial<T>(op: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(op);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
   private async attach(client: Client, msg: LoadMessage): Promise<EngineInfo> {
     const base = msg.baseUrl.replace(/\/$/, "");
     const progress = (p: Progress) => client.send({ kind: "progress", id: msg.id, progress: p });
-    for (;;) {
-      if (this.loading) { // another client's load: watch it, then look again
-        const loading = this.loading;
-        loading.watchers.add(progress);
-        try { await loading.promise; } catch { /* its client got the error; try our own load */ }
-        loading.watchers.delete(progress);
-        continue;
-      }
-      if (!this.current) break;
-      const { info } = this.current;
-      if (this.current.base === base && [info.model, `${info.model}-${info.quantization}`, info.artifactId].includes(msg.model) &&
-          (!msg.quantization || msg.quantization === info.quantization)) {
-        client.attached = true;
-        return { ...info, ...NO_LOAD_STATS, attached: true };
-      }
-      if (this.attachedClients().some((c) => c !== client)) {
-        throw payload("ModelInUseError", `The shared engine runs ${info.model} ${info.quantization} for ` +
-          "other clients; it switches models when no other client is attached.",
-          "invalid_request_error", "model_in_use", 409, "model");
-      }
-      this.current = null;
-      await this.engine.unload();
-    }
-    const watchers = new Set<(p: Progress) => void>([progress]);
-    const promise = this.engine.load(msg, (p) => watchers.forEach((w) => w(p)), this.post);
-    this.loading = { promise, watchers };
+    const watching = this.loading; // another client's load: show its progress while waiting
+    watching?.watchers.add(progress);
     try {
-      const info = await promise;
-      this.current = { base, info };
-      client.attached = true;
-      return { ...info, attached: false };
+      return await this.serial(async () => {
+        if (this.current) {
+          const { info } = this.current;
+          if (this.current.base === base && [info.model, `${info.model}-${info.quantization}`, info.artifactId].includes(msg.model) &&
+              (!msg.quantization || msg.quantization === info.quantization)) {
+            client.attached = true;
+            return { ...info, ...NO_LOAD_STATS, attached: true };
+          }
+          if (this.attachedClients().some((c) => c !== client)) {
+            throw payload("ModelInUseError", `The shared engine runs ${info.model} ${info.quantization} for ` +
+              "other clients; it switches models when no other client is attached.",
+              "invalid_request_error", "model_in_use", 409, "model");
+          }
+          this.current = null;
+          await this.engine.unload();
+        }
+        const watchers = new Set<(p: Progress) => void>([progress]);
+        this.loading = { watchers };
+        try {
+          const info = await this.engine.load(msg, (p) => watchers.forEach((w) => w(p)), this.post);
+          this.current = { base, info };
+          client.attached = true;
+          return { ...info, attached: false };
+        } finally {
+          this.loading = null;
+        }
+      });
     } finally {
-      this.loading = null;
+      watching?.watchers.delete(progress);
     }
   }
 
@@ -193,10 +202,12 @@ export class Hub {
       client.gone = true;
       this.clients.delete(client);
     }
-    if (!this.keepLoaded && !this.attachedClients().length && this.current) {
+    if (this.keepLoaded) return;
+    await this.serial(async () => {
+      if (this.attachedClients().length || !this.current) return;
       this.current = null;
       await this.engine.unload();
-    }
+    });
   }
 }
 

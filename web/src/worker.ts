@@ -280,15 +280,16 @@ const engine = {
   interrupt: () => host?.interrupt(),
   stats: (): string => (host ? host.info_json() : "{}"),
   async unload(): Promise<void> {
-    if (host) {
-      await host.close();
-      host.destroy();
+    try {
+      if (host) await host.close();
+    } finally {
+      host?.destroy();
       host = null;
+      executor?.destroy();
+      executor = null;
     }
-    executor?.destroy();
-    executor = null;
   },
-  toPayload,
+  toPayload: pythonError,
 };
 
 const hub = new Hub(engine);

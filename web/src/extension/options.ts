@@ -94,6 +94,7 @@ $("origin-form").addEventListener("submit", async (e) => {
   let origin: string;
   try {
     origin = new URL(input.value.trim()).origin;
+    if (!/^https?:\/\//.test(origin)) throw new Error("not a web origin");
   } catch {
     status("An origin looks like https://app.example");
     return;
