@@ -76,6 +76,19 @@ def manifest(host: str, allowed: list[str], version: str) -> dict:
     return out
 
 
+def side_panel_html() -> str:
+    """The chat page (static/index.html) with the extension's script: one page, two doors."""
+    html = (STATIC / "index.html").read_text()
+    swaps = {'href="/static/chat.css"': 'href="chat.css"',
+             'src="/static/chat.js"': 'src="sidepanel.js"'}
+    for old, new in swaps.items():
+        if old not in html:
+            raise ExtensionBuildError(f"static/index.html no longer refers to {old}: update "
+                                      "extension_build.side_panel_html")
+        html = html.replace(old, new)
+    return html
+
+
 def _chrome_version(version: str) -> str:
     """Chrome wants 1-4 dot-separated integers: '0.1.0.dev3' -> '0.1.0'."""
     nums = []
@@ -127,6 +140,7 @@ def build_extension(out: Path, host: str, allow_origins: list[str] | tuple[str, 
             shutil.copy2(STATIC / "ext" / name, root / name)
         for page in PAGES.glob("*.html"):
             shutil.copy2(page, root / page.name)
+        (root / "sidepanel.html").write_text(side_panel_html())
         for name in ("chat.js", "chat.css"):
             shutil.copy2(STATIC / name, root / name)
         (root / "manifest.json").write_text(json.dumps(man, indent=2) + "\n")

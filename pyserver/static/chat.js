@@ -240,7 +240,8 @@ async function start() {
   try { adapter = await navigator.gpu?.requestAdapter(); } catch { adapter = null; }
   f16 = Boolean(adapter?.features.has("shader-f16"));
   const saved = localStorage.getItem("wick-engine");
-  if (config.extension) {
+  if (config.extension) { // the extension's engine only: no server to talk to
+    $("engine").closest("label").hidden = true;
     if (!adapter) $("status").textContent = "This browser has no WebGPU adapter: wick's engine cannot run here.";
   } else {
     $("engine").value = adapter ? (saved || "browser") : "server";

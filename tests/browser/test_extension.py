@@ -101,11 +101,9 @@ def ctx(playwright, extension, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ext_id(ctx):
-    deadline = time.monotonic() + 20
-    while not ctx.service_workers and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ctx.service_workers, "the extension's service worker did not start"
-    return ctx.service_workers[0].url.split("/")[2]
+    worker = (ctx.service_workers[0] if ctx.service_workers else
+              ctx.wait_for_event("serviceworker", timeout=60_000))
+    return worker.url.split("/")[2]
 
 
 class ExtPage:

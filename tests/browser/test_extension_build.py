@@ -33,8 +33,9 @@ def test_manifest_is_mv3_with_the_engine_pieces(built):
     assert "'wasm-unsafe-eval'" in man["content_security_policy"]["extension_pages"]
     for page in (man["side_panel"]["default_path"], man["options_page"], "offscreen.html"):
         html = (out / page).read_text()
-        for src in re.findall(r'(?:src|href)="([^"]+)"', html):
+        for src in re.findall(r'(?:src|href)="([^":]+)"', html):  # (not data: URLs)
             assert (out / src).is_file(), f"{page} refers to {src}, which is not packaged"
+    assert 'src="sidepanel.js"' in (out / "sidepanel.html").read_text()  # the chat page's twin
     config = json.loads((out / "wick-extension.json").read_text())
     assert config == {"host": "http://127.0.0.1:8000", "connectable": man["externally_connectable"]["matches"],
                       "allowedOrigins": ["http://localhost:3000", "https://app.example"]}
