@@ -112,6 +112,12 @@ for f in ("pyodide.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.
     assert c.get("/static/wasm/" + man["pyodide"] + f).status_code == 200, f
 assert c.get("/static/wasm/" + man["tokenizers"]).status_code == 200
 print("served", len(man["wheels"]), "wheels", [w["file"] for w in man["wheels"]])
+# the installed package alone builds the Chrome extension
+import pathlib
+from wick.server.extension_build import build_extension
+info = build_extension(pathlib.Path("ext"), "http://127.0.0.1:8000")
+assert pathlib.Path("ext/background.js").is_file() and pathlib.Path("ext/sidepanel.html").is_file()
+print("extension", info["files"], "files")
 """
     env = {**os.environ, "PYTHONPATH": str(site)}
     r = subprocess.run([sys.executable, "-c", check, str(site)], env=env, capture_output=True,
@@ -119,5 +125,6 @@ print("served", len(man["wheels"]), "wheels", [w["file"] for w in man["wheels"]]
     assert r.returncode == 0, r.stderr[-3000:]
     wheels = json.loads((ROOT / "pyserver" / "static" / "wasm" / "manifest.json").read_text())["wheels"]
     assert f"served {len(wheels)} wheels" in r.stdout
+    assert "extension " in r.stdout
     assert {"wick", "wick_web", "jinja2", "markupsafe"} <= {
         w["file"].rsplit("/", 1)[-1].split("-")[0].lower() for w in wheels}
