@@ -62,6 +62,7 @@ async function showOrigins(): Promise<void> {
     li.append(del);
     return li;
   }));
+  $("origins-empty").hidden = allowedOrigins.length > 0;
 }
 
 function status(text: string): void {
