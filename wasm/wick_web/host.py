@@ -35,8 +35,7 @@ class Host:
         self.api = api
         self.backend = backend
         self._post = post
-        self._tasks: dict[int, asyncio.Task] = {}  # started, not yet running
-        self._running: dict[int, asyncio.Task] = {}
+        self._tasks: dict[int, asyncio.Task] = {}
 
     def placements_json(self) -> str:
         """Where the weight bytes go, ``[[shard, offset, nbytes, buffer], ...]``: the worker
@@ -83,15 +82,14 @@ class Host:
         task.add_done_callback(lambda t: self._ended(rid, t))
 
     def _ended(self, rid: int, task: asyncio.Task) -> None:
-        # a task cancelled before its first step never ran ``_run``: answer for it, or the
-        # JS caller would wait forever
-        if self._tasks.pop(rid, None) is task and task.cancelled():
+        self._tasks.pop(rid, None)
+        # ``_run`` answers its own cancellation; a task still counted as cancelled never ran
+        # it (cancelled before its first step): answer for it, or the JS caller waits forever
+        if task.cancelled():
             self._post(rid, "error", error_payload(EngineAbortedError("the request was aborted")))
 
     async def _run(self, rid: int, kind: str, body_json: str) -> None:
         stream = None
-        self._tasks.pop(rid, None)  # running: from here on ``_run`` answers itself
-        self._running[rid] = asyncio.current_task()
         try:
             body = json.loads(body_json)
             ns = self.api.chat.completions if kind == "chat" else self.api.completions
@@ -113,10 +111,9 @@ class Host:
         finally:
             if stream is not None:
                 await stream.aclose()
-            self._running.pop(rid, None)
 
     def cancel(self, rid: int) -> None:
-        task = self._tasks.get(rid) or self._running.get(rid)
+        task = self._tasks.get(rid)
         if task is not None:
             task.cancel()
 
@@ -125,7 +122,7 @@ class Host:
         self.api.abort_all()
 
     async def close(self) -> None:
-        for t in [*self._tasks.values(), *self._running.values()]:
+        for t in list(self._tasks.values()):
             t.cancel()
         await self.api.aclose()
 

@@ -13,11 +13,13 @@
  */
 
 import { payload } from "./errors.js";
+import { newStats } from "./loader.js";
 import type { ErrorPayload } from "./errors.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 type LoadMessage = Extract<ToWorker, { kind: "load" }>;
-type Post = (rid: number, kind: string, data: string) => void;
+/** The Python host's answers: (engine-wide request id, "result" | "chunk" | "done" | "error", JSON). */
+export type Post = (rid: number, kind: string, data: string) => void;
 
 /** What the hub drives (worker.ts: Pyodide's host and the WebGPU executor). */
 export interface EngineOps {
@@ -45,9 +47,6 @@ class Client {
     if (!this.gone) this.end.postMessage(m);
   }
 }
-
-const NO_LOAD_STATS = { shardRequests: 0, shardsFromCache: 0, shardsRefetched: 0, resumedRequests: 0,
-  cacheError: null };
 
 export class Hub {
   /** Keep the model loaded when its last client leaves (shared engines); a page's own worker
@@ -167,7 +166,7 @@ export class Hub {
           if (this.current.base === base && [info.model, `${info.model}-${info.quantization}`, info.artifactId].includes(msg.model) &&
               (!msg.quantization || msg.quantization === info.quantization)) {
             client.attached = true;
-            return { ...info, ...NO_LOAD_STATS, attached: true };
+            return { ...info, ...newStats(), attached: true }; // (this client loaded nothing)
           }
           if (this.attachedClients().some((c) => c !== client)) {
             throw payload("ModelInUseError", `The shared engine runs ${info.model} ${info.quantization} for ` +

@@ -17,6 +17,7 @@ import {
 import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
 import { Hub } from "./hub.js";
+import type { Post } from "./hub.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 const MANIFEST = "wick-artifact.json";
@@ -166,8 +167,6 @@ async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" 
     }
   }
 }
-
-type Post = (rid: number, kind: string, data: string) => void;
 
 /** Load the model `msg` names; `post` routes the engine's answers to request ids. */
 async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Progress) => void,
