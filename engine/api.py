@@ -67,6 +67,7 @@ from .protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionUsage,
+    PromptTokensDetails,
     SamplingFields,
     TokenLogprob,
     TopLogprob,
@@ -123,6 +124,7 @@ class _Collected:
     logprobs: list[list[SampledToken]]
     calls: list[ToolCallParser]  # per choice, when the request has tools
     thinking: list[ReasoningParser | None]  # per choice, for a reasoning model's chat
+    cached_tokens: int = 0  # choice 0's: the prompt is counted once, as OpenAI does
 
     @classmethod
     def empty(cls, n: int, reasoning: tuple[str, str, bool] | None = None) -> _Collected:
@@ -134,6 +136,8 @@ class _Collected:
         self.texts[out.index].append(out.text)
         self.completion_tokens[out.index] = out.num_output_tokens
         self.logprobs[out.index].extend(out.logprobs)
+        if out.index == 0:
+            self.cached_tokens = out.num_cached_tokens
         if out.finish_reason is not None:
             self.finish[out.index] = out.finish_reason
 
@@ -385,7 +389,7 @@ class _Frontend:
         return out
 
     def _response(self, sub: _Submitted, col: _Collected) -> ChatCompletion | Completion:
-        usage = CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens))
+        usage = self._usage(sub, col)
         texts = ["".join(t) for t in col.texts]
         if sub.kind == "chat":
             choices = []
@@ -466,10 +470,15 @@ class _Frontend:
     def _last_chunks(self, sub: _Submitted, col: _Collected) -> list[Any]:
         if not sub.include_usage:
             return []
-        usage = CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens))
+        usage = self._usage(sub, col)
         if sub.kind == "chat":
             return [self._chat_chunk(sub, [], usage)]
         return [self._completion_chunk(sub, [], usage)]
+
+    @staticmethod
+    def _usage(sub: _Submitted, col: _Collected) -> CompletionUsage:
+        return CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens),
+                               prompt_tokens_details=PromptTokensDetails(col.cached_tokens))
 
     def _chat_chunk(self, sub: _Submitted, choices: list[ChunkChoice],
                     usage: CompletionUsage | None = None) -> ChatCompletionChunk:

@@ -50,6 +50,7 @@ class SequenceOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" once finished
     num_prompt_tokens: int
     num_output_tokens: int  # so far, including a stop token
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     # the sampled token's logprobs when the request asked for them (see SampledToken)
     logprobs: list[SampledToken] = field(default_factory=list)
 
@@ -62,10 +63,13 @@ class RequestStats:
     completion_tokens: int
     prefill_s: float  # first scheduled -> first token
     decode_s: float  # first token -> last token
+    cached_tokens: int = 0  # prompt tokens the prefix cache gave (not computed)
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+        """Prompt tokens computed per second (cached ones cost nothing)."""
+        computed = self.prompt_tokens - self.cached_tokens
+        return computed / self.prefill_s if self.prefill_s > 0 else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -127,6 +131,7 @@ class EngineCore:
         max_batch_size: int | None = None,
         prefill_chunk_size: int | None = None,
         batch_invariant: bool = True,
+        prefix_cache: bool = True,
         grammar: GrammarBackend | None = None,
         vocab: VocabInfo | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -134,7 +139,8 @@ class EngineCore:
         """``batch_invariant`` (the default): never mix prompt and decode work in a step, so
         that a request's tokens do not depend on what else runs (``Runner``). ``False`` mixes
         them (chunked prefill beside decodes: more throughput while prompts arrive, at the
-        price of rounding that depends on the batch). ``grammar`` compiles response formats
+        price of rounding that depends on the batch). ``prefix_cache`` (the default): reuse
+        the KV of prompt pages computed before (``kv_cache``). ``grammar`` compiles response formats
         (None: requests that need one are refused); ``vocab`` gives each token's bytes for
         logprobs."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
@@ -150,7 +156,8 @@ class EngineCore:
         self.vocab = vocab
         self.kv = kv_cache_for(info.page_size, num_pages, window=info.kv_window,
                                window_pool=info.kv_window_pool,
-                               num_window_pages=getattr(runner, "num_window_pages", 0))
+                               num_window_pages=getattr(runner, "num_window_pages", 0),
+                               prefix_cache=prefix_cache)
         self.scheduler = Scheduler(
             self.kv,
             max_batch_size=max_batch_size or info.max_batch_size,
@@ -258,6 +265,8 @@ class EngineCore:
             )
             for i in range(n)
         ]
+        for seq in seqs[1:]:  # compute the prompt once: the others share its cached pages
+            seq.leader = seqs[0]
         for seq in seqs:
             self.scheduler.add(seq)
             self._seqs[seq.seq_id] = seq
@@ -435,7 +444,7 @@ class EngineCore:
             self._finish(seq, reason)
         return SequenceOutput(
             seq.request_id, seq.index, text, [token], reason, seq.num_prompt_tokens,
-            seq.num_output_tokens,
+            seq.num_output_tokens, seq.num_cached_tokens,
         )
 
     def _apply_aborts(self) -> list[SequenceOutput]:
@@ -450,7 +459,7 @@ class EngineCore:
                     self._finish(seq, "abort")
                     outputs.append(SequenceOutput(
                         rid, seq.index, "", [], "abort", seq.num_prompt_tokens,
-                        seq.num_output_tokens,
+                        seq.num_output_tokens, seq.num_cached_tokens,
                     ))
         return outputs
 
@@ -470,4 +479,5 @@ class EngineCore:
                     completion_tokens=sum(s.num_output_tokens for s in req.sequences),
                     prefill_s=req.first_token - req.first_scheduled,
                     decode_s=(req.last_token or req.first_token) - req.first_token,
+                    cached_tokens=req.sequences[0].num_cached_tokens,
                 )

@@ -19,12 +19,37 @@ when it grows (the window's lower bound only rises), so a sequence holds about
 ``dropped``; ``k_rope_pos_offset`` tells the attention kernel the position of the first listed
 key (TVM's global kernel is never used with a window).
 
-Every page is usable (no reserved page 0). Not yet here: reference counts and the prefix cache.
+Every page is usable (no reserved page 0).
+
+Prefix cache (``prefix_cache=True``): a page whose tokens are all computed is offered to the
+cache under a digest of its tokens chained to its parent page's digest (so a digest names the
+page's tokens and everything before them). A new or resumed sequence looks up the digests of
+its own full pages and holds the pages found, instead of computing them again. Chained digests
+rather than a radix tree: the unit shared is a page anyway, a flat dict is the whole index,
+and a windowed pool must find the pages inside a window whose older ancestors left the pool,
+which a tree could only do by keeping the dead path.
+
+- Pages are reference counted. A cached page is never written: a sequence writes only at
+  positions it has not computed, and a page is offered only once all its tokens are computed.
+  A hit is whole pages and always leaves the last known token to compute (it yields the
+  logits), so a shared part that ends inside a page has that page recomputed, privately.
+- A cached page no sequence holds is *evictable*; it is reused (its digest forgotten) only
+  when no free page is left, least recently released first. A finished sequence releases its
+  pages tail first, so a shared head outlives the tails that follow it.
+- Windowed pools: a hit needs only the pages of the window of its first query (older pages
+  may be gone); pages that slid out of a sequence's window are released to the cache like any
+  others: their digests still name exactly their tokens and prefix.
+- When idle the pool is whole: ``free_pages + cached_pages == num_pages``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import heapq
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from .batch import KVIndex
 from .errors import KVCacheFullError
@@ -41,8 +66,35 @@ def window_pages(window: int, step_tokens: int, page_size: int) -> int:
     return pages_for(window + step_tokens, page_size) + 1
 
 
+def extend_page_digests(digests: list[bytes], token_ids: Sequence[int], page_size: int,
+                        num_pages: int) -> list[bytes]:
+    """Grow ``digests`` (in place) to the chained digests of the first ``num_pages`` full pages
+    of ``token_ids``: page j's digest covers its tokens and, through its parent's, all before."""
+    for j in range(len(digests), num_pages):
+        parent = digests[j - 1] if j else b""
+        tokens = array("l", token_ids[j * page_size:(j + 1) * page_size]).tobytes()
+        digests.append(hashlib.sha256(parent + tokens).digest())
+    return digests
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """What the cache can give a sequence before it computes anything: ``num_tokens`` tokens'
+    K/V in ``pages``, from absolute page ``first_page`` on (a window does not need older ones).
+    ``local``: the windowed pool's hit of a ``PairedKVCache``."""
+
+    num_tokens: int = 0
+    first_page: int = 0
+    pages: tuple[int, ...] = ()
+    local: PrefixHit | None = None
+
+
+NO_HIT = PrefixHit()
+
+
 class KVCache:
-    def __init__(self, num_pages: int, page_size: int, window: int | None = None) -> None:
+    def __init__(self, num_pages: int, page_size: int, window: int | None = None, *,
+                 prefix_cache: bool = True) -> None:
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"num_pages and page_size must be >= 1, got {num_pages}, {page_size}")
         if window is not None and window < 1:
@@ -50,18 +102,48 @@ class KVCache:
         self.num_pages = num_pages
         self.page_size = page_size
         self.window = window
-        self._dropped: dict[int, int] = {}  # seq_id -> leading pages freed (behind the window)
-        # Lowest page ids first: pop() from the end of a reversed list. Deterministic reuse
-        # keeps tests and traces readable.
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))
+        self.prefix_cache = prefix_cache
+        self._dropped: dict[int, int] = {}  # seq_id -> leading pages released (behind the window)
+        # A heap: the lowest free id is handed out first. Deterministic reuse keeps tests and
+        # traces readable.
+        self._free: list[int] = list(range(num_pages))
+        self._ref: list[int] = [0] * num_pages  # sequences holding each page
         self._tables: dict[int, list[int]] = {}  # seq_id -> page ids, in token order
         self._capacity_of: dict[int, int] = {}  # seq_id -> tokens the seq may hold (reserved)
+        self._page_of: dict[bytes, int] = {}  # digest -> the cached page holding it
+        self._digest_of: dict[int, bytes] = {}  # cached page -> its digest
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unheld; LRU first
+        self._offered: dict[int, int] = {}  # seq_id -> leading pages already offered the cache
+        self.num_evictions = 0
 
     # -- queries --------------------------------------------------------------------------------
 
     @property
     def free_pages(self) -> int:
+        """Pages holding nothing."""
         return len(self._free)
+
+    @property
+    def cached_pages(self) -> int:
+        """Pages no sequence holds whose K/V the cache keeps for a later hit (evictable)."""
+        return len(self._evictable)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages an allocation may take: free ones, then evicted ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def held_pages(self) -> int:
+        """Pages at least one sequence holds."""
+        return sum(1 for r in self._ref if r)
+
+    def refcount(self, page: int) -> int:
+        return self._ref[page]
+
+    def is_cached(self, page: int) -> bool:
+        """Whether the page is in the prefix cache (then it is never written again)."""
+        return page in self._digest_of
 
     @property
     def capacity_tokens(self) -> int:
@@ -103,51 +185,144 @@ class KVCache:
         have = self.dropped_pages(seq_id) + len(self._tables.get(seq_id, ()))
         return max(0, pages_for(num_tokens, self.page_size) - have)
 
-    def can_allocate(self, seq_id: int, num_tokens: int) -> bool:
-        return self.pages_needed(seq_id, num_tokens) <= len(self._free) + self._behind(seq_id)
+    def lookup(self, digests: Sequence[bytes], num_tokens: int,
+               max_pages: int | None = None) -> PrefixHit:
+        """The longest hit for a sequence of ``num_tokens`` known tokens whose full pages have
+        ``digests``: whole pages, leaving at least its last token to compute, at most
+        ``max_pages`` pages. Changes nothing."""
+        if not self.prefix_cache:
+            return NO_HIT
+        cap = min(len(digests), max(0, (num_tokens - 1) // self.page_size))
+        if max_pages is not None:
+            cap = min(cap, max_pages)
+        best, run_start, found = 0, 0, []
+        for j in range(cap):
+            page = self._page_of.get(digests[j])
+            found.append(page)
+            if page is None:
+                if self.window is None:
+                    break
+                run_start = j + 1  # a window may still start after this gap
+            elif run_start <= self._first_needed_page(j + 1):
+                best = j + 1
+        if not best:
+            return NO_HIT
+        first = self._first_needed_page(best)
+        return PrefixHit(best * self.page_size, first, tuple(found[first:best]))
+
+    def _first_needed_page(self, num_tokens: int) -> int:
+        """The first page the query at position ``num_tokens`` sees."""
+        if self.window is None:
+            return 0
+        return max(0, num_tokens - self.window + 1) // self.page_size
+
+    def can_allocate(self, seq_id: int, num_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
+        """Whether ``allocate(seq_id, num_tokens, hit)`` would succeed."""
+        if hit.num_tokens and seq_id not in self._tables:
+            need = max(0, pages_for(num_tokens, self.page_size) - hit.first_page - len(hit.pages))
+            taken = sum(1 for p in hit.pages if not self._ref[p])  # leave the evictable set
+            return need <= self.available_pages - taken
+        released = sum(1 for p in self._tables.get(seq_id, ())[:self._behind(seq_id)]
+                       if self._ref[p] == 1)
+        return self.pages_needed(seq_id, num_tokens) <= self.available_pages + released
 
     def _behind(self, seq_id: int) -> int:
         """Held pages no future query can see: all their tokens are before the window of the
         next token the sequence computes (its reserved tokens so far)."""
         if self.window is None or seq_id not in self._tables:
             return 0
-        first_needed = max(0, self._capacity_of[seq_id] - self.window + 1)
-        behind = first_needed // self.page_size - self.dropped_pages(seq_id)
+        first_needed = self._first_needed_page(self._capacity_of[seq_id])
+        behind = first_needed - self.dropped_pages(seq_id)
         return max(0, min(behind, len(self._tables[seq_id])))
 
     # -- changes --------------------------------------------------------------------------------
 
-    def allocate(self, seq_id: int, num_tokens: int) -> None:
-        """Make the sequence hold room for ``num_tokens`` tokens in total (grows, never shrinks)."""
+    def allocate(self, seq_id: int, num_tokens: int, hit: PrefixHit = NO_HIT) -> None:
+        """Make the sequence hold room for ``num_tokens`` tokens in total (grows, never shrinks).
+        A sequence that holds nothing yet first takes ``hit``'s pages (``lookup``): their
+        tokens count as computed."""
+        if hit.num_tokens and seq_id not in self._tables:
+            self._hold(seq_id, hit)
         behind = self._behind(seq_id)
         if behind:  # first give back what slid out of the window
             table = self._tables[seq_id]
-            self._free.extend(table[:behind])
-            self._free.sort(reverse=True)
+            for page in table[:behind]:
+                self._release(page)
             del table[:behind]
             self._dropped[seq_id] = self.dropped_pages(seq_id) + behind
         need = self.pages_needed(seq_id, num_tokens)
-        if need > len(self._free):
+        if need > self.available_pages:
             raise KVCacheFullError(
-                f"sequence {seq_id} needs {need} more KV pages, only {len(self._free)} are free"
+                f"sequence {seq_id} needs {need} more KV pages, only {self.available_pages} "
+                "are free"
             )
         table = self._tables.setdefault(seq_id, [])
         for _ in range(need):
-            table.append(self._free.pop())
+            table.append(self._take())
         self._capacity_of[seq_id] = max(self._capacity_of.get(seq_id, 0), num_tokens)
+
+    def _hold(self, seq_id: int, hit: PrefixHit) -> None:
+        for page in hit.pages:
+            if not self._ref[page]:
+                del self._evictable[page]
+            self._ref[page] += 1
+        self._tables[seq_id] = list(hit.pages)
+        self._dropped[seq_id] = hit.first_page
+        self._capacity_of[seq_id] = hit.num_tokens
+        self._offered[seq_id] = hit.num_tokens // self.page_size  # cached already
+
+    def _take(self) -> int:
+        if self._free:
+            page = heapq.heappop(self._free)
+        else:  # the least recently released cached page forgets its digest
+            page, _ = self._evictable.popitem(last=False)
+            del self._page_of[self._digest_of.pop(page)]
+            self.num_evictions += 1
+        self._ref[page] = 1
+        return page
+
+    def _release(self, page: int) -> None:
+        self._ref[page] -= 1
+        if self._ref[page] < 0:
+            raise AssertionError(f"KV page {page} released more often than held")
+        if not self._ref[page]:
+            if page in self._digest_of:
+                self._evictable[page] = None  # the most recently released: evicted last
+            else:
+                heapq.heappush(self._free, page)
 
     def append(self, seq_id: int, num_new_tokens: int = 1) -> None:
         """Room for ``num_new_tokens`` more tokens after the ones already reserved."""
         self.allocate(seq_id, self.num_tokens(seq_id) + num_new_tokens)
 
+    def commit(self, seq_id: int, digests: Sequence[bytes], num_computed: int) -> None:
+        """Offer the cache the sequence's pages whose tokens are all computed (its first
+        ``num_computed`` tokens; ``digests`` covers at least their full pages). A page whose
+        digest another page already holds stays private."""
+        if not self.prefix_cache or seq_id not in self._tables:
+            return
+        full = num_computed // self.page_size
+        start = self._offered.get(seq_id, 0)
+        if full <= start:
+            return
+        dropped, table = self.dropped_pages(seq_id), self._tables[seq_id]
+        for j in range(max(start, dropped), full):
+            digest = digests[j]
+            if digest not in self._page_of:
+                page = table[j - dropped]
+                self._page_of[digest] = page
+                self._digest_of[page] = digest
+        self._offered[seq_id] = full
+
     def free(self, seq_id: int) -> None:
-        """Give back all pages of the sequence (a no-op if it holds none)."""
+        """Give back all pages of the sequence (a no-op if it holds none): cached ones become
+        evictable, tail first; the rest free."""
         table = self._tables.pop(seq_id, [])
         self._capacity_of.pop(seq_id, None)
         self._dropped.pop(seq_id, None)
-        # Kept in descending order so pop() hands out the lowest free id next.
-        self._free.extend(table)
-        self._free.sort(reverse=True)
+        self._offered.pop(seq_id, None)
+        for page in reversed(table):
+            self._release(page)
 
     # -- the step's index arrays ------------------------------------------------------------------
 
@@ -205,14 +380,21 @@ class PairedKVCache:
     its own, smaller device buffers). Gemma 2 and 3 are such models (Gemma 3: five windowed
     layers to one global). A sequence holds pages in both; the scheduler sees one cache whose
     every change applies to both, and whose capacity is the main pool's. ``index_for`` gives
-    the main pool's arrays with the local pool's in ``KVIndex.window``."""
+    the main pool's arrays with the local pool's in ``KVIndex.window``. A prefix hit is one
+    both pools can give (each keeps its own cache under the same digests)."""
 
     def __init__(self, main: KVCache, local: KVCache) -> None:
         if local.window is None or main.page_size != local.page_size:
             raise ValueError("the local pool needs a window and the main pool's page size")
+        if main.prefix_cache != local.prefix_cache:
+            raise ValueError("both pools cache prefixes, or neither")
         self.main, self.local = main, local
         self.page_size = main.page_size
         self.window = None  # the sequence limit is the main pool's (see KVCache.window)
+
+    @property
+    def prefix_cache(self) -> bool:
+        return self.main.prefix_cache
 
     @property
     def num_pages(self) -> int:
@@ -221,6 +403,14 @@ class PairedKVCache:
     @property
     def free_pages(self) -> int:
         return self.main.free_pages
+
+    @property
+    def cached_pages(self) -> int:
+        return self.main.cached_pages
+
+    @property
+    def available_pages(self) -> int:
+        return self.main.available_pages
 
     @property
     def capacity_tokens(self) -> int:
@@ -241,18 +431,33 @@ class PairedKVCache:
     def pages_needed(self, seq_id: int, num_tokens: int) -> int:
         return self.main.pages_needed(seq_id, num_tokens)
 
-    def can_allocate(self, seq_id: int, num_tokens: int) -> bool:
-        return (self.main.can_allocate(seq_id, num_tokens)
-                and self.local.can_allocate(seq_id, num_tokens))
+    def lookup(self, digests: Sequence[bytes], num_tokens: int) -> PrefixHit:
+        main = self.main.lookup(digests, num_tokens)
+        if not main.num_tokens:
+            return NO_HIT
+        local = self.local.lookup(digests, num_tokens, max_pages=main.num_tokens // self.page_size)
+        if not local.num_tokens:
+            return NO_HIT
+        pages = local.num_tokens // self.page_size
+        return PrefixHit(local.num_tokens, 0, main.pages[:pages], local)
 
-    def allocate(self, seq_id: int, num_tokens: int) -> None:
-        if not self.local.can_allocate(seq_id, num_tokens):
-            self.local.allocate(seq_id, num_tokens)  # raises KVCacheFullError, naming it
-        self.main.allocate(seq_id, num_tokens)
-        self.local.allocate(seq_id, num_tokens)
+    def can_allocate(self, seq_id: int, num_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
+        return (self.main.can_allocate(seq_id, num_tokens, hit)
+                and self.local.can_allocate(seq_id, num_tokens, hit.local or NO_HIT))
+
+    def allocate(self, seq_id: int, num_tokens: int, hit: PrefixHit = NO_HIT) -> None:
+        local_hit = hit.local or NO_HIT
+        if not self.local.can_allocate(seq_id, num_tokens, local_hit):
+            self.local.allocate(seq_id, num_tokens, local_hit)  # raises KVCacheFullError
+        self.main.allocate(seq_id, num_tokens, hit)
+        self.local.allocate(seq_id, num_tokens, local_hit)
 
     def append(self, seq_id: int, num_new_tokens: int = 1) -> None:
         self.allocate(seq_id, self.num_tokens(seq_id) + num_new_tokens)
+
+    def commit(self, seq_id: int, digests: Sequence[bytes], num_computed: int) -> None:
+        self.main.commit(seq_id, digests, num_computed)
+        self.local.commit(seq_id, digests, num_computed)
 
     def free(self, seq_id: int) -> None:
         self.main.free(seq_id)
@@ -266,11 +471,12 @@ class PairedKVCache:
 
 
 def kv_cache_for(page_size: int, num_pages: int, *, window: int | None = None,
-                 window_pool: int | None = None, num_window_pages: int = 0
-                 ) -> KVCache | PairedKVCache:
+                 window_pool: int | None = None, num_window_pages: int = 0,
+                 prefix_cache: bool = True) -> KVCache | PairedKVCache:
     """The cache a model needs (``ModelInfo.kv_window`` / ``kv_window_pool``): one pool, one
     pool that slides, or a main pool with a sliding one for the windowed layers."""
-    main = KVCache(num_pages, page_size, window=window)
+    main = KVCache(num_pages, page_size, window=window, prefix_cache=prefix_cache)
     if not window_pool:
         return main
-    return PairedKVCache(main, KVCache(num_window_pages, page_size, window=window_pool))
+    return PairedKVCache(main, KVCache(num_window_pages, page_size, window=window_pool,
+                                       prefix_cache=prefix_cache))

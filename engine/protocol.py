@@ -593,10 +593,19 @@ class CompletionRequest(SamplingFields):
 
 
 @dataclass(slots=True)
+class PromptTokensDetails:
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache gave (not computed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cached_tokens": self.cached_tokens}
+
+
+@dataclass(slots=True)
 class CompletionUsage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int = -1  # filled in from the two above
+    prompt_tokens_details: PromptTokensDetails = field(default_factory=PromptTokensDetails)
 
     def __post_init__(self) -> None:
         if self.total_tokens < 0:
@@ -607,6 +616,7 @@ class CompletionUsage:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "prompt_tokens_details": self.prompt_tokens_details.to_dict(),
         }
 
 

@@ -9,6 +9,13 @@ It never touches the GPU; its output is a ``Batch`` (``batch.py``). Policy, in t
 2. Waiting sequences, first come first served, while the budget, ``max_batch_size`` and the page
    pool allow (not in a step that had to preempt: the pool is known to be short).
 
+Prefix caching (when the cache has it on, see ``kv_cache``): a sequence admitted from the
+queue first takes the pages the cache holds for its tokens and computes only the rest; a
+preempted one gets back what is still cached. Pages are offered to the cache once computed:
+at the start of each step for running sequences, and when one finishes or is preempted.
+Choices 1..n-1 of a request wait in the queue until choice 0 has computed the prompt's full
+pages, then share them.
+
 Mixed prefill + decode batches are the normal case. A sequence samples in a step only when its
 chunk reaches the end of its known tokens; a prompt chunk that is not the last samples nothing.
 
@@ -24,7 +31,7 @@ from collections import deque
 
 from .batch import Batch
 from .errors import KVCacheFullError
-from .kv_cache import KVCache, pages_for
+from .kv_cache import KVCache, extend_page_digests, pages_for
 from .sequence import Sequence, SequenceStatus
 
 
@@ -65,10 +72,13 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._commit(seq)
         self.kv.free(seq.seq_id)
 
     def schedule(self) -> Batch | None:
         """The next step's batch, or None when there is nothing to run."""
+        for seq in self.running:
+            self._commit(seq)
         decode_step = None  # mixed
         if self.separate_prefill:
             generating = any(_generating(s) for s in self.running)
@@ -107,11 +117,18 @@ class Scheduler:
         while (not preempted and not decode_step and self.waiting
                and len(chunks) < self.max_batch_size and budget > 0):
             seq = self.waiting[0]
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self.kv.can_allocate(seq.seq_id, num_new):
+            if self._waits_for_leader(seq):
                 break  # FIFO: nobody overtakes the head of the queue
+            hit = self.kv.lookup(self._digests(seq, (seq.num_tokens - 1) // self.kv.page_size),
+                                 seq.num_tokens)
+            num_new = min(seq.num_tokens - hit.num_tokens, budget)
+            if not self.kv.can_allocate(seq.seq_id, hit.num_tokens + num_new, hit):
+                break
             self.waiting.popleft()
-            self.kv.allocate(seq.seq_id, num_new)
+            self.kv.allocate(seq.seq_id, hit.num_tokens + num_new, hit)
+            seq.num_computed_tokens = hit.num_tokens
+            if not seq.num_preemptions:
+                seq.num_cached_tokens = hit.num_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             chunks.append((seq, num_new))
@@ -121,8 +138,29 @@ class Scheduler:
             return None
         return self._batch(chunks, decode_only=all(_generating(seq) for seq, _ in chunks))
 
+    def _digests(self, seq: Sequence, num_pages: int) -> list[bytes]:
+        if not self.kv.prefix_cache:
+            return []
+        return extend_page_digests(seq.page_digests, seq.token_ids, self.kv.page_size, num_pages)
+
+    def _commit(self, seq: Sequence) -> None:
+        """Offer the cache the sequence's computed full pages."""
+        if self.kv.prefix_cache:
+            full = seq.num_computed_tokens // self.kv.page_size
+            self.kv.commit(seq.seq_id, self._digests(seq, full), seq.num_computed_tokens)
+
+    def _waits_for_leader(self, seq: Sequence) -> bool:
+        """Choice i > 0 waits while choice 0 computes the prompt's full pages it will share
+        (never for a leader that is not running: that one is queued ahead of it, or done)."""
+        lead = seq.leader
+        if lead is None or not self.kv.prefix_cache or lead.status is not SequenceStatus.RUNNING:
+            return False
+        shared = (lead.num_prompt_tokens - 1) // self.kv.page_size * self.kv.page_size
+        return lead.num_computed_tokens < shared
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._commit(seq)
         self.kv.free(seq.seq_id)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0

@@ -116,6 +116,12 @@ class Sequence:
     num_preemptions: int = 0
     matcher: GrammarMatcher | None = None  # the response format's grammar state, if any
     output_counts: dict[int, int] = field(init=False)  # token -> times in the output
+    # prefix caching: the prompt tokens found in the cache when first scheduled (usage's
+    # cached_tokens); the chained digests of its full pages (kv_cache.extend_page_digests);
+    # and, for choice i > 0 of a request, choice 0, whose computed prompt it waits to share
+    num_cached_tokens: int = 0
+    page_digests: list[bytes] = field(init=False)
+    leader: Sequence | None = None
     _prompt_tokens: frozenset[int] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -127,6 +133,7 @@ class Sequence:
         self.rng = sequence_rng(self.params.seed, self.index)
         self.stop_filter = StopStringFilter(self.params.stop)
         self.output_counts = {}
+        self.page_digests = []
 
     @property
     def num_tokens(self) -> int:

@@ -204,7 +204,7 @@ class ChatSession:
             return "no finished reply yet"
         lines = [
             f"prefill: {last.prefill_tokens_per_s:.1f} tok/s ({last.prompt_tokens} tokens, "
-            f"{last.prefill_s * 1e3:.1f} ms)",
+            f"{last.cached_tokens} cached, {last.prefill_s * 1e3:.1f} ms)",
             f"decode:  {last.decode_tokens_per_s:.1f} tok/s ({last.completion_tokens} tokens, "
             f"{last.decode_s * 1e3:.1f} ms)",
         ]

@@ -38,7 +38,7 @@ def pages_come_back(request):
     if "engine" in request.fixturenames:
         core = request.getfixturevalue("engine").core
         assert not core.has_unfinished()
-        assert core.kv.free_pages == core.kv.num_pages
+        assert core.kv.available_pages == core.kv.num_pages
 
 
 def tokens(engine, text: str) -> list[int]:
@@ -171,7 +171,7 @@ def test_context_overflow_raises_before_any_step(engine):
         assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
         assert e.value.status == 400
     assert rec.steps == [] and rec.plans == []
-    assert not core.has_unfinished() and core.kv.free_pages == core.kv.num_pages
+    assert not core.has_unfinished() and core.kv.available_pages == core.kv.num_pages
 
 
 @pytest.mark.parametrize("param, value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5),
@@ -193,7 +193,7 @@ def test_closed_stream_gives_its_pages_back(engine):
     stream = engine.completions.create(prompt=PROMPT, temperature=0, max_tokens=30,
                                        ignore_eos=True, stream=True)
     next(stream), next(stream)
-    assert core.kv.free_pages < core.kv.num_pages  # the request holds pages
+    assert core.kv.available_pages < core.kv.num_pages  # the request holds pages
     stream.close()
     # freed at the next step, which the next request runs
     r = engine.completions.create(prompt=PROMPT, temperature=0, max_tokens=2)
@@ -221,7 +221,7 @@ def test_async_concurrent_streams_equal_solo(art_dir):
     async def main():
         api = wick.AsyncEngine(str(art_dir))
         core = api.core
-        initial = core.kv.free_pages
+        initial = core.kv.available_pages
         assert initial == core.kv.num_pages
         try:
             solo = [await one(api, i) for i in range(len(prompts))]
@@ -233,7 +233,7 @@ def test_async_concurrent_streams_equal_solo(art_dir):
             assert again.choices[0].text == solo[0][0]
             await asyncio.sleep(0)
             assert not core.has_unfinished()
-            assert core.kv.free_pages == initial
+            assert core.kv.available_pages == initial
         finally:
             await api.aclose()
         return solo, together

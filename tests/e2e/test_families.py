@@ -126,7 +126,7 @@ def test_batched_sequences_match_transformers(family):
     together = run_core(core, prompts, greedy(12))
     for p, got in zip(prompts, together):
         assert got == reference_greedy(name)(hf, p, 12)
-    assert core.kv.free_pages == core.kv.num_pages
+    assert core.kv.available_pages == core.kv.num_pages
 
 
 def test_f16_variant_within_f16_tolerance(family, compiled, backend):
@@ -272,7 +272,7 @@ def test_a_windowed_model_runs_past_its_kv_pool(family):
     (got,) = run_core(core, [prompt], greedy(50))
     assert len(prompt) + len(got) > core.kv.capacity_tokens
     assert got == reference_greedy(name)(hf, prompt, 50)
-    assert core.kv.free_pages == core.kv.num_pages
+    assert core.kv.available_pages == core.kv.num_pages
 
 
 def test_global_and_windowed_layers_have_a_pool_each(family):
@@ -296,5 +296,5 @@ def test_global_and_windowed_layers_have_a_pool_each(family):
     assert got == reference_greedy(name)(hf, prompt, 40)
     window = load_artifact(art_dir).model["kv_window_pool"]
     assert max(held) <= -(-(window + 16) // 16) + 1 < -(-(50 + 40) // 16)  # it slid
-    assert core.kv.main.free_pages == core.kv.main.num_pages
-    assert local.free_pages == local.num_pages
+    assert core.kv.main.available_pages == core.kv.main.num_pages
+    assert local.available_pages == local.num_pages

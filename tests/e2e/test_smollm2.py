@@ -51,7 +51,7 @@ def test_greedy_chat_equals_transformers(api, core, smollm2_hf):
         assert r.choices[0].finish_reason == "length"
         assert r.choices[0].message.content == core.tokenizer.decode(want)
     assert "Paris" in r.choices[0].message.content
-    assert core.kv.free_pages == core.kv.num_pages
+    assert core.kv.available_pages == core.kv.num_pages
 
 
 def test_greedy_completion_equals_transformers(api, core, smollm2_hf):
@@ -101,4 +101,4 @@ def test_json_schema_output_validates(api, core):
     answer = json.loads(r.choices[0].message.content)
     jsonschema.validate(answer, schema)
     assert answer["city"] == "Paris"
-    assert core.kv.free_pages == core.kv.num_pages
+    assert core.kv.available_pages == core.kv.num_pages

@@ -95,7 +95,7 @@ def test_long_prompt_across_pages_and_page_boundaries(tiny_core, tiny_hf):
     (got,) = run_core(tiny_core, [prompt], greedy(n))
     assert len(prompt) + n > 5 * tiny_core.info.page_size
     assert got == hf_greedy(tiny_hf, prompt, n)
-    assert tiny_core.kv.free_pages == tiny_core.kv.num_pages
+    assert tiny_core.kv.available_pages == tiny_core.kv.num_pages
 
 
 def test_chunked_prefill_gives_the_same_tokens(tiny_core, tiny_hf):
@@ -140,7 +140,7 @@ def test_concurrent_sequences_equal_solo_and_transformers(tiny_core, tiny_hf, sc
         assert any(1 in s.tokens_per_seq and max(s.tokens_per_seq) > 1 for s in rec.steps)
     if schedule == "preemption":
         assert core.scheduler.num_preemptions > 0
-    assert core.kv.free_pages == core.kv.num_pages
+    assert core.kv.available_pages == core.kv.num_pages
 
 
 def test_decode_plan_matches_prefill_plan(model):

@@ -49,7 +49,7 @@ def test_nonstream_chat_response():
     assert [len(b.token_ids) for b in runner.batches[:chunks - 1]] == [32] * (chunks - 1)
     assert [b.sample_rows for b in runner.batches[:chunks]] == [[]] * (chunks - 1) + [[0]]
     assert len(runner.batches) == chunks + 11
-    assert api.core.kv.free_pages == 256
+    assert api.core.kv.available_pages == 256
 
 
 def test_same_seed_same_output_different_seeds_differ():
@@ -75,7 +75,11 @@ def test_streamed_chunks_join_to_the_nonstream_text():
     assert "".join(content) == full.choices[0].message.content
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-2].choices[0].delta.to_dict() == {}
-    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+    usage = chunks[-1].usage  # the same counts; the second request read the first's prompt
+    assert chunks[-1].choices == [] and usage.completion_tokens == full.usage.completion_tokens
+    assert usage.prompt_tokens == full.usage.prompt_tokens
+    assert (full.usage.prompt_tokens_details.cached_tokens,
+            usage.prompt_tokens_details.cached_tokens) == (0, usage.prompt_tokens // 4 * 4)
     assert all(c.usage is None for c in chunks[:-1])
 
 
@@ -132,7 +136,7 @@ def test_preemption_and_recovery_give_identical_outputs():
     texts = ["".join(c.choices[0].text for c in s) for s in streams]
     assert api.core.scheduler.num_preemptions > 0
     assert texts == expected
-    assert api.core.kv.free_pages == 14
+    assert api.core.kv.available_pages == 14
 
 
 def test_stop_string_is_not_emitted_even_split_across_tokens():
@@ -222,7 +226,7 @@ def test_context_overflow_raises_before_any_step():
         api.completions.create(prompt="x" * 70)
     assert e.value.param == "prompt"
     assert runner.batches == []
-    assert not api.core.has_unfinished() and api.core.kv.free_pages == 256
+    assert not api.core.has_unfinished() and api.core.kv.available_pages == 256
 
 
 def test_request_larger_than_the_kv_pool_fails_clearly():
@@ -260,11 +264,11 @@ def test_abort_frees_pages():
     stream = api.chat.completions.create(messages=MSGS, max_tokens=100, seed=2, stream=True)
     first = [next(stream) for _ in range(4)]
     assert first[0].choices[0].delta.role == "assistant"
-    assert api.core.kv.free_pages < 64
+    assert api.core.kv.available_pages < 64
     steps_before = len(runner.batches)
     stream.close()
     api.core.step()  # the abort is applied at the next step; nothing runs on the device
-    assert api.core.kv.free_pages == 64
+    assert api.core.kv.available_pages == 64
     assert len(runner.batches) == steps_before
     assert not api.core.has_unfinished()
     # the engine still serves, with the same result as a fresh one

@@ -167,7 +167,8 @@ def test_response_shapes_match_openai_json():
         "id": "chatcmpl-1", "object": "chat.completion", "created": 5, "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"},
                      "logprobs": None, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
     }
     c = ChatCompletionChunk("chatcmpl-1", 5, "m", [ChunkChoice(0, ChoiceDelta(role="assistant",
                                                                               content=""))])
@@ -180,7 +181,8 @@ def test_response_shapes_match_openai_json():
     assert t.to_dict() == {
         "id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m",
         "choices": [{"text": "x", "index": 0, "logprobs": None, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
     }
     with pytest.raises(ValueError):
         CompletionChoice("x", 0, "eos")

@@ -89,9 +89,10 @@ def test_max_batch_size_limits_sequences_per_step():
     assert run_step(sched).seq_ids == [0, 1]  # running ones keep their slots
 
 
-def test_preemption_frees_the_newest_and_requeues_it_first():
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_preemption_frees_the_newest_and_requeues_it_first(prefix_cache):
     # 4 pages of 4 tokens = 16 slots. Two 7-token prompts take 2 pages each.
-    kv = KVCache(4, 4)
+    kv = KVCache(4, 4, prefix_cache=prefix_cache)
     sched = Scheduler(kv, max_batch_size=4, token_budget=32)
     a, b = make_seq(0, 7), make_seq(1, 7)
     sched.add(a)
@@ -107,9 +108,14 @@ def test_preemption_frees_the_newest_and_requeues_it_first():
     assert list(sched.waiting) == [b]
     assert kv.page_table(1) == () and len(kv.page_table(0)) == 3
     sched.remove(a)  # a finishes: b comes back and recomputes prompt + its 2 outputs
+    # ... except, with the prefix cache, its first page: a's third page evicted b's second
+    # (released tail first), and its first was still cached
     batch = run_step(sched)
-    assert batch.seq_ids == [1] and chunk_sizes(batch) == [9]
-    assert batch.token_ids == b.token_ids[:9] and batch.sample_rows == [0]
+    reused = 4 if prefix_cache else 0
+    assert batch.seq_ids == [1] and chunk_sizes(batch) == [9 - reused]
+    assert batch.token_ids == b.token_ids[reused:9] and batch.sample_rows == [0]
+    assert batch.kv.q_positions == list(range(reused, 9))
+    assert b.num_cached_tokens == 0  # usage counts what the prompt found the first time
 
 
 def test_a_sequence_that_can_never_fit_fails_at_add():

@@ -280,7 +280,7 @@ def test_sixteen_concurrent_streams_share_steps(client, engine, names):
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
     solo = [stream(i) for i in range(16)]
-    initial = engine.core.kv.free_pages
+    initial = engine.core.kv.available_pages
     assert initial == engine.core.kv.num_pages
     recorder = StepRecorder(engine.core.runner)
     try:
@@ -293,7 +293,7 @@ def test_sixteen_concurrent_streams_share_steps(client, engine, names):
     assert max(recorder.sizes) >= 8, recorder.sizes  # many sequences decoded in one step
     assert sum(s > 1 for s in recorder.sizes) >= 20
     assert len(recorder.sizes) < 16 * 24  # far fewer steps than tokens
-    _wait_for(lambda: engine.core.kv.free_pages == initial)
+    _wait_for(lambda: engine.core.kv.available_pages == initial)
 
 
 def _wait_for(cond, timeout: float = 10.0) -> None:
@@ -304,7 +304,7 @@ def _wait_for(cond, timeout: float = 10.0) -> None:
 
 
 def test_disconnect_mid_stream_aborts_and_frees_pages(server, engine, names):
-    initial = engine.core.kv.free_pages
+    initial = engine.core.kv.available_pages
     recorder = StepRecorder(engine.core.runner)
     body = {"model": names[0], "messages": HELLO, "max_tokens": 90, "ignore_eos": True,
             "stream": True}
@@ -314,10 +314,10 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server, engine, names):
             lines = (line for line in r.iter_lines() if line)
             got = [next(lines) for _ in range(3)]  # role chunk + a couple of tokens
             assert engine.core.has_unfinished()
-            assert engine.core.kv.free_pages < initial
+            assert engine.core.kv.available_pages < initial
         # leaving the block closed the connection
         _wait_for(lambda: not engine.core.has_unfinished() and
-                  engine.core.kv.free_pages == initial)
+                  engine.core.kv.available_pages == initial)
         steps = len(recorder.sizes)
     finally:
         recorder.restore()
@@ -326,7 +326,7 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server, engine, names):
 
 
 def test_disconnect_during_a_nonstream_request_aborts_it(server, engine, names):
-    initial = engine.core.kv.free_pages
+    initial = engine.core.kv.available_pages
     recorder = StepRecorder(engine.core.runner)
     # pace the steps (>= 20 ms each) so that 90 tokens cannot finish before the disconnect,
     # however fast the device is
@@ -337,7 +337,7 @@ def test_disconnect_during_a_nonstream_request_aborts_it(server, engine, names):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.4)
         _wait_for(lambda: not engine.core.has_unfinished() and
-                  engine.core.kv.free_pages == initial)
+                  engine.core.kv.available_pages == initial)
         steps = len(recorder.sizes)
     finally:
         runner.step = recorded_step

@@ -83,7 +83,11 @@ export interface CompletionLogprobs {
   tokens: string[]; token_logprobs: number[]; top_logprobs: Record<string, number>[];
   text_offset: number[];
 }
-export interface CompletionUsage { prompt_tokens: number; completion_tokens: number; total_tokens: number }
+export interface CompletionUsage {
+  prompt_tokens: number; completion_tokens: number; total_tokens: number;
+  /** `cached_tokens`: prompt tokens the engine's prefix cache gave (not computed again) */
+  prompt_tokens_details?: { cached_tokens?: number };
+}
 export interface ChatCompletion {
   id: string;
   object: "chat.completion";
