@@ -299,10 +299,13 @@ class EngineCore:
                 "once, so n must be at most that. Send several requests instead.",
                 param="n", code="invalid_value")
         each = num_prompt + (max_tokens if max_tokens is not None else 1)
+        shared = 0
         if self.kv.window is not None:  # a windowed sequence holds a bounded number of pages
             each = min(each, self.kv.window_pages(self.scheduler.token_budget)
                        * self.kv.page_size)
-        need = n * each
+        elif self.kv.prefix_cache:  # the choices share the prompt's full pages
+            shared = (num_prompt - 1) // self.kv.page_size * self.kv.page_size
+        need = shared + n * (each - shared)
         if n > 1 and need > self.kv.capacity_tokens:
             raise InvalidRequestError(
                 f"n={n} choices of a {num_prompt}-token prompt need {need} tokens of KV cache "

@@ -203,11 +203,11 @@ class KVCache:
                 if self.window is None:
                     break
                 run_start = j + 1  # a window may still start after this gap
-            elif run_start <= self._first_needed_page(j + 1):
+            elif run_start <= self._first_needed_page((j + 1) * self.page_size):
                 best = j + 1
         if not best:
             return NO_HIT
-        first = self._first_needed_page(best)
+        first = self._first_needed_page(best * self.page_size)
         return PrefixHit(best * self.page_size, first, tuple(found[first:best]))
 
     def _first_needed_page(self, num_tokens: int) -> int:

@@ -134,34 +134,72 @@ def fake_next_token(context: Sequence[int], row: SamplingRow, eos_id: int | None
 
 
 class FakeRunner:
-    def __init__(self, num_pages: int, page_size: int, *, eos_id: int | None = None) -> None:
+    """``window``: the fake model sees only the last ``window`` tokens (a sliding-window model,
+    ``ModelInfo.kv_window``). ``num_window_pages``/``local_window``: a model with a second,
+    windowed pool (``kv_window_pool``): the runner keeps its slots too and checks that the
+    window it lists holds the same tokens as the main pool's tail. Once ``kv`` is set (the
+    core's cache), every write is checked: only into a page one sequence holds and the prefix
+    cache does not."""
+
+    def __init__(self, num_pages: int, page_size: int, *, eos_id: int | None = None,
+                 window: int | None = None, num_window_pages: int = 0,
+                 local_window: int | None = None) -> None:
         self.page_size = page_size
         self.slots: list[int | None] = [None] * (num_pages * page_size)
         self.eos_id = eos_id
+        self.window = window
+        self.num_window_pages = num_window_pages
+        self.local_window = local_window
+        self.local_slots: list[int | None] = [None] * (num_window_pages * page_size)
         self.batches: list[Batch] = []
+        self.kv = None
 
     @property
     def max_batch_seen(self) -> int:
         return max((len(b.seq_ids) for b in self.batches), default=0)
 
+    def _write(self, slots: list, pool, token_ids, append_slots) -> None:
+        for token, slot in zip(token_ids, append_slots):
+            page = slot // self.page_size
+            if pool is not None:
+                assert pool.refcount(page) == 1, f"a write into page {page}, held by " \
+                    f"{pool.refcount(page)} sequences"
+                assert not pool.is_cached(page), f"a write into cached page {page}"
+            slots[slot] = token
+
+    def _context(self, slots: list, kv, row: int, window: int | None) -> list[int]:
+        """The tokens the last query row of ``row`` sees, read through the index arrays."""
+        ps = self.page_size
+        pages = kv.page_values[kv.page_indptr[row]:kv.page_indptr[row + 1]]
+        first = kv.k_rope_pos_offset[row]  # absolute position of the first listed key
+        kv_len = first + (len(pages) - 1) * ps + kv.last_page_len[row]
+        # The causal rule: the last query row sees every column < kv_len.
+        assert kv.q_positions[kv.qo_indptr[row + 1] - 1] == kv_len - 1
+        lo = 0 if window is None else max(0, kv_len - window)
+        assert lo >= first, f"the window starts at {lo}, the listed keys at {first}"
+        context = [slots[pages[(j - first) // ps] * ps + j % ps] for j in range(lo, kv_len)]
+        assert None not in context
+        return context
+
     def step(self, batch: Batch) -> list[int]:
         self.batches.append(batch)
-        kv, ps = batch.kv, self.page_size
+        kv = batch.kv
         b = len(batch.seq_ids)
         assert len(kv.qo_indptr) == b + 1 and kv.qo_indptr[-1] == len(batch.token_ids)
         assert len(kv.page_indptr) == b + 1 and kv.page_indptr[-1] == len(kv.page_values)
         assert len(kv.q_positions) == len(kv.append_slots) == len(batch.token_ids)
         assert len(batch.sampling) == len(batch.sample_rows)
-        for token, slot in zip(batch.token_ids, kv.append_slots):
-            self.slots[slot] = token
+        pools = (getattr(self.kv, "main", self.kv), getattr(self.kv, "local", None))
+        self._write(self.slots, pools[0], batch.token_ids, kv.append_slots)
+        if kv.window is not None:
+            self._write(self.local_slots, pools[1], batch.token_ids, kv.window.append_slots)
         out = []
         for row, sampling in zip(batch.sample_rows, batch.sampling):
-            pages = kv.page_values[kv.page_indptr[row]:kv.page_indptr[row + 1]]
-            kv_len = (len(pages) - 1) * ps + kv.last_page_len[row]
-            # The causal rule: the last query row sees every column < kv_len.
-            assert kv.q_positions[kv.qo_indptr[row + 1] - 1] == kv_len - 1
-            context = [self.slots[pages[j // ps] * ps + j % ps] for j in range(kv_len)]
-            assert None not in context
+            context = self._context(self.slots, kv, row, self.window)
+            if kv.window is not None:
+                local = self._context(self.local_slots, kv.window, row, self.local_window)
+                assert local == context[len(context) - len(local):], "the windowed pool " \
+                    "holds other tokens than the main pool"
             out.append(fake_next_token(context, sampling, self.eos_id))
         return out
 
