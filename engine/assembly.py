@@ -33,6 +33,7 @@ def assemble_core(art: Artifact, backend: Any, *,
                   kv_cache_bytes: int | None = None,
                   runner_class: type[Runner] = Runner,
                   batch_invariant: bool = True,
+                  prefix_cache: bool = True,
                   **runner_options: Any) -> EngineCore:
     """The engine core for ``art`` on ``backend``. ``tokenizer(tokenizer_json)`` builds the
     host's tokenizer; ``grammar`` its structured-output backend; ``runner_options`` go to the
@@ -44,4 +45,5 @@ def assemble_core(art: Artifact, backend: Any, *,
     info = ModelInfo.from_manifest(art.manifest)
     grammar_backend, vocab = grammar(tokenizer_json, info)
     return EngineCore(runner, tokenizer(tokenizer_json), info, num_pages=pages,
-                      batch_invariant=batch_invariant, grammar=grammar_backend, vocab=vocab)
+                      batch_invariant=batch_invariant, prefix_cache=prefix_cache,
+                      grammar=grammar_backend, vocab=vocab)

@@ -343,13 +343,14 @@ def create_app(
     @app.get("/health", operation_id="health",
              responses={"503": {"description": "loading, or loading failed"}})
     async def health() -> JSONResponse:
-        """Loading state, and per model the requests in flight and the KV pool (``free`` ==
-        ``pages`` when idle: a leak would show here)."""
+        """Loading state, and per model the requests in flight and the KV pool (``free`` +
+        ``cached`` == ``pages`` when idle: a leak would show here)."""
         body: dict[str, Any] = {"status": "ok" if pool.state == "ready" else pool.state,
                                 "models": list(pool.engines)}
         body["engines"] = {name: {"requests": e.core.num_unfinished(),
                                   "kv_pages": e.core.kv.num_pages,
-                                  "kv_pages_free": e.core.kv.free_pages}
+                                  "kv_pages_free": e.core.kv.free_pages,
+                                  "kv_pages_cached": e.core.kv.cached_pages}
                            for name, e in pool.engines.items()}
         if pool.loading:
             body["loading"] = pool.loading

@@ -147,7 +147,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     bars = ProgressBars()
     try:
         engine = Engine(model, quantization=args.quantization, device=args.device,
-                        progress=bars, batch_invariant=args.batch_invariant)
+                        progress=bars, batch_invariant=args.batch_invariant,
+                        prefix_cache=args.prefix_cache)
     finally:
         bars.close()
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
@@ -352,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system prompt")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                    help="greedy output that never depends on what else runs (default on)")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="each turn reuses the KV of the conversation so far (default on)")
     p.set_defaults(run=cmd_chat)
 
     p = sub.add_parser("list", help="list compiled artifacts")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..engine import AsyncEngineAPI, EngineAPI, EngineCore
 from ..engine.artifact import MANIFEST_NAME, VERIFY_MARKER, Artifact
@@ -76,22 +76,22 @@ class NativeRunner(Runner):
 
 def build_core(model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 backend=None, batch_invariant: bool = True) -> EngineCore:
+                 backend=None, **core_options: Any) -> EngineCore:
     return load_local(model, quantization=quantization, device=device,
                       kv_cache_bytes=kv_cache_bytes, progress=progress, backend=backend,
-                      batch_invariant=batch_invariant)[0]
+                      **core_options)[0]
 
 
 def load_local(model: str, *, quantization: str | None = None, device: str = "auto",
                kv_cache_bytes: int | None = None, progress: Progress | None = None,
-               backend=None, batch_invariant: bool = True) -> tuple[EngineCore, Path]:
-    """The engine core for ``model`` on this machine, and the artifact directory it runs."""
+               backend=None, **core_options: Any) -> tuple[EngineCore, Path]:
+    """The engine core for ``model`` on this machine, and the artifact directory it runs.
+    ``core_options``: ``batch_invariant``, ``prefix_cache`` (see ``EngineCore``)."""
     from ..native.wgpu_backend import WgpuBackend
 
     backend = backend or WgpuBackend.create(device)
     art = load_artifact(model, quantization, backend.features, progress)
-    options = {"kv_cache_bytes": kv_cache_bytes, "progress": progress,
-               "batch_invariant": batch_invariant}
+    options = {"kv_cache_bytes": kv_cache_bytes, "progress": progress, **core_options}
     try:
         return _core_for(art, backend, **options), Path(art.location)
     except ArtifactError as err:
@@ -108,14 +108,14 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
 
 
 def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: Progress | None,
-              batch_invariant: bool) -> EngineCore:
+              **core_options: Any) -> EngineCore:
     from ..native.grammar import grammar_for
     from ..native.tokenizer import HFTokenizer
 
     return assemble_core(
         art, backend, tokenizer=HFTokenizer, kv_cache_bytes=kv_cache_bytes,
         grammar=lambda tok_json, info: grammar_for(tok_json, info.vocab_size, info.eos_token_ids),
-        runner_class=NativeRunner, batch_invariant=batch_invariant, progress=progress)
+        runner_class=NativeRunner, progress=progress, **core_options)
 
 
 def software_adapter_notice(backend) -> str | None:
@@ -142,14 +142,16 @@ class Engine(_Local, EngineAPI):
     """``Engine(model, *, quantization=None, device="auto")`` with ``.chat.completions.create``
     and ``.completions.create`` (``stream=True`` yields chunks). ``batch_invariant`` (default
     True): a request's tokens never depend on what else runs (see ``Runner``); False mixes
-    prompt and decode work in a step, for throughput while prompts arrive."""
+    prompt and decode work in a step, for throughput while prompts arrive. ``prefix_cache``
+    (default True): a prompt's pages computed before (an earlier turn, a shared system prompt)
+    are reused, not recomputed; ``usage.prompt_tokens_details.cached_tokens`` counts them."""
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 batch_invariant: bool = True) -> None:
+                 batch_invariant: bool = True, prefix_cache: bool = True) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
-            progress=progress, batch_invariant=batch_invariant)))
+            progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache)))
 
 
 class AsyncEngine(_Local, AsyncEngineAPI):
@@ -159,10 +161,10 @@ class AsyncEngine(_Local, AsyncEngineAPI):
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 batch_invariant: bool = True) -> None:
+                 batch_invariant: bool = True, prefix_cache: bool = True) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
-            progress=progress, batch_invariant=batch_invariant)))
+            progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache)))
 
     async def prepare_off_loop(self, prepare):
         return await asyncio.to_thread(prepare)

@@ -70,6 +70,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "reproducible under load (default on). --no-batch-invariant lets "
                         "prompts share steps with decodes: more throughput while prompts "
                         "arrive, greedy output then depends on the batch in the last bits")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of prompt pages computed before: a chat's earlier turns, "
+                        "a shared system prompt, n>1 choices (default on; "
+                        "usage.prompt_tokens_details.cached_tokens counts the reused tokens)")
     p.add_argument("--no-browser-variants", action="store_false", dest="browser_variants",
                    help="do not compile the f32 twin of an f16 model for browsers without "
                         "shader-f16")
@@ -95,7 +99,8 @@ def serve_main(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mib * (1 << 20)), log_level=args.log_level,
         shutdown_grace=args.shutdown_grace, header_timeout=args.header_timeout,
         browser_variants=args.browser_variants,
-        batch_invariant=args.batch_invariant, body_timeout=args.body_timeout,
+        batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
+        body_timeout=args.body_timeout,
     )
 
 
@@ -153,6 +158,7 @@ def serving_app(
     body_timeout: float | None = None,
     browser_variants: bool = True,
     batch_invariant: bool = True,
+    prefix_cache: bool = True,
     on_failed=None,
 ):
     """The app ``wick serve`` runs: ``models`` load in the background (compiling when needed),
@@ -175,7 +181,7 @@ def serving_app(
             try:
                 return AsyncEngine(model, quantization=quantization, device=device,
                                    kv_cache_bytes=kv_cache_bytes, progress=bars,
-                                   batch_invariant=batch_invariant)
+                                   batch_invariant=batch_invariant, prefix_cache=prefix_cache)
             finally:
                 bars.close()
         return model, load

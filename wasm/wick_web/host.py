@@ -137,20 +137,22 @@ class Loaded:
 
 
 async def load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-               kv_cache_bytes: int = 0, create_grammar: Any = None) -> Loaded:
+               kv_cache_bytes: int = 0, create_grammar: Any = None,
+               prefix_cache: bool = True) -> Loaded:
     """``get_file(path)`` -> Uint8Array | None of the (already verified) small artifact files
     (tokenizer, kernels). The weight buffers are only allocated: the caller fills them as
     ``Host.placements_json()`` says, then awaits ``Host.ready()``. ``create_grammar``: the
-    factory of web/src/grammar.ts (None: structured output is refused with a 400)."""
+    factory of web/src/grammar.ts (None: structured output is refused with a 400);
+    ``prefix_cache``: see ``EngineCore``."""
     try:
         return Loaded(host=await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes,
-                                       create_grammar))
+                                       create_grammar, prefix_cache))
     except Exception as e:
         return Loaded(error=error_payload(e))
 
 
 async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-                kv_cache_bytes: int, create_grammar: Any) -> Host:
+                kv_cache_bytes: int, create_grammar: Any, prefix_cache: bool) -> Host:
 
     def read(path: str) -> bytes:
         data = get_file(path)
@@ -170,7 +172,8 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
     core = assemble_core(art, backend, kv_cache_bytes=kv_cache_bytes or None,
                          tokenizer=lambda tok_json: WebTokenizer(js_tokenizer, tok_json),
-                         grammar=grammar, batched_decode=not backend.software,
+                         grammar=grammar, prefix_cache=prefix_cache,
+                         batched_decode=not backend.software,
                          upload_weights=False)
     await backend.check()
     return Host(AsyncEngineAPI(core), backend, post)

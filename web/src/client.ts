@@ -122,6 +122,9 @@ export interface CreateEngineOptions {
   baseUrl?: string;
   /** Bytes of KV cache pages (default 256 MiB, capped by what the model can use). */
   kvCacheBytes?: number;
+  /** Reuse the KV of prompt pages computed before: a chat's earlier turns, a shared system
+   * prompt, n>1 choices (default true). `usage.prompt_tokens_details.cached_tokens` counts them. */
+  prefixCache?: boolean;
   /** Use the browser Cache API for artifact files (default true). */
   cache?: boolean;
   /** A weight download that receives nothing for this long is cut and resumed (default 30000). */
@@ -469,7 +472,8 @@ function inExtension(): boolean {
 
 function loadMessage(model: string, options: CreateEngineOptions, baseUrl: string) {
   return { kind: "load" as const, model, quantization: options.quantization, baseUrl,
-    kvCacheBytes: options.kvCacheBytes, cache: options.cache, stallTimeoutMs: options.stallTimeoutMs,
+    kvCacheBytes: options.kvCacheBytes, prefixCache: options.prefixCache, cache: options.cache,
+    stallTimeoutMs: options.stallTimeoutMs,
     apiKey: options.apiKey };
 }
 

@@ -31,7 +31,7 @@ export interface EngineInfo {
 
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
-      kvCacheBytes?: number; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
+      kvCacheBytes?: number; prefixCache?: boolean; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
       clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
   | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
   | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired
