@@ -348,6 +348,7 @@ class EngineCore:
         at once. Then (after ``fill_masks_async`` when ``needs_async_masks``) run
         ``state.batch`` (if any) on the runner."""
         started = self._clock()
+        self._claim_runner()
         outputs = self._apply_aborts()
         batch = self.scheduler.schedule()
         if batch is not None:
@@ -359,6 +360,18 @@ class EngineCore:
                 if not hasattr(matcher, "next_token_bitmask_async"):
                     self._set_mask(row, matcher.next_token_bitmask())
         return StepState(batch, outputs, started, self._clock() - started)
+
+    def _claim_runner(self) -> None:
+        """The device KV is the runner's: if another core stepped it since this one did (two
+        cores over one runner, one at a time, as tests do), the pages this core's prefix cache
+        names were overwritten, so it forgets them."""
+        if getattr(self.runner, "kv_owner", self) is not self:
+            self.kv.reset_prefix_cache()
+        self.runner.kv_owner = self
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt page (e.g. after a weight change; vLLM has the same)."""
+        self.kv.reset_prefix_cache()
 
     def _set_mask(self, row, mask: bytes) -> None:
         row.mask = mask

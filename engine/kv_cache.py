@@ -314,6 +314,15 @@ class KVCache:
                 self._digest_of[page] = digest
         self._offered[seq_id] = full
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached page (their device contents can no longer be trusted, or a user
+        asked): unheld ones become free; held ones stay with their sequences, uncached."""
+        for page in self._evictable:
+            heapq.heappush(self._free, page)
+        self._evictable.clear()
+        self._page_of.clear()
+        self._digest_of.clear()
+
     def free(self, seq_id: int) -> None:
         """Give back all pages of the sequence (a no-op if it holds none): cached ones become
         evictable, tail first; the rest free."""
@@ -458,6 +467,10 @@ class PairedKVCache:
     def commit(self, seq_id: int, digests: Sequence[bytes], num_computed: int) -> None:
         self.main.commit(seq_id, digests, num_computed)
         self.local.commit(seq_id, digests, num_computed)
+
+    def reset_prefix_cache(self) -> None:
+        self.main.reset_prefix_cache()
+        self.local.reset_prefix_cache()
 
     def free(self, seq_id: int) -> None:
         self.main.free(seq_id)

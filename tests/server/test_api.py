@@ -66,7 +66,12 @@ def test_chat_stream_joins_to_the_nonstream_text(client, engine, names):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens,
+                                         usage.total_tokens) == (prompt_tokens, 16, full.usage.total_tokens)
+    # the second request read the first one's prompt pages (all but the one with its last token)
+    ps = engine.core.info.page_size
+    assert usage.prompt_tokens_details.cached_tokens == (prompt_tokens - 1) // ps * ps > 0
 
     # without include_usage no usage chunk reaches the client
     plain = list(client.chat.completions.create(**kwargs, stream=True))

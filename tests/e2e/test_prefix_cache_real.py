@@ -1,0 +1,107 @@
+"""The prefix cache on the real kernels (lavapipe): a hit's pages hold what the kernels wrote
+before, so greedy tokens with the cache on equal tokens with it off and transformers' —
+for a chat's next turn, a shared system prompt that ends inside a page, and n > 1 choices —
+and ``cached_tokens`` is exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.e2e.helpers import greedy, hf_greedy, record, run_core, sibling_core
+from wick.engine.api import EngineAPI
+from wick.engine.sequence import SamplingParams
+
+
+def ids_of(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
+
+
+def cached_for(done: list[int], prompt: list[int], page_size: int) -> int:
+    """What a hit gives ``prompt`` after ``done`` tokens were computed: whole pages of their
+    common prefix, leaving the prompt's last token to compute."""
+    common = 0
+    for a, b in zip(done, prompt):
+        if a != b:
+            break
+        common += 1
+    return min(common, len(prompt) - 1) // page_size * page_size
+
+
+@pytest.fixture
+def cores(tiny_core):
+    """(cache on, cache off) over the session's tiny runner (a core that finds another core
+    used the runner forgets its cache first, see EngineCore._claim_runner)."""
+    return sibling_core(tiny_core, prefix_cache=True), sibling_core(tiny_core, prefix_cache=False)
+
+
+def test_tiny_next_turn_and_shared_prompt_equal_cache_off_and_transformers(cores, tiny_hf):
+    on, off = cores
+    ps = on.info.page_size
+    turn1 = ids_of(45, 1)
+    (answer,) = run_core(on, [turn1], greedy(12))
+    turn2 = turn1 + answer + ids_of(9, 2)  # the user's next message
+    with record(on.runner) as rec:
+        rid = on.add_request(turn2, greedy(12), prompt_param="prompt")
+        got, cached = [], None
+        while on.has_unfinished():
+            for o in on.step():
+                got.extend(o.token_ids)
+                cached = o.num_cached_tokens
+    done = turn1 + answer[:-1]  # the last answer token was sampled, never fed back
+    assert cached == cached_for(done, turn2, ps) == (len(done)) // ps * ps
+    assert rec.steps[0].num_tokens == len(turn2) - cached  # only the rest was computed
+    assert got == run_core(off, [turn2], greedy(12))[0] == hf_greedy(tiny_hf, turn2, 12)
+    assert on.is_unfinished(rid) is False
+    # a 37-token shared part: two full pages of 16 come from the cache, the third is computed
+    system = ids_of(37, 3)
+    prompts = [system + ids_of(10, 10 + i) for i in range(3)]
+    outs = [run_core(on, [p], greedy(6))[0] for p in prompts]
+    assert outs == [run_core(off, [p], greedy(6))[0] for p in prompts]
+    assert outs[2] == hf_greedy(tiny_hf, prompts[2], 6)
+    assert on.kv.free_pages + on.kv.cached_pages == on.kv.num_pages
+
+
+def test_tiny_n_choices_share_the_prompt_and_equal_cache_off(cores):
+    on, off = cores
+    prompt = ids_of(40, 4)
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=8, seed=11)
+    results = []
+    for core in (on, off):
+        with record(core.runner) as rec:
+            rid = core.add_request(prompt, params, n=3, prompt_param="prompt")
+            out: dict[int, list[int]] = {0: [], 1: [], 2: []}
+            while core.has_unfinished():
+                for o in core.step():
+                    out[o.index].extend(o.token_ids)
+        results.append(([out[i] for i in range(3)], sum(s.num_tokens for s in rec.steps)))
+        assert not core.is_unfinished(rid)
+    (on_out, on_work), (off_out, off_work) = results
+    assert on_out == off_out and len({tuple(t) for t in on_out}) == 3
+    ps = on.info.page_size
+    shared = (len(prompt) - 1) // ps * ps
+    decode = 3 * (8 - 1)
+    assert off_work == 3 * len(prompt) + decode
+    assert on_work == len(prompt) + 2 * (len(prompt) - shared) + decode
+
+
+@pytest.mark.slow
+def test_smollm2_chat_turn_two_reuses_turn_one_as_transformers(smollm2_core, smollm2_hf):
+    core = sibling_core(smollm2_core("q0f32"), prefix_cache=True)
+    api = EngineAPI(core)
+    turn1 = [{"role": "system", "content": "You are a geography teacher. Be brief."},
+             {"role": "user", "content": "What is the capital of France?"}]
+    with record(core.runner) as rec1:
+        first = api.chat.completions.create(messages=turn1, temperature=0, max_tokens=4)
+    turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And of Italy?"}]
+    ids1, ids2 = core.chat_prompt_ids(turn1), core.chat_prompt_ids(turn2)
+    with record(core.runner) as rec:
+        second = api.chat.completions.create(messages=turn2, temperature=0, max_tokens=4)
+    # turn 1 computed its prompt and every sampled token but the last
+    expected = cached_for(ids1 + rec1.sampled[:-1], ids2, core.info.page_size)
+    assert expected >= len(ids1) // core.info.page_size * core.info.page_size > 0
+    assert second.usage.prompt_tokens_details.cached_tokens == expected
+    assert rec.steps[0].num_tokens == len(ids2) - expected
+    assert rec.sampled == hf_greedy(smollm2_hf, ids2, 4, stop_at_eos=True)
+    assert core.kv.free_pages + core.kv.cached_pages == core.kv.num_pages
