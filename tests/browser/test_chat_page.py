@@ -33,6 +33,11 @@ def test_chat_page_browser_engine_screenshot(browser, web_server, tiny_artifact,
         expect(page.locator("#status")).to_have_text(re.compile("tokens in"), timeout=240_000)
         got = page.eval_on_selector(".msg.assistant", "e => e.textContent")
         assert got == want
+        # the next turn reads the first one from the prefix cache: the stats line says so
+        page.fill("#input", "and again")
+        page.click("#send")
+        expect(page.locator("#status")).to_have_text(re.compile(r"\d+ prompt tokens cached"),
+                                                     timeout=240_000)
         out = ROOT / "build" / "browser"
         out.mkdir(parents=True, exist_ok=True)
         shot = out / "chat.png"

@@ -10,6 +10,7 @@ pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
 PROMPT = "The quick brown fox"
+LONG = "A prompt long enough to fill a few pages of the KV cache, twice over."  # 4 pages
 N = 8
 
 
@@ -22,6 +23,9 @@ def native(tiny_artifact):
     chat = eng.chat.completions.create(messages=MESSAGES, max_tokens=N, temperature=0)
     comp = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0)
     comp2 = eng.completions.create(prompt="hello", max_tokens=N, temperature=0)
+    # the same prompt twice: the second reads the first one's pages from the prefix cache
+    repeated = [eng.completions.create(prompt=LONG, max_tokens=2, temperature=0).to_dict()
+                for _ in range(2)]
     errors = {}
     from wick.engine.errors import WickError
 
@@ -34,7 +38,8 @@ def native(tiny_artifact):
             eng.completions.create(**body)
         errors[name] = {**info.value.to_dict()["error"], "cls": type(info.value).__name__}
     return {"chat": chat.to_dict(), "completion": comp.to_dict(), "completion2": comp2.to_dict(),
-            "errors": errors, "model": eng.core.info.model_id}
+            "errors": errors, "model": eng.core.info.model_id, "repeated": repeated,
+            "page_size": eng.core.info.page_size}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +72,21 @@ def test_greedy_chat_and_completion_equal_native(page, loaded, native):
     assert out["chat"]["object"] == "chat.completion"
     assert out["comp"]["choices"][0]["text"] == native["completion"]["choices"][0]["text"]
     assert out["comp"]["usage"] == native["completion"]["usage"]
+
+
+def test_prefix_cache_gives_the_same_cached_tokens_as_native(page, loaded, native):
+    out = page.run("""async (prompt) => {
+        const runs = [];
+        for (let i = 0; i < 2; i++)
+            runs.push(await engine.completions.create({prompt, max_tokens: 2, temperature: 0}));
+        return runs;
+    }""", LONG)
+    want = native["repeated"]
+    assert [r["choices"][0]["text"] for r in out] == [r["choices"][0]["text"] for r in want]
+    assert [r["usage"] for r in out] == [r["usage"] for r in want]
+    ps, prompt_tokens = native["page_size"], want[0]["usage"]["prompt_tokens"]
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in out]
+    assert cached == [0, (prompt_tokens - 1) // ps * ps] and cached[1] > 0
 
 
 def test_stream_joins_to_non_stream_text(page, loaded, native):
