@@ -269,7 +269,7 @@ def _check_response_format(value: Any) -> dict[str, Any] | None:
     kind = value.get("type")
     allowed = {"text": (), "json_object": (), "json_schema": ("json_schema",),
                "grammar": ("grammar",)}
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:  # (a list or object is unhashable)
         raise _range_error("response_format.type",
                            "one of 'text', 'json_object', 'json_schema', 'grammar'", kind)
     for key in value:

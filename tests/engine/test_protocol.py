@@ -70,6 +70,9 @@ def chat(**kw):
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id",
          "missing_required_parameter"),
         ({"response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
+        # (unhashable: once a TypeError, a 500 found by the OpenAPI fuzz test)
+        ({"response_format": {"type": ["json_object"]}}, "response_format.type", "invalid_value"),
+        ({"response_format": {"type": {"a": 1}}}, "response_format.type", "invalid_value"),
         ({"response_format": "json"}, "response_format", "invalid_type"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema",
          "missing_required_parameter"),
