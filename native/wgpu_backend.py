@@ -172,6 +172,22 @@ class _Program:
     uniform_size: int  # bytes bound for the uniform (0: none)
 
 
+def _quiet_wayland_probe() -> None:
+    """Vulkan drivers probe Wayland for presentation while listing adapters; libwayland prints
+    "error: XDG_RUNTIME_DIR is invalid or not set" (four lines) in a container or service
+    without that variable. wick never presents, so an empty private runtime directory quiets
+    the probe without changing what it finds."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        path = tempfile.mkdtemp(prefix="wick-runtime-")  # mode 0700, as libwayland requires
+        os.environ["XDG_RUNTIME_DIR"] = path
+        atexit.register(shutil.rmtree, path, True)
+
+
 class WgpuBackend:
     """``wick.engine.backend.Backend`` on wgpu-native (Vulkan/Metal/D3D12, lavapipe on CPU)."""
 
@@ -193,6 +209,7 @@ class WgpuBackend:
         except Exception as e:  # missing wheel or wgpu-native library
             raise DeviceError(f"wgpu (wgpu-native) is not usable: {e}") from None
         self._wgpu = wgpu
+        _quiet_wayland_probe()
         adapter = _pick_adapter(wgpu, adapter_preference)
         info = adapter.info
         native = set(adapter.features)

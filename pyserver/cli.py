@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import sys
@@ -376,17 +375,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_vulkan_loader() -> None:
-    """Mesa's Vulkan loader prints "error: XDG_RUNTIME_DIR is invalid" when the variable is unset
-    (containers, CI): give this process a private one so that wick's own errors stand out."""
-    if not os.environ.get("XDG_RUNTIME_DIR"):
-        from ..compiler.paths import wick_home
-
-        run_dir = wick_home() / "run"
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
-
-
 def _terminate_cleanly() -> None:
     """SIGTERM ends a command like Ctrl-C does: ``finally`` blocks run, so an interrupted
     compile removes its half-written build (``wick serve`` installs its own handler)."""
@@ -400,7 +388,6 @@ def main(argv: list[str] | None = None) -> int:
     from .serve import setup_logging
 
     args = build_parser().parse_args(argv)
-    _quiet_vulkan_loader()
     _terminate_cleanly()
     setup_logging("debug" if args.debug else "info")
     run: Callable[[argparse.Namespace], int] = args.run
