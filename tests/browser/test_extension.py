@@ -299,3 +299,28 @@ def test_shared_engine_is_loaded_once_for_two_tabs(ctx, host, native):
     assert out["text"] == native["completion"]["choices"][0]["text"]
     first.page.close()
     second.page.close()
+
+
+def test_a_killed_shared_worker_fails_requests_typed_and_the_next_reloads(ctx, host, native):
+    """A SharedWorker that dies (a crash, or here the browser closing it) says nothing on its
+    MessagePorts: the tab learns it from the Web Lock the worker held, fails the request in
+    flight with an EngineLostError and loads a new engine for the next one."""
+    live, proxy = host
+    tab = Page(ctx, proxy.url)
+    tab.run("""async (model) => {
+        window.engine = await wick.createEngine(model, {quantization: "q0f32", shared: true});
+        window.pending = engine.completions.create(
+            {prompt: "x", max_tokens: 120, temperature: 0, ignore_eos: true})
+            .then(() => "finished", (e) => e.name);
+    }""", native["model"])
+    cdp = ctx.new_cdp_session(tab.page)
+    (worker,) = [t for t in cdp.send("Target.getTargets")["targetInfos"]
+                 if t["type"] == "shared_worker" and "wick-worker" in t["url"]]
+    assert cdp.send("Target.closeTarget", {"targetId": worker["targetId"]})["success"]
+    assert tab.run("async () => await window.pending") == "EngineLostError"
+    out = tab.run("""async ([prompt, n]) => {
+        const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
+        return {text: comp.choices[0].text, attached: engine.info.attached};
+    }""", [PROMPT, N])
+    assert out == {"text": native["completion"]["choices"][0]["text"], "attached": False}
+    tab.page.close()

@@ -202,6 +202,8 @@ export interface Channel {
   onMessage(listener: (m: FromWorker) => void): void;
   /** the host went away: its worker failed, the port disconnected */
   onLost(listener: () => void): void;
+  /** watch the Web Lock the host holds while it lives (a SharedWorker's `hostLock`) */
+  watchHost?(lock: string): void;
   /** this client is done with the host */
   close(): void;
 }
@@ -420,11 +422,23 @@ function workerChannel(worker: Worker): Channel {
 /** A SharedWorker's port. The tab holds a Web Lock while it lives: the engine learns of a
  * closed tab when the lock is released, and cancels that tab's requests. */
 function sharedChannel(port: MessagePort, worker: SharedWorker, release: () => void): Channel {
+  const lost: (() => void)[] = [];
+  const watching = new AbortController();
+  const fire = () => { for (const l of lost) l(); };
+  worker.onerror = fire;
   return {
     post: (m) => port.postMessage(m),
     onMessage: (l) => { port.onmessage = (ev: MessageEvent<FromWorker>) => l(ev.data); },
-    onLost: (l) => { worker.onerror = () => l(); },
-    close: () => { port.postMessage({ kind: "detach", id: 0 } satisfies ToWorker); port.close(); release(); },
+    onLost: (l) => { lost.push(l); },
+    // a MessagePort never says its worker died (a crash, the browser killing it): the worker's
+    // lock is granted to us only then
+    watchHost: (lock) => {
+      navigator.locks.request(lock, { signal: watching.signal }, fire).catch(() => {});
+    },
+    close: () => {
+      watching.abort();
+      port.postMessage({ kind: "detach", id: 0 } satisfies ToWorker); port.close(); release();
+    },
   };
 }
 
@@ -448,7 +462,10 @@ function loadOver(channel: Channel, load: Omit<Extract<ToWorker, { kind: "load" 
     channel.onMessage((m) => {
       if (m.id !== id) return;
       if (m.kind === "progress") onProgress?.(m.progress);
-      else if (m.kind === "loaded") resolve(m.info);
+      else if (m.kind === "loaded") {
+        if (m.hostLock) channel.watchHost?.(m.hostLock);
+        resolve(m.info);
+      }
       else if (m.kind === "error") reject(errorFromPayload(m.error));
     });
     channel.post({ ...load, id });

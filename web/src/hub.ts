@@ -52,6 +52,8 @@ export class Hub {
   /** Keep the model loaded when its last client leaves (shared engines); a page's own worker
    * frees the GPU at once. */
   keepLoaded = false;
+  /** The Web Lock this host holds while it lives, told to each client that loads (SharedWorker). */
+  hostLock: Promise<string> | null = null;
   private readonly clients = new Set<Client>();
   private readonly routes = new Map<number, { client: Client; id: number }>();
   private nextRid = 0;
@@ -92,7 +94,8 @@ export class Hub {
       switch (msg.kind) {
         case "load": {
           const info = await this.attach(client, msg);
-          client.send({ kind: "loaded", id: msg.id, info });
+          const hostLock = this.hostLock ? await this.hostLock : undefined;
+          client.send({ kind: "loaded", id: msg.id, info, ...(hostLock ? { hostLock } : {}) });
           // a tab of a SharedWorker holds this Web Lock while it lives: granted = it is gone
           if (msg.clientLock) void navigator.locks.request(msg.clientLock, () => this.leave(client));
           break;

@@ -298,6 +298,11 @@ if ("onconnect" in scope) {
   // a SharedWorker: one connection per tab (or other context) of the origin; the model stays
   // while any tab lives (Chrome ends the worker with the origin's last tab)
   hub.keepLoaded = true;
+  // held until this worker ends: its clients ask for it, and are granted it only then
+  const lock = `wick-host-${crypto.randomUUID()}`;
+  hub.hostLock = new Promise<string>((held) => {
+    void navigator.locks.request(lock, () => { held(lock); return new Promise<never>(() => {}); });
+  });
   scope.onconnect = (ev: MessageEvent) => {
     for (const port of ev.ports) hub.connect(port);
   };

@@ -42,7 +42,9 @@ export type ToWorker =
 
 export type FromWorker =
   | { kind: "progress"; id: number; progress: Progress }
-  | { kind: "loaded"; id: number; info: EngineInfo }
+  // hostLock: a Web Lock a SharedWorker holds while it lives (a client granted it knows the
+  // worker is gone: crashed or killed, which a MessagePort never reports)
+  | { kind: "loaded"; id: number; info: EngineInfo; hostLock?: string }
   | { kind: "result"; id: number; data: string } // JSON of a ChatCompletion / Completion
   | { kind: "chunk"; id: number; data: string } // JSON of one chunk
   | { kind: "done"; id: number }
