@@ -86,6 +86,7 @@ class EngineStats:
     last_step_runner_ms: float = 0.0
     total_host_ms: float = 0.0
     max_batch_seen: int = 0  # most sequences in one step so far
+    tokens_computed: int = 0  # tokens the runner was given (prompt chunks, decode inputs)
     grammar_masks: int = 0  # grammar bitmasks applied so far
     # sha256 over every mask applied, in order: two engines that constrained the same requests
     # the same way (the server and the browser worker) show the same digest
@@ -417,6 +418,7 @@ class EngineCore:
                 else:
                     out = self._accept_token(seq, int(entry), t0)
                 outputs.append(out)
+            self.stats.tokens_computed += batch.num_tokens
             self._record_step(state, t0, len(batch.seq_ids))
         return outputs
 

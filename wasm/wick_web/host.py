@@ -68,6 +68,7 @@ class Host:
         stats = self.api.core.stats
         return json.dumps({"model": info.model_id, "quantization": info.quantization,
                            "device": self.backend.name, "steps": self.backend.steps,
+                           "tokens_computed": stats.tokens_computed,
                            "last_step": {"plan_ms": t.plan_ms, "backend_ms": t.backend_ms,
                                          "engine_ms": stats.last_step_host_ms},
                            "totals": {"steps": t.steps, "engine_ms": stats.total_host_ms,

@@ -143,6 +143,8 @@ export interface EngineStats {
   quantization: string;
   device: string;
   steps: number;
+  /** tokens the engine computed so far (prompt chunks and decode inputs; not cached ones) */
+  tokens_computed: number;
   last_step: { plan_ms: number; backend_ms: number; engine_ms: number };
   totals: { steps: number; engine_ms: number; plan_ms: number; backend_ms: number;
     js_encode_ms: number; device_wait_ms: number };
