@@ -105,3 +105,37 @@ def test_smollm2_chat_turn_two_reuses_turn_one_as_transformers(smollm2_core, smo
     assert rec.steps[0].num_tokens == len(ids2) - expected
     assert rec.sampled == hf_greedy(smollm2_hf, ids2, 4, stop_at_eos=True)
     assert core.kv.free_pages + core.kv.cached_pages == core.kv.num_pages
+
+
+@pytest.mark.slow
+def test_smollm2_shared_system_prompt_and_n_choices_equal_cache_off(smollm2_core):
+    """Two questions under one system prompt: the second reads the pages they share (the
+    share ends inside a page: that page is computed again); n=2 then shares its whole prompt.
+    Greedy tokens equal a cache-off core's."""
+    on = sibling_core(smollm2_core("q0f32"), prefix_cache=True)
+    system = {"role": "system", "content": "You are a geography teacher. Answer in one word."}
+    ids = [on.chat_prompt_ids([system, {"role": "user", "content": q}])
+           for q in ("Capital of Spain?", "Capital of Peru?")]
+    ps = on.info.page_size
+    with record(on.runner) as rec:
+        first = run_core(on, [ids[0]], greedy(3))[0]
+        rid = on.add_request(ids[1], greedy(3), n=2, prompt_param="messages")
+        outs: dict[int, list[int]] = {0: [], 1: []}
+        cached = {}
+        while on.has_unfinished():
+            for o in on.step():
+                outs[o.index].extend(o.token_ids)
+                cached[o.index] = o.num_cached_tokens
+    assert not on.is_unfinished(rid)
+    shared = cached_for(ids[0] + first[:-1], ids[1], ps)
+    common = next(i for i, (a, b) in enumerate(zip(ids[0], ids[1])) if a != b)
+    assert common % ps and shared == common // ps * ps > 0  # it ends inside a page
+    whole = (len(ids[1]) - 1) // ps * ps  # all of the prompt but the page of its last token
+    assert cached == {0: shared, 1: whole}
+    # the second prompt was computed once: choice 1 computed only the page of its last token
+    second = [s.num_tokens for s in rec.steps[len(first):]]
+    assert second[0] == len(ids[1]) - shared
+    assert sum(second) == (len(ids[1]) - shared) + (len(ids[1]) - whole) + 2 * (3 - 1)
+    off = sibling_core(smollm2_core("q0f32"), prefix_cache=False)
+    assert outs[0] == outs[1] == run_core(off, [ids[1]], greedy(3))[0]
+    assert first == run_core(off, [ids[0]], greedy(3))[0]
