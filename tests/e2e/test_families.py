@@ -286,8 +286,8 @@ def test_global_and_windowed_layers_have_a_pool_each(family):
     held = []
     real_allocate = local.allocate
 
-    def watch(seq_id, num_tokens):
-        real_allocate(seq_id, num_tokens)
+    def watch(seq_id, num_tokens, *hit):
+        real_allocate(seq_id, num_tokens, *hit)
         held.append(len(local.page_table(seq_id)))
 
     local.allocate = watch
