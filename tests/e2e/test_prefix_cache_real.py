@@ -115,7 +115,8 @@ def test_smollm2_shared_system_prompt_and_n_choices_equal_cache_off(smollm2_core
     on = sibling_core(smollm2_core("q0f32"), prefix_cache=True)
     system = {"role": "system", "content": "You are a geography teacher. Answer in one word."}
     ids = [on.chat_prompt_ids([system, {"role": "user", "content": q}])
-           for q in ("Capital of Spain?", "Capital of Peru?")]
+           for q in ("Capital of Spain?",
+                     "Capital of Peru? Answer with the name of the city only, nothing else.")]
     ps = on.info.page_size
     with record(on.runner) as rec:
         first = run_core(on, [ids[0]], greedy(3))[0]
@@ -131,7 +132,7 @@ def test_smollm2_shared_system_prompt_and_n_choices_equal_cache_off(smollm2_core
     common = next(i for i, (a, b) in enumerate(zip(ids[0], ids[1])) if a != b)
     assert common % ps and shared == common // ps * ps > 0  # it ends inside a page
     whole = (len(ids[1]) - 1) // ps * ps  # all of the prompt but the page of its last token
-    assert cached == {0: shared, 1: whole}
+    assert whole > shared and cached == {0: shared, 1: whole}
     # the second prompt was computed once: choice 1 computed only the page of its last token
     second = [s.num_tokens for s in rec.steps[len(first):]]
     assert second[0] == len(ids[1]) - shared
