@@ -196,10 +196,21 @@ def report(name: str, device: str, on, off, args) -> bool:
 
 
 def run_scenarios(engine, system: str, fan_system: str, args) -> dict:
+    label = f"cache {'on' if engine.prefix_cache else 'off'}"
+    started = time.perf_counter()
+
+    def progress(what: str) -> None:  # (a run on a CPU emulation takes many minutes)
+        print(f"  [{label}] {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
+              flush=True)
+
     engine.create([chat("", "warm up", 2)])  # kernels, pipelines
-    return {"cold_warm": cold_warm(engine, system, args.max_tokens),
-            "turns": turns(engine, args.turns, args.max_tokens),
-            "fan_out": fan_out(engine, fan_system, args.max_tokens, engine.prefix_cache)}
+    out = {"cold_warm": cold_warm(engine, system, args.max_tokens)}
+    progress("(a) done")
+    out["turns"] = turns(engine, args.turns, args.max_tokens)
+    progress("(b) done")
+    out["fan_out"] = fan_out(engine, fan_system, args.max_tokens, engine.prefix_cache)
+    progress("(c) done")
+    return out
 
 
 def tiny_model() -> str:
