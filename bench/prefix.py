@@ -164,7 +164,8 @@ def fan_out(engine, system: str, max_tokens: int, separate: bool) -> dict:
     out = {}
     runs = [("n=4", [chat(system, QUESTIONS[2], max_tokens, n=4)])]
     if separate:
-        runs.append(("4 requests", [chat(system, QUESTIONS[3], max_tokens)] * 4))
+        # (a system prompt of their own: the n=4 request's pages must not serve them)
+        runs.append(("4 requests", [chat("Four. " + system, QUESTIONS[2], max_tokens)] * 4))
     for name, bodies in runs:
         before = engine.create([chat("", "hi", 1)])["tokens_computed"]  # (a fence)
         r = engine.create(bodies)
