@@ -152,6 +152,11 @@ def run_core(core: EngineCore, prompts: Sequence[Sequence[int]],
     return [out[rid] for rid in rids]
 
 
+def ids_of(n: int, seed: int) -> list[int]:
+    """n byte tokens (no specials: ids 0..255 of the byte-level vocab)."""
+    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
+
+
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2e.conftest import TINY_OPTIONS
 from tests.e2e.helpers import (
+    ids_of,
     greedy,
     hf_greedy,
     hf_greedy_stepwise,
@@ -54,10 +55,6 @@ def reference_greedy(name: str):
     """transformers' greedy tokens for a family: ``generate``, except for the longrope model
     whose generations cross its pretrained length (helpers.hf_greedy_stepwise says why)."""
     return hf_greedy_stepwise if name == "phi3" else hf_greedy
-
-
-def ids_of(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -5,16 +5,11 @@ and ``cached_tokens`` is exact."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from tests.e2e.helpers import greedy, hf_greedy, record, run_core, sibling_core
+from tests.e2e.helpers import greedy, hf_greedy, ids_of, record, run_core, sibling_core
 from wick.engine.api import EngineAPI
 from wick.engine.sequence import SamplingParams
-
-
-def ids_of(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
 
 
 def cached_for(done: list[int], prompt: list[int], page_size: int) -> int:

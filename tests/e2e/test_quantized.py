@@ -9,6 +9,7 @@ import pytest
 
 from tests.e2e.conftest import TINY_OPTIONS
 from tests.e2e.helpers import (
+    ids_of,
     SMOLLM2,
     all_position_logits,
     decode_logits,
@@ -113,10 +114,6 @@ def tiny_q4(request, tiny_llama_dir, tiny_hf, compiled, backend):
     art_dir = compiled(tiny_llama_dir, request.param, **TINY_OPTIONS)
     art = load_artifact(art_dir)
     return make_core(art_dir, num_pages=64), hf_model_from_artifact(art, tiny_hf), art
-
-
-def ids_of(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
 
 
 def worst_logit_diff(runner, ref, prompts):

@@ -8,6 +8,7 @@ import pytest
 
 from tests.e2e.conftest import TINY_OPTIONS
 from tests.e2e.helpers import (
+    ids_of,
     decode_logits,
     greedy,
     hf_greedy,
@@ -24,11 +25,6 @@ from tests.e2e.helpers import (
 LOGIT_TOL = 1e-3
 PLAN_TOL = 1e-4
 VARIANTS = ["untied-2L", "tied-2L", "untied-6L"]
-
-
-def ids_of(n: int, seed: int) -> list[int]:
-    """n byte tokens (no specials: ids 0..255 of the byte-level vocab)."""
-    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()
 
 
 @pytest.fixture(scope="module", params=VARIANTS)
