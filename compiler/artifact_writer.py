@@ -107,6 +107,17 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         (tmp / rel).write_bytes(src)
         kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
                         "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
+    cpu_kernels = None
+    if lowered.cpu_functions:
+        from .cpu_kernels import LIBRARY_FILE, build_cpu_library
+
+        if progress:
+            progress("compile CPU kernels", 0, 1)
+        cpu_kernels = {"file": LIBRARY_FILE,
+                       **build_cpu_library(lowered.cpu_functions, tmp / LIBRARY_FILE)}
+        cpu_kernels["sha256"] = _file_sha256(tmp / LIBRARY_FILE)
+        if progress:
+            progress("compile CPU kernels", 1, 1)
     shards = _ShardWriter(tmp, shard_max_bytes)
     index = []
     for i, (name, array) in enumerate(params):
@@ -135,6 +146,7 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         "tir_functions": {n: {"params": f.params, "launches": f.launches}
                           for n, f in lowered.tir_functions.items()},
         "plans": lowered.plans,
+        **({"cpu_kernels": cpu_kernels} if cpu_kernels else {}),
         "params": index,
         "shards": shards.shards,
     }
@@ -184,7 +196,8 @@ def artifact_problems(out_dir: Path, *, hashes: bool = False) -> list[str]:
     hashes = hashes or (out_dir / VERIFY_MARKER).exists()
     try:
         manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
-        small = [manifest["tokenizer"], *manifest["kernels"]]
+        small = [manifest["tokenizer"], *manifest["kernels"],
+                 *([manifest["cpu_kernels"]] if "cpu_kernels" in manifest else [])]
         shards = list(manifest["shards"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         return [f"{MANIFEST_NAME}: unreadable ({err})"]

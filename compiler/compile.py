@@ -116,6 +116,16 @@ def _sampler_module(vocab_size: int):
     return mod
 
 
+def _sampler_cpu_twins(vocab_size: int) -> dict:
+    """The CPU kernel set's versions of the sampling entry points' GPU-only kernels."""
+    from .logits import logprobs_prim_func_cpu, process_logits_prim_func_cpu
+    from .sampling import sampling_prim_func_cpu
+
+    return {"sample_token": sampling_prim_func_cpu(vocab_size, "float32"),
+            "apply_logit_rules": process_logits_prim_func_cpu(vocab_size),
+            "token_logprobs": logprobs_prim_func_cpu(vocab_size)}
+
+
 _PART = re.compile(r"^(.*)\.parts\.(\d+)\.(weight|weight_q|bias)$")
 
 
@@ -356,18 +366,19 @@ def compile_model(
     report("build model", 1, 1)
 
     report("lower (TVM)", 0, 3)
+    twins = {**module.cpu_twins(), **_sampler_cpu_twins(cfg.vocab_size)}
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
     sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
     lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
                                   "process_logits": sampler_bounds, "logprobs": sampler_bounds},
-                    target, schedule="prefill")
+                    target, schedule="prefill", cpu_twins=twins)
     report("lower (TVM)", 1, 3)
     decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
-                   schedule="decode")
+                   schedule="decode", cpu_twins=twins)
     lowered = merge(lowered, decode, prefix="decode_")
     report("lower (TVM)", 2, 3)
     lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
-                                   schedule="decode1"), prefix="decode1_")
+                                   schedule="decode1", cpu_twins=twins), prefix="decode1_")
     report("lower (TVM)", 3, 3)
 
     names = [name for name, _ in named]

@@ -254,9 +254,10 @@ def schedule_rules(kind: str) -> list:
     raise ValueError(kind)
 
 
-def relax_passes(target, rules: list) -> tvm.transform.Pass:
-    from tvm.s_tir import dlight as dl
-
+def relax_passes(target) -> tvm.transform.Pass:
+    """Relax -> memory-planned Relax calling unscheduled TIR functions. Nothing here depends on
+    the target's kind, so one plan serves every kernel set (WebGPU, CPU); each set schedules
+    the same TIR functions its own way afterwards."""
     return tvm.transform.Sequential(
         [relax.transform.FuseTransposeMatmul()]
         + gpu_pipeline.library_dispatch_passes(target)
@@ -266,7 +267,6 @@ def relax_passes(target, rules: list) -> tvm.transform.Pass:
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
-            dl.ApplyDefaultSchedule(*rules),
         ]
         + gpu_pipeline.dataflow_lower_passes(target)
         + [
@@ -374,18 +374,31 @@ class Lowered:
     tir_functions: dict[str, TirFunction]
     plans: dict[str, dict]
     param_specs: dict[str, dict]  # param name -> {"shape", "dtype"}
+    # the same TIR functions for the CPU kernel set (compiler/cpu_kernels.py), unscheduled, with
+    # the GPU-only ones (attention, sampling) replaced by their CPU twins
+    cpu_functions: dict[str, tirx.PrimFunc] = field(default_factory=dict)
 
 
 def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=None,
-          schedule: str = "prefill") -> Lowered:
-    """Compile a Relax module exported by ``nn.Module.export_tvm`` for WebGPU."""
+          schedule: str = "prefill", cpu_twins: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
+    """Compile a Relax module exported by ``nn.Module.export_tvm``: its plans, its WebGPU
+    kernels, and (given ``cpu_twins``: TIR function name -> CPU replacement for each function
+    that only has a GPU form) its TIR functions for the CPU kernel set."""
+    from tvm.s_tir import dlight as dl
+
     target = target or webgpu_target()
     for fname, bounds in upper_bounds.items():
         mod[fname] = mod[fname].with_attr("tir_var_upper_bound", bounds)
     with target:
-        mod = relax_passes(target, schedule_rules(schedule))(mod)
+        mod = relax_passes(target)(mod)
     tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)})
-    kernels, funcs = build_kernels(tir_mod, target)
+    cpu_functions = {}
+    if cpu_twins is not None:
+        for gv, f in tir_mod.functions.items():
+            cpu_functions[gv.name_hint] = cpu_twins.get(gv.name_hint, f)
+    with target:
+        scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(tir_mod)
+    kernels, funcs = build_kernels(scheduled, target)
     plans, param_specs = {}, {}
     for gv, f in mod.functions.items():
         if isinstance(f, relax.Function):
@@ -396,7 +409,7 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
                                             "dtype": str(p.ty.dtype)}
     used = {l["kernel"] for tf in funcs.values() for l in tf.launches}
     kernels = [k for k in kernels if k.name in used]
-    return Lowered(kernels, funcs, plans, param_specs)
+    return Lowered(kernels, funcs, plans, param_specs, cpu_functions)
 
 
 def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
@@ -420,8 +433,12 @@ def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
             renamed.name = prefix + name
         func_names[name] = renamed.name
         funcs.setdefault(renamed.name, renamed)
+    cpu_functions = dict(base.cpu_functions)
+    for name, f in other.cpu_functions.items():  # (the WebGPU set's names: one plan for both)
+        cpu_functions.setdefault(func_names[name], f)
     plans = dict(base.plans)
     for pname, plan in other.plans.items():
         instrs = [{**i, "func": func_names[i["func"]]} if i["op"] == "call" else i for i in plan["instrs"]]
         plans[pname] = {**plan, "instrs": instrs}
-    return Lowered(list(kernels.values()), funcs, plans, {**base.param_specs, **other.param_specs})
+    return Lowered(list(kernels.values()), funcs, plans, {**base.param_specs, **other.param_specs},
+                   cpu_functions)

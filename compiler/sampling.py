@@ -38,6 +38,10 @@ out=nn.Tensor.placeholder((b,), "int32"))``. After lowering, the WGSL kernel
 then the rest (min_p among them) -- then the uniform ``{b: i32, packGridDimX: u32}``; dispatch ``(b, 1, 1)`` workgroups of 256. (Read the order from
 the host's ``call_ffi_kernel``, as the tests do, rather than trusting this comment.)
 
+``sampling_prim_func_cpu(V)`` (at the end of this file) is the same function for LLVM CPU
+targets: identical parameters and global symbol, the same rule and summation order, with the
+thresholds found by bisection on the logits instead (see the comment there).
+
 TVM 0.27 WebGPU codegen quirks met here: a let named like a WGSL keyword (``target``) is emitted
 verbatim and rejected by naga; ``-inf`` prints as ``-inff`` (no WGSL literal); ThreadSync refuses
 shared loads inside an ``if`` condition and a read-then-write of one shared buffer inside an
@@ -269,5 +273,251 @@ def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFu
                 T.tvm_storage_sync("shared")
                 if tx == 0:
                     token[bx] = T.if_then_else(sampled, res[0], row_arg)
+
+    return sample_token.with_attr("global_symbol", "sample_token")
+
+
+# ============================================================================================
+# CPU twin
+# ============================================================================================
+# wick's native CPU backend swaps ``sample_token`` for this function inside an already built
+# Relax module, by name, so the parameters (names, shapes, the symbolic ``b``, dtypes) and the
+# global symbol are the GPU kernel's. The rule it implements is the GPU kernel's, term for term
+# (see the module docstring); what changes is how the two thresholds are found.
+#
+# The GPU bisects on the bit pattern of ``e`` and recomputes ``exp`` over the whole row in each
+# of its 30 steps. Here the bisection runs on the *logits* instead, through an order-preserving
+# int32 key of their f32 bit pattern (``_order_key``): ``e_i = exp((l_i - max) * inv_t)`` is a
+# non-decreasing function of ``l_i`` (an f32 subtraction, a product with a positive constant and
+# ``expf`` are all monotone), so
+#
+# * the k-th largest ``e`` (``tau_k``) is ``e`` of the k-th largest logit: the count passes need
+#   no ``exp`` at all;
+# * ``tau_p`` is ``e`` of the largest logit ``L`` whose kept mass ``sum(e_i : key_i >= key(L))``
+#   reaches ``top_p * sum e``. Among tokens of equal ``e`` the one with the smallest key makes
+#   ``{key_i >= key}`` the very set ``{e_i >= e}`` the GPU sums, so the masses compared are the
+#   GPU's masses; and ``exp`` is only evaluated for tokens above the candidate logit.
+#
+# Every f32 sum is taken in the GPU kernel's order: the row's sum of ``e`` and the bisection
+# masses as 256 strided lanes then the same halving tree, the final inverse CDF as 256 contiguous
+# chunks, scanned sequentially, and a walk of the owning chunk. With the same ``e`` values the
+# token is therefore the GPU's bit for bit; ``expf`` here and the GPU's ``exp`` may differ in the
+# last ulp, which can only move a token whose threshold or CDF boundary is that close (a genuine
+# near-tie). NaN logits are undefined in both kernels.
+#
+# Scratch per row: 256 floats (the lane / chunk sums) and the largest key of each block of 256
+# tokens (V / 64 bytes), which lets a pass skip the blocks that cannot contribute.
+
+INT32_MIN = -2147483648
+
+
+def _order_key(x):
+    """int32 key of an f32 with ``key(a) < key(b)`` iff ``a < b`` (-0.0 just below +0.0):
+    non-negative floats keep their bit pattern, negative ones flip their magnitude bits. The
+    same map turns a key back into the float's bits (it is its own inverse)."""
+    bits = T.reinterpret("int32", x)
+    return T.if_then_else(bits >= 0, bits, T.bitwise_xor(bits, 0x7FFFFFFF))
+
+
+def _key_float(key):
+    return T.reinterpret("float32", T.if_then_else(key >= 0, key, T.bitwise_xor(key, 0x7FFFFFFF)))
+
+
+def sampling_prim_func_cpu(vocab_size: int, logits_dtype: str = "float32") -> PrimFunc:
+    """``sample_token`` for LLVM CPU targets: the GPU kernel's parameters and rule (see above).
+
+    Rows run in parallel on TVM's thread pool; each row is a few serial passes over its logits,
+    never a copy of the row."""
+    if logits_dtype not in ("float32", "float16"):
+        raise ValueError(f"logits_dtype must be float32 or float16, not {logits_dtype!r}")
+    V = int(vocab_size)
+    if V <= 0:
+        raise ValueError("vocab_size must be positive")
+    NT = NUM_THREADS  # the GPU's workgroup: its lanes and chunks fix the summation order
+    CH = (V + NT - 1) // NT  # blocks of NT tokens (lane j-th terms) = tokens per chunk
+
+    @T.macro
+    def lane_mass(part, bmax, logits, r, row_max, inv_t, key_lo):
+        """sum of e_i over the tokens with key >= key_lo, into part[0]: GPU thread t sums tokens
+        t, t + 256, ... in order (block j holds each thread's j-th term), then the 256 partials
+        meet in its halving tree. A block whose largest key is below key_lo adds nothing."""
+        for t in T.serial(NT):
+            part[t] = T.float32(0)
+        for j in T.serial(CH):
+            if bmax[j] >= key_lo:
+                for t in T.serial(T.min(NT, V - j * NT)):
+                    x: T.let[T.float32] = T.Cast("float32", logits[r, j * NT + t])
+                    if _order_key(x) >= key_lo:
+                        part[t] = part[t] + T.exp((x - row_max) * inv_t)
+        for s in T.serial(LOG_NT):
+            for t in T.serial(NT >> (s + 1)):
+                part[t] = part[t] + part[t + (NT >> (s + 1))]
+
+    @T.prim_func
+    def sample_token(
+        var_logits: T.handle,
+        var_temperature: T.handle,
+        var_top_p: T.handle,
+        var_top_k: T.handle,
+        var_min_p: T.handle,
+        var_uniform: T.handle,
+        var_token: T.handle,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        b = T.int32()
+        logits = T.match_buffer(var_logits, (b, V), logits_dtype)
+        temperature = T.match_buffer(var_temperature, (b,), "float32")
+        top_p = T.match_buffer(var_top_p, (b,), "float32")
+        top_k = T.match_buffer(var_top_k, (b,), "int32")
+        min_p = T.match_buffer(var_min_p, (b,), "float32")
+        uniform = T.match_buffer(var_uniform, (b,), "float32")
+        token = T.match_buffer(var_token, (b,), "int32")
+
+        for r in T.parallel(b):
+            part = T.alloc_buffer((NT,), "float32")  # lane sums, then chunk sums
+            bmax = T.alloc_buffer((CH,), "int32")  # largest key of each block of NT tokens
+            # f32 state: 0 tau_k, 1 tau_p, 2 tau, 3 running sum, 4 chunk start, 5 walk sum
+            sf = T.alloc_buffer((6,), "float32")
+            # i32 state: 0 argmax, 1 k-th key, 2 max key / count, 3 search on, 4 owner chunk,
+            # 5 first token past the target, 6 last kept token, 7 the token
+            si = T.alloc_buffer((8,), "int32")
+            bis = T.alloc_buffer((2,), "int64")  # bisection on keys: lo holds, hi fails
+            inv_t: T.let[T.float32] = T.float32(1.0) / T.max(temperature[r], T.float32(GREEDY_EPS))
+            sampled: T.let[T.bool] = temperature[r] > T.float32(GREEDY_EPS)
+            k_on: T.let[T.bool] = top_k[r] > 0 and top_k[r] < V
+            p_on: T.let[T.bool] = top_p[r] < T.float32(1)
+            # ---- pass 1: the largest key of each block (a branch-free reduction) ----
+            si[2] = INT32_MIN
+            for j in T.serial(CH):
+                bmax[j] = INT32_MIN
+                for t in T.serial(T.min(NT, V - j * NT)):
+                    bmax[j] = T.max(bmax[j], _order_key(T.Cast("float32", logits[r, j * NT + t])))
+                si[2] = T.max(si[2], bmax[j])
+            # the row max, and its first index (numpy's tie rule, as the GPU's argmax tree;
+            # -0.0 == +0.0 here as there). Only a NaN row finds none: index 0.
+            row_max: T.let[T.float32] = _key_float(si[2])
+            si[0] = -1
+            for j in T.serial(CH):
+                if si[0] < 0 and _key_float(bmax[j]) == row_max:
+                    for t in T.serial(T.min(NT, V - j * NT)):
+                        if si[0] < 0 and T.Cast("float32", logits[r, j * NT + t]) == row_max:
+                            si[0] = j * NT + t
+            row_arg: T.let[T.int32] = T.max(si[0], 0)
+            si[7] = row_arg
+            if sampled:
+                # ---- tau_k = e of the k-th largest logit: bisection on keys, counts only ----
+                sf[0] = T.float32(0)
+                if k_on:
+                    bis[0] = T.int64(INT32_MIN)  # every token has a key >= this: V >= k
+                    bis[1] = T.int64(-INT32_MIN)  # none has a key this large: 0 < k
+                    while bis[1] - bis[0] > T.int64(1):
+                        mid_k: T.let[T.int32] = T.Cast("int32", bis[0] + (bis[1] - bis[0]) // 2)
+                        si[2] = 0
+                        for j in T.serial(CH):
+                            if bmax[j] >= mid_k:
+                                for t in T.serial(T.min(NT, V - j * NT)):  # branch-free
+                                    si[2] = si[2] + T.Cast("int32", _order_key(
+                                        T.Cast("float32", logits[r, j * NT + t])) >= mid_k)
+                        if si[2] >= top_k[r]:
+                            bis[0] = T.Cast("int64", mid_k)
+                        else:
+                            bis[1] = T.Cast("int64", mid_k)
+                    si[1] = T.Cast("int32", bis[0])
+                    sf[0] = T.exp((_key_float(si[1]) - row_max) * inv_t)
+                # ---- tau_p = e of the largest logit whose kept mass reaches the target ----
+                if p_on:
+                    # the row's sum of e, in the GPU's order (only top-p needs it)
+                    lane_mass(part, bmax, logits, r, row_max, inv_t, INT32_MIN)
+                    total: T.let[T.float32] = part[0]
+                    p_target: T.let[T.float32] = total * top_p[r]
+                    # The search starts from a key whose kept mass (summed as the GPU does)
+                    # reaches the target: the lowest key (all of the mass) always does.
+                    bis[0] = T.int64(INT32_MIN)
+                    bis[1] = T.int64(-INT32_MIN)
+                    si[3] = 1
+                    # a target <= 0 (top_p <= 0) holds everywhere: the GPU's search ends at the
+                    # top of its range, 1.0
+                    sf[1] = T.float32(1)
+                    if not (p_target > T.float32(0)):
+                        si[3] = 0
+                    # with top-k on, a tau_p below tau_k changes nothing: start at the k-th key,
+                    # or skip the search when even the top-k set misses the target
+                    if k_on and si[3] == 1:
+                        lane_mass(part, bmax, logits, r, row_max, inv_t, si[1])
+                        if part[0] >= p_target:
+                            bis[0] = T.Cast("int64", si[1])
+                        else:
+                            si[3] = 0
+                            sf[1] = T.float32(0)
+                    # tokens with e < tau0 = (total - target) / (2V) hold at most half of the
+                    # mass top-p may drop, so (rounding aside) the key of ~tau0 holds too: once
+                    # checked, starting there spares the long tail's exp in the first steps
+                    key0: T.let[T.int32] = _order_key(
+                        row_max + T.log((total - p_target) / T.float32(2 * V)) / inv_t)
+                    if si[3] == 1 and total > p_target and T.Cast("int64", key0) > bis[0]:
+                        lane_mass(part, bmax, logits, r, row_max, inv_t, key0)
+                        if part[0] >= p_target:
+                            bis[0] = T.Cast("int64", key0)
+                    if si[3] == 1:
+                        while bis[1] - bis[0] > T.int64(1):
+                            mid_p: T.let[T.int32] = T.Cast(
+                                "int32", bis[0] + (bis[1] - bis[0]) // 2)
+                            lane_mass(part, bmax, logits, r, row_max, inv_t, mid_p)
+                            if part[0] >= p_target:
+                                bis[0] = T.Cast("int64", mid_p)
+                            else:
+                                bis[1] = T.Cast("int64", mid_p)
+                        sf[1] = T.exp((_key_float(T.Cast("int32", bis[0])) - row_max) * inv_t)
+                sf[2] = T.max(
+                    T.max(T.if_then_else(k_on, sf[0], T.float32(0)),
+                          T.if_then_else(p_on, sf[1], T.float32(0))),
+                    T.min(T.max(min_p[r], T.float32(0)), T.float32(1)),
+                )
+                tau: T.let[T.float32] = sf[2]
+                # exp is skipped where z < log(tau) - 1 (then e < 0.37 tau: not kept, however
+                # expf rounds); never when tau is ~0, where even e = 0 tokens are kept.
+                prune: T.let[T.bool] = tau >= T.float32(1e-30)
+                z_floor: T.let[T.float32] = T.log(T.max(tau, T.float32(1e-30))) - T.float32(1)
+                # ---- kept mass of 256 contiguous chunks of CH tokens (the GPU's threads) ----
+                for c in T.serial(NT):
+                    part[c] = T.float32(0)
+                    for j in T.serial(T.max(T.min(CH, V - c * CH), 0)):
+                        z2: T.let[T.float32] = (
+                            T.Cast("float32", logits[r, c * CH + j]) - row_max) * inv_t
+                        if not prune or z2 >= z_floor:
+                            e2: T.let[T.float32] = T.exp(z2)
+                            if e2 >= tau:
+                                part[c] = part[c] + e2
+                # ---- the GPU's sequential scan: chunk c owns [start_c, start_c + part[c]) ----
+                sf[3] = T.float32(0)
+                for c in T.serial(NT):
+                    sf[3] = sf[3] + part[c]
+                kept_total: T.let[T.float32] = sf[3]
+                u_target: T.let[T.float32] = T.max(uniform[r], T.float32(0)) * kept_total
+                sf[3] = T.float32(0)
+                si[4] = -1
+                for c in T.serial(NT):
+                    sf[4] = sf[3]
+                    sf[3] = sf[3] + part[c]
+                    if (si[4] < 0 and sf[4] <= u_target and sf[4] < sf[3]
+                            and (u_target < sf[3] or sf[3] >= kept_total)):
+                        si[4] = c
+                        sf[5] = sf[4]
+                # ---- the owner walks its chunk: first cumsum > target, else its last kept ----
+                if si[4] >= 0:
+                    si[5] = -1
+                    si[6] = row_arg
+                    for j in T.serial(T.min(CH, V - si[4] * CH)):
+                        z3: T.let[T.float32] = (
+                            T.Cast("float32", logits[r, si[4] * CH + j]) - row_max) * inv_t
+                        if not prune or z3 >= z_floor:
+                            e3: T.let[T.float32] = T.exp(z3)
+                            if e3 >= tau:
+                                sf[5] = sf[5] + e3
+                                si[6] = si[4] * CH + j
+                                if sf[5] > u_target and si[5] < 0:
+                                    si[5] = si[4] * CH + j
+                    si[7] = T.if_then_else(si[5] >= 0, si[5], si[6])
+            token[r] = si[7]
 
     return sample_token.with_attr("global_symbol", "sample_token")

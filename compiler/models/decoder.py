@@ -221,6 +221,13 @@ class DecoderForCausalLM(nn.Module):
         (window,) = {a.shape.window for a in self.layer_attention} - {None}
         return window
 
+    def cpu_twins(self) -> dict:
+        """TIR function name -> the CPU twin of each GPU-only kernel (compiler/cpu_kernels.py)."""
+        twins: dict = {}
+        for attn in dict.fromkeys(self.layer_attention):
+            twins.update(attn.cpu_twins())
+        return twins
+
     def make_layer(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> nn.Module:
         return Layer(c, attn, quant)
 

@@ -115,6 +115,20 @@ class PagedAttention:
             }
         ).with_attr("global_symbol", "batch_prefill_paged_kv" + tag)
 
+    def cpu_twins(self) -> dict[str, Any]:
+        """The CPU kernel set's replacements for this shape's GPU-only attention kernel (the
+        other kernels are plain TIR that any target schedules): TIR function name -> PrimFunc
+        with the same parameters (compiler/models/cpu_attention.py)."""
+        from .cpu_attention import cpu_attention_prim_func
+
+        s = self.shape
+        args = (s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype, s.softmax_scale, s.window,
+                s.softcap)
+        name, signature = ((self.window_name, "window") if self.windowed
+                           else ("batch_prefill_paged_kv" + self.tag, "paged"))
+        return {name: cpu_attention_prim_func(*args, signature=signature)
+                .with_attr("global_symbol", name)}
+
     def page_spec(self, pages: str = "num_pages") -> nn.spec.Tensor:
         """One layer's KV tensor: (pages, 2 = k|v, kv_heads, page_size, head_dim); ``pages``
         names the pool whose page count it has."""

@@ -1,0 +1,128 @@
+"""wick's CPU schedules: how each kind of TIR function runs on a multi-core CPU.
+
+TVM's own CPU rules (``dlight.cpu``) measured 0.2-2 GB/s on this project's machines, and its
+default pipeline emits single-threaded scalar loops that also materialize every intermediate
+(a dequantized weight matrix per call). So the rules are wick's own, in this one module:
+
+1. **Inline** every elementwise producer into its consumer (dequantization into the matmul,
+   casts into norms) and every elementwise epilogue into its producer (a residual add into the
+   matmul's output loop), so no intermediate the size of a weight exists.
+2. **Matmul-like reductions** (``out[i, j] = sum_k x[i, k] * w[j, k]``, any dequantization
+   inlined) split ``k`` into chunks of 64 (or 32, 16) whose partial sums live in vector
+   registers (``rfactor``): the inner loop loads 64 inputs, dequantizes 64 weights and does
+   four independent vector multiply-adds. Output columns ``j`` run in parallel, all rows ``i`` of a column
+   together (a weight row is read from memory once per step, whatever the batch).
+3. **Everything else**: the outermost spatial loops of each remaining block fused and run in
+   parallel; TVM's plain loops inside.
+
+A function marked ``tirx.is_scheduled`` (the hand-written CPU twins of attention and sampling)
+is left as it is.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+# partial sums per output: 16 f32 lanes make one AVX-512 register (two AVX2 ones); 64 are four
+# registers, i.e. four independent multiply-add chains, which is what hides the FMA latency
+LANE_CHOICES = (16,)
+
+
+def schedule(name: str, func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+    """``func`` scheduled for ``target`` (an LLVM CPU target)."""
+    if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
+        return func
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    _inline_elementwise(sch)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if not _schedule_matmul(sch, block):
+            _parallel_outer(sch, block)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _iter_types(sch, block) -> list[str]:
+    """"S"/"R"/other per block iteration variable."""
+    kinds = {0: "S", 2: "R"}  # IterVar.DataPar, IterVar.CommReduce
+    return [kinds.get(int(iv.iter_type), "O") for iv in sch.get(block).iter_vars]
+
+
+def _inline_elementwise(sch) -> None:
+    """Inline producers into consumers, then epilogues into producers, until nothing moves.
+    """
+    changed = True
+    while changed:
+        changed = False
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
+        for block in blocks:
+            if sch.get(block).name_hint in outputs or "R" in _iter_types(sch, block):
+                continue
+            try:
+                sch.compute_inline(block)
+                changed = True
+                break
+            except Exception:
+                pass
+        if changed:
+            continue
+        for block in reversed(sch.get_child_blocks(sch.get_sblock("root"))):
+            if "R" in _iter_types(sch, block):
+                continue
+            try:
+                sch.reverse_compute_inline(block)
+                changed = True
+                break
+            except Exception:
+                pass
+
+
+def _schedule_matmul(sch, block) -> bool:
+    """Rule 2 for a block with spatial loops (.., i, j) and one innermost reduction loop k
+    of static extent divisible by LANES; False (nothing changed) for any other block."""
+    types = _iter_types(sch, block)
+    if types.count("R") != 1 or types[-1] != "R" or len(types) < 2:
+        return False
+    loops = sch.get_loops(block)
+    if len(loops) != len(types):
+        return False
+    k = loops[-1]
+    extent = sch.get(k).extent
+    if not isinstance(extent, tirx.IntImm):
+        return False
+    lanes = next((n for n in LANE_CHOICES if int(extent) % n == 0 and int(extent) >= 2 * n), 0)
+    if not lanes:
+        return False
+    # the output column j (the last spatial loop) outermost and parallel; rows i inside it
+    *outer, j = loops[:-1]
+    sch.reorder(j, *outer)
+    ko, ki = sch.split(k, [None, lanes])
+    rf = sch.rfactor(ki, 0)  # partial sums per lane: rf[lane, i.., j], loops j, i.., ko, ki
+    # the final sum of one output right after its partial sums (so they stay in registers)
+    sch.reverse_compute_at(block, sch.get_loops(rf)[-3])
+    chunk, lane = sch.get_loops(rf)[-2:]
+    sch.vectorize(lane)
+    sch.parallel(sch.get_loops(rf)[0])
+    # zero the 16 sums before the chunk loop (last: TVM checks parallel and vectorized
+    # loops for reduction blocks with an init)
+    sch.decompose_reduction(rf, chunk)
+    return True
+
+
+def _parallel_outer(sch, block) -> None:
+    """Rule 3: fuse the block's leading spatial loops and run them in parallel."""
+    types = _iter_types(sch, block)
+    loops = sch.get_loops(block)
+    if len(loops) != len(types):
+        return
+    spatial = []
+    for loop, t in zip(loops, types):
+        if t != "S":
+            break
+        spatial.append(loop)
+    if not spatial:
+        return
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    sch.parallel(fused)
