@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--quantization", help="default: q4f16_1 with shader-f16, else q4f32_1")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu", "vulkan"))
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per sequence")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8, help="the concurrent batch size")

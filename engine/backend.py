@@ -3,7 +3,14 @@
 A backend knows nothing about models. It compiles kernels once, owns buffers, and runs one
 step = (small uploads, a list of dispatches, small readbacks) as ONE encoder and ONE submit.
 Implementations: ``wick.native.wgpu_backend.WgpuBackend`` (wgpu-native), ``web/src/executor.ts``
-(WebGPU in a worker), and the pure-Python fakes in the tests.
+(WebGPU in a worker), ``wick.native.cpu_backend.CpuBackend`` (the CPU kernel set), and the
+pure-Python fakes in the tests.
+
+Two kinds of kernel sets run the same plans (``Backend.kind``):
+
+* ``"webgpu"``: WGSL kernels; a plan call becomes ``Dispatch``es (the ABI below).
+* ``"cpu"``: one native library holding each TIR function whole (compiler/cpu_kernels.py); a
+  plan call becomes one ``Call`` with its tensors, and the function reads their shapes itself.
 
 Kernel ABI (what TVM's WebGPU codegen emits, see docs/artifact.md): storage buffers at bindings
 ``0..B-1`` of group 0 in the kernel's own order, each ``read`` or ``read_write``; then, when the
@@ -17,6 +24,34 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 BufferHandle = int
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint8": 1,
+               "int8": 1, "bool": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """A tensor living in a device buffer."""
+
+    buffer: BufferHandle
+    offset: int  # bytes
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for d in self.shape:
+            count *= d
+        return count * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a function of a CPU kernel library, on these tensors (its parameters)."""
+
+    function: int  # load_library's return value + index in the names given to it
+    args: tuple[TensorRef, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +96,8 @@ class Backend(Protocol):
     """What a device must do for the engine."""
 
     name: str  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
+    # "webgpu" (load_kernels + Dispatch) or "cpu" (load_library + Call); absent means "webgpu"
+    kind: str
     features: frozenset[str]  # WebGPU feature names, e.g. {"shader-f16", "subgroups"}
     max_storage_binding: int  # bytes
     max_buffer_size: int  # bytes
@@ -71,6 +108,10 @@ class Backend(Protocol):
         first: ``Dispatch.kernel`` numbers kernels across all calls, so several models can share
         one device."""
 
+    def load_library(self, path: str, functions: Sequence[str], mcpu: str) -> int:
+        """(``kind == "cpu"`` only) Load a CPU kernel library built for the CPU ``mcpu``
+        and look up ``functions``; returns the index of the first (``Call.function``)."""
+
     def alloc(self, nbytes: int) -> BufferHandle:
         """A zero-filled device buffer usable as storage, copy source and copy destination."""
 
@@ -80,9 +121,10 @@ class Backend(Protocol):
         """Upload now (weights at load time)."""
 
     def run(
-        self, writes: Sequence[Write], dispatches: Sequence[Dispatch], reads: Sequence[Read]
+        self, writes: Sequence[Write], dispatches: Sequence[Dispatch | Call], reads: Sequence[Read]
     ) -> list[bytes]:
-        """One step: apply writes, record all dispatches in one pass, submit once, then read.
+        """One step: apply writes, record all dispatches (a CPU backend: calls) in one pass,
+        submit once, then read.
 
         Returns the bytes of each read, in order. Blocks until they are available.
         A backend whose readback is asynchronous (WebGPU in a browser) also offers

@@ -15,29 +15,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .backend import Backend, BufferSlice, Dispatch, KernelSpec
+from .backend import DTYPE_BYTES, Backend, BufferSlice, Call, Dispatch, KernelSpec, TensorRef
 from .errors import ArtifactError
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint8": 1,
-               "int8": 1, "bool": 1}
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    """A tensor living in a device buffer."""
-
-    buffer: int
-    offset: int  # bytes
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def nbytes(self) -> int:
-        count = 1
-        for d in self.shape:
-            count *= d
-        return count * DTYPE_BYTES[self.dtype]
-
 
 def evaluate(expr: Any, env: Mapping[str, int]) -> Any:
     """Evaluate a JSON expression from the compiler (ints, {"v": name}, [op, *args])."""
@@ -111,10 +90,21 @@ class KernelTable:
         self.base = backend.load_kernels(specs)  # our kernels' first index on the device
 
 
+class LibraryTable:
+    """A CPU kernel set (one native library, a function per TIR function), loaded once."""
+
+    def __init__(self, entry: dict, directory: str, backend: Backend) -> None:
+        """``entry``: the manifest's ``cpu_kernels`` (its file already verified)."""
+        names = list(entry["functions"])
+        self.index = {n: i for i, n in enumerate(names)}
+        self.base = backend.load_library(f"{directory}/{entry['file']}", names, entry["mcpu"])
+
+
 class PlanFunction:
     """One entry point (e.g. ``forward``) bound to a backend."""
 
-    def __init__(self, plan: dict, tir_functions: Mapping[str, dict], kernels: KernelTable,
+    def __init__(self, plan: dict, tir_functions: Mapping[str, dict],
+                 kernels: KernelTable | LibraryTable,
                  backend: Backend, params: Mapping[str, TensorRef]) -> None:
         self.name = plan["name"]
         self.plan = plan
@@ -175,7 +165,10 @@ class PlanFunction:
                 raise ArtifactError(f"{self.name}: unknown plan instruction {op!r}")
         return dispatches, [values[o] for o in self.plan["outputs"]]
 
-    def _call(self, func: str, args: list[TensorRef], out: list[Dispatch]) -> None:
+    def _call(self, func: str, args: list[TensorRef], out: list) -> None:
+        if isinstance(self.kernels, LibraryTable):  # the function checks its shapes itself
+            out.append(Call(self.kernels.base + self.kernels.index[func], tuple(args)))
+            return
         tf = self.tir[func]
         env: dict[str, int] = {}
         bind_shapes(env, [p["shape"] for p in tf["params"]], [t.shape for t in args],

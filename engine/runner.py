@@ -18,7 +18,7 @@ from .backend import Backend, Read, Write
 from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
 from .kv_cache import pages_for, window_pages
-from .plan import DTYPE_BYTES, KernelTable, PlanFunction, TensorRef, evaluate
+from .plan import DTYPE_BYTES, KernelTable, LibraryTable, PlanFunction, TensorRef, evaluate
 from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
 KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
@@ -166,7 +166,7 @@ class Runner:
                    if e in plans and (batched_decode or e != "decode")]
         used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
                 if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
-        self.kernels = KernelTable(artifact.kernels(used), backend)
+        self.kernels = self._kernel_set(artifact, backend, used)
         params, self.weight_placements = self._alloc_params(artifact)
         if upload_weights:
             self._write_weights(artifact, report)
@@ -211,6 +211,19 @@ class Runner:
                          if "logprobs" in entries else None)
 
     # ------------------------------------------------------------------ loading
+
+    @staticmethod
+    def _kernel_set(artifact: Artifact, backend: Backend, used: set[str]) -> KernelTable | LibraryTable:
+        """The artifact's kernels for this backend's kind (engine/backend.py)."""
+        if getattr(backend, "kind", "webgpu") != "cpu":
+            return KernelTable(artifact.kernels(used), backend)
+        entry = artifact.manifest.get("cpu_kernels")
+        if entry is None:
+            raise ArtifactError(f"artifact {artifact.location or artifact.model_id} has no CPU "
+                                "kernels (compiled by an older wick): recompile it with "
+                                "`wick compile --force`", code="artifact_stale")
+        artifact.read_verified(entry["file"], entry["sha256"])  # a corrupt file is named
+        return LibraryTable(entry, artifact.location, backend)
 
     def _alloc_params(self, artifact: Artifact) -> tuple[dict[str, TensorRef], list[WeightPlacement]]:
         """One zero-filled device buffer per parameter, and where its bytes come from."""

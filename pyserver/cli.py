@@ -1,7 +1,7 @@
 """``wick``: the command line.
 
     wick compile MODEL [--quantization q4f16_1] [--output DIR] [--force] ...
-    wick chat MODEL [--quantization Q] [--device auto|cpu|gpu] [--temperature T] ...
+    wick chat MODEL [--quantization Q] [--device auto|gpu|cpu|vulkan] [--temperature T] ...
     wick list                 compiled artifacts in the cache
     wick rm NAME_OR_PATH      delete one of them (only inside the artifacts directory)
     wick models               built-in model names
@@ -27,6 +27,7 @@ from typing import Callable, TextIO
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..engine.errors import WickError
+from ..native.devices import DEVICES
 
 QUANTIZATIONS = tuple(_SCHEMES)
 DEFAULT_QUANTIZATION = "q4f16_1"  # best; devices without shader-f16 (some browsers) use q4f32_1
@@ -343,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help=model_help + " or compiled artifact dir")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
                    help="default: the best the device supports")
-    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="auto: a real GPU if there is one, else the CPU kernels; vulkan: wgpu "
+                   "on any adapter, software ones (lavapipe) included")
     p.add_argument("--temperature", type=float, help="0 = greedy (default 1)")
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)

@@ -35,10 +35,12 @@ def _check_feature(quantization: str, features) -> None:
         raise MissingFeatureError("shader-f16", working, requested=quantization)
 
 
-def pick_quantization(model: str, quantization: str | None, features) -> str | None:
+def pick_quantization(model: str, quantization: str | None, features,
+                      prefer_f32: bool = False) -> str | None:
     """The variant to compile: the asked one (checked against the device), else the model's
-    default (None), or its float32 twin (q4f16_1 -> q4f32_1) on a device without shader-f16."""
-    if quantization is None and "shader-f16" not in features:
+    default (None), or its float32 twin (q4f16_1 -> q4f32_1) on a device without shader-f16
+    or one that runs float32 best (``prefer_f32``: the CPU backend)."""
+    if quantization is None and ("shader-f16" not in features or prefer_f32):
         from ..compiler.compile import default_quantization
         from ..compiler.quantization import f32_twin
 
@@ -49,7 +51,8 @@ def pick_quantization(model: str, quantization: str | None, features) -> str | N
     return quantization
 
 
-def load_artifact(model: str, quantization: str | None, features, progress: Progress | None) -> Artifact:
+def load_artifact(model: str, quantization: str | None, features, progress: Progress | None,
+                  prefer_f32: bool = False) -> Artifact:
     path = Path(model)
     if (path / MANIFEST_NAME).is_file():
         art = Artifact.load(lambda p: (path / p).read_bytes(), str(path))
@@ -62,7 +65,7 @@ def load_artifact(model: str, quantization: str | None, features, progress: Prog
         raise ModelNotFoundError(model)
     from ..compiler.compile import compile_model
 
-    quantization = pick_quantization(model, quantization, features)
+    quantization = pick_quantization(model, quantization, features, prefer_f32)
     out = compile_model(model, quantization, progress=progress)  # None: the model's default
     return Artifact.load(lambda p: (out / p).read_bytes(), str(out))
 
@@ -87,10 +90,11 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
                backend=None, **core_options: Any) -> tuple[EngineCore, Path]:
     """The engine core for ``model`` on this machine, and the artifact directory it runs.
     ``core_options``: ``batch_invariant``, ``prefix_cache`` (see ``EngineCore``)."""
-    from ..native.wgpu_backend import WgpuBackend
+    from ..native.devices import create_backend
 
-    backend = backend or WgpuBackend.create(device)
-    art = load_artifact(model, quantization, backend.features, progress)
+    backend = backend or create_backend(device)
+    art = load_artifact(model, quantization, backend.features, progress,
+                        getattr(backend, "prefers_f32", False))
     options = {"kv_cache_bytes": kv_cache_bytes, "progress": progress, **core_options}
     try:
         return _core_for(art, backend, **options), Path(art.location)
@@ -103,7 +107,8 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
         if (Path(model) / MANIFEST_NAME).is_file():
             raise  # an artifact directory given by path: its source is not ours to rebuild
         log.warning("%s; rebuilding the artifact", err.message)
-        art = load_artifact(model, quantization, backend.features, progress)
+        art = load_artifact(model, quantization, backend.features, progress,
+                        getattr(backend, "prefers_f32", False))
         return _core_for(art, backend, **options), Path(art.location)
 
 
