@@ -30,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import PROMPT, Run, bench_wick, gguf_path, matching_prefix  # noqa: E402
 
 
+_quiet_log = None
+
+
 def bench_llama_cpp(path: Path, prompt: list[int], tokens: int, batch: int,
                     threads: int) -> dict[int, Run]:
     """Prefill and greedy decode through llama.cpp's own batch API (llama_decode with one
@@ -39,6 +42,9 @@ def bench_llama_cpp(path: Path, prompt: list[int], tokens: int, batch: int,
     import llama_cpp as L
     import numpy as np
 
+    global _quiet_log  # (kept alive: llama.cpp calls it for every log line)
+    _quiet_log = L.llama_log_callback(lambda level, text, user_data: None)
+    L.llama_log_set(_quiet_log, ctypes.c_void_p(0))
     L.llama_backend_init()
     mparams = L.llama_model_default_params()
     model = L.llama_model_load_from_file(str(path).encode(), mparams)

@@ -8,12 +8,13 @@ default pipeline emits single-threaded scalar loops that also materialize every 
    casts into norms) and every elementwise epilogue into its producer (a residual add into the
    matmul's output loop), so no intermediate the size of a weight exists.
 2. **Matmul-like reductions** (``out[i, j] = sum_k x[i, k] * w[j, k]``, any dequantization
-   inlined) split ``k`` into chunks of 64 (or 32, 16) whose partial sums live in vector
-   registers (``rfactor``): the inner loop loads 64 inputs, dequantizes 64 weights and does
-   four independent vector multiply-adds. Output columns ``j`` run in parallel, all rows ``i`` of a column
+   inlined) split ``k`` into chunks of 16 whose partial sums live in a vector register
+   (``rfactor``): the inner loop loads 16 inputs, dequantizes 16 weights and does one vector
+   multiply-add. Output columns ``j`` run in parallel, all rows ``i`` of a column
    together (a weight row is read from memory once per step, whatever the batch).
 3. **Everything else**: the outermost spatial loops of each remaining block fused and run in
-   parallel; TVM's plain loops inside.
+   parallel when there is enough work to share (a one-token norm is not); TVM's plain loops
+   inside.
 
 A function marked ``tirx.is_scheduled`` (the hand-written CPU twins of attention and sampling)
 is left as it is.
@@ -24,9 +25,10 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-# partial sums per output: 16 f32 lanes make one AVX-512 register (two AVX2 ones); 64 are four
-# registers, i.e. four independent multiply-add chains, which is what hides the FMA latency
+# partial sums per output: 16 f32 lanes, one AVX-512 register (two AVX2 ones). 32 or 64 (more
+# independent multiply-add chains) measured 3-6x slower: the sums left registers for memory.
 LANE_CHOICES = (16,)
+PARALLEL_MIN_WORK = 1 << 14  # loop iterations below which elementwise work stays serial
 
 
 def schedule(name: str, func: tirx.PrimFunc, target) -> tirx.PrimFunc:
@@ -111,11 +113,23 @@ def _schedule_matmul(sch, block) -> bool:
     return True
 
 
+def _static_work(sch, loops) -> int:
+    """The product of the loops' extents, a symbolic extent (the batch, the step's tokens)
+    counting as 1: the work the loops do in a one-token decode step."""
+    work = 1
+    for loop in loops:
+        extent = sch.get(loop).extent
+        work *= int(extent) if isinstance(extent, tirx.IntImm) else 1
+    return work
+
+
 def _parallel_outer(sch, block) -> None:
-    """Rule 3: fuse the block's leading spatial loops and run them in parallel."""
+    """Rule 3: fuse the block's leading spatial loops and run them in parallel, unless a
+    decode step gives them less than PARALLEL_MIN_WORK elements (waking the thread pool
+    costs more than a norm or an activation over one token's vector)."""
     types = _iter_types(sch, block)
     loops = sch.get_loops(block)
-    if len(loops) != len(types):
+    if len(loops) != len(types) or _static_work(sch, loops) < PARALLEL_MIN_WORK:
         return
     spatial = []
     for loop, t in zip(loops, types):
