@@ -51,8 +51,8 @@ def build_cpu_library(functions: dict[str, tirx.PrimFunc], path: Path,
     target = cpu_target(mcpu)
     funcs = {}
     for name, f in functions.items():
-        f = f.with_attr("global_symbol", name)
-        funcs[tvm.ir.GlobalVar(name)] = schedule_for_cpu(name, f, target)
+        scheduled = schedule_for_cpu(name, f, target)  # (maybe a new function: name it after)
+        funcs[tvm.ir.GlobalVar(name)] = scheduled.with_attr("global_symbol", name)
     mod = tvm.IRModule(funcs)
     lib = tvm.tirx.build(mod, target=target)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,8 @@ default pipeline emits single-threaded scalar loops that also materialize every 
    inside.
 
 A function marked ``tirx.is_scheduled`` (the hand-written CPU twins of attention and sampling)
-is left as it is.
+is left as it is, and the float32 q4 matmul (with or without a residual add) is replaced by the
+kernel written for it in compiler/cpu_gemv.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def schedule(name: str, func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
         return func
     from tvm import s_tir
+
+    from .cpu_gemv import match_q4_matmul, q4_matmul_prim_func
+
+    q4 = match_q4_matmul(func)
+    if q4 is not None:  # the float32 q4 matmul: a kernel written for it (compiler/cpu_gemv.py)
+        return q4_matmul_prim_func(**q4)
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     _inline_elementwise(sch)

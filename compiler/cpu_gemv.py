@@ -1,0 +1,138 @@
+"""A hand-written CPU kernel for the q4 (``*_1`` packing) matmul: ``out = x @ dequantize(W)^T``
+(+ a residual), replacing the scheduled TE version where the pattern matches.
+
+Why by hand: the scheduled version (cpu_schedules.py rule 2) unpacks 16 nibbles from two
+words with a permute and a per-lane shift, and multiplies the dequantized weight in, about 7
+vector instructions per 16 weights. Here a group of 32 weights is one 16-byte load:
+
+* byte ``t`` of the group holds weights ``2t`` (low nibble) and ``2t + 1`` (high nibble), so
+  ``bytes & 15`` and ``bytes >> 4`` are the group's even and odd weights, each 16 lanes;
+* the input row is split once per call into its even and odd elements, to match;
+* a group's sum factors as ``scale * sum(q * x) + minimum * sum(x)``: the inner loop is two
+  multiply-adds of integer-valued weights, and ``sum(x)`` per group is computed once per call.
+
+The sums run in another order than the GPU's (16 lanes per group, then groups), as any
+reordering of float sums does; the results agree to float32 rounding (tests compare the
+logits with the WGSL kernels and transformers).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+GROUP = 32  # weights per scale/minimum (compiler/quantization.py GROUP_SIZE)
+HALF = GROUP // 2
+
+
+def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
+    """``{"N", "K", "residual"}`` when ``func`` is a float32 q4 dequantize-matmul (optionally
+    plus a residual add) as compiler/models/layers.py builds it, else None."""
+    names = _block_names(func)
+    if names not in (["dequantize", "matmul"], ["dequantize", "matmul", "T_add"]):
+        return None
+    params = [p.ty for p in func.params]
+    residual = names[-1] == "T_add"
+    if len(params) != (6 if residual else 5):
+        return None
+    x, w, s, m, *rest = params
+    out = rest[-1]
+    try:
+        N, words = (int(d) for d in w.shape)
+        K = int(x.shape[1])
+    except (TypeError, ValueError):
+        return None
+    ok = (str(w.dtype) == "uint32" and words * 8 == K and K % GROUP == 0
+          and all(str(t.dtype) == "float32" for t in (x, s, m, out))
+          and [int(d) for d in s.shape] == [N, K // GROUP] == [int(d) for d in m.shape]
+          and len(x.shape) == 2 and len(out.shape) == 2 and int(out.shape[1]) == N)
+    if residual:
+        r = rest[0]
+        ok = ok and str(r.dtype) == "float32" and len(r.shape) == 2 and int(r.shape[1]) == N
+    return {"N": N, "K": K, "residual": residual} if ok else None
+
+
+def _block_names(func: tirx.PrimFunc) -> list[str]:
+    import tvm
+    from tvm import s_tir
+
+    try:
+        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    except Exception:  # (no root block: not a TE function)
+        return []
+
+
+def q4_matmul_prim_func(N: int, K: int, residual: bool) -> tirx.PrimFunc:
+    """The kernel, with the matched function's parameters: x (b, K), w (N, K/8) uint32,
+    scale (N, K/32), minimum (N, K/32), [residual (b, N)], out (b, N)."""
+    G = K // GROUP
+
+    # (the macro sees the names the functions that use it see: K, N, G and module globals)
+    @T.macro(hygienic=False)
+    def body(b, x, w, s, m, out):
+        wb = T.decl_buffer((N * K // 2,), "uint8", data=w.data)  # the same bytes, one by one
+        # the input rows split into each group's even and odd elements, and each group's sum
+        xs = T.alloc_buffer((b, G, 2, HALF), "float32")
+        xsum = T.alloc_buffer((b, G), "float32")
+        for i in range(b):
+            for g in range(G):
+                xsum[i, g] = T.float32(0)
+                for t in range(HALF):
+                    xs[i, g, 0, t] = x[i, g * GROUP + 2 * t]
+                    xs[i, g, 1, t] = x[i, g * GROUP + 2 * t + 1]
+                    xsum[i, g] = xsum[i, g] + x[i, g * GROUP + 2 * t] + x[i, g * GROUP + 2 * t + 1]
+        for j in T.parallel(N):
+            for i in range(b):
+                acc = T.alloc_buffer((HALF,), "float32")  # (inside the parallel loop: private)
+                part = T.alloc_buffer((HALF,), "float32")
+                tail = T.alloc_buffer((1,), "float32")
+                tail[0] = T.float32(0)
+                for t in T.vectorized(HALF):
+                    acc[t] = T.float32(0)
+                for g in range(G):
+                    for t in T.vectorized(HALF):
+                        part[t] = (T.Cast("float32", wb[j * (K // 2) + g * HALF + t] & T.uint8(15))
+                                   * xs[i, g, 0, t]
+                                   + T.Cast("float32", wb[j * (K // 2) + g * HALF + t] >> T.uint8(4))
+                                   * xs[i, g, 1, t])
+                    for t in T.vectorized(HALF):
+                        acc[t] = acc[t] + s[j, g] * part[t]
+                    tail[0] = tail[0] + m[j, g] * xsum[i, g]
+                # the 16 lanes pairwise (vector adds), then the minimums' share
+                for h in T.vectorized(8):
+                    acc[h] = acc[h] + acc[h + 8]
+                for h in T.vectorized(4):
+                    acc[h] = acc[h] + acc[h + 4]
+                for h in T.vectorized(2):
+                    acc[h] = acc[h] + acc[h + 2]
+                out[i, j] = acc[0] + acc[1] + tail[0]
+
+    @T.prim_func(s_tir=True)
+    def q4_matmul(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
+                  var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        b = T.int64()
+        x = T.match_buffer(var_x, (b, K), "float32")
+        w = T.match_buffer(var_w, (N, K // 8), "uint32")
+        s = T.match_buffer(var_s, (N, G), "float32")
+        m = T.match_buffer(var_m, (N, G), "float32")
+        out = T.match_buffer(var_out, (b, N), "float32")
+        body(b, x, w, s, m, out)
+
+    @T.prim_func(s_tir=True)
+    def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
+                      var_r: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        b = T.int64()
+        x = T.match_buffer(var_x, (b, K), "float32")
+        w = T.match_buffer(var_w, (N, K // 8), "uint32")
+        s = T.match_buffer(var_s, (N, G), "float32")
+        m = T.match_buffer(var_m, (N, G), "float32")
+        r = T.match_buffer(var_r, (b, N), "float32")
+        out = T.match_buffer(var_out, (b, N), "float32")
+        body(b, x, w, s, m, out)
+        for i, j in T.grid(b, N):  # the residual (x + y == y + x exactly in float32)
+            out[i, j] = r[i, j] + out[i, j]
+
+    return q4_matmul_add if residual else q4_matmul

@@ -1,0 +1,66 @@
+"""compiler/cpu_gemv.py: the hand-written float32 q4 matmul for CPUs, against numpy on the
+weights ``quantization.dequantize`` gives back, and which functions it takes over."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import te  # noqa: E402
+
+from wick.compiler.cpu_gemv import match_q4_matmul  # noqa: E402
+from wick.compiler.cpu_kernels import cpu_target  # noqa: E402
+from wick.compiler.cpu_schedules import schedule  # noqa: E402
+from wick.compiler.quantization import dequantize, get_quantization, quantize  # noqa: E402
+
+
+def te_matmul(N: int, K: int, *, residual: bool, dtype: str = "float32", bits: int = 4):
+    """The function compiler/models/layers.py builds (dequantize -> matmul [-> T_add])."""
+    per_word = 32 // bits
+    x = te.placeholder((te.var("b", "int64"), K), dtype, name="x")
+    b = x.shape[0]
+    w = te.placeholder((N, K // per_word), "uint32", name="w")
+    s = te.placeholder((N, K // 32), dtype, name="s")
+    m = te.placeholder((N, K // 32), dtype, name="m")
+    mask = (1 << bits) - 1
+    dq = te.compute((N, K), lambda o, i: (
+        w[o, i // per_word] >> (i % per_word * bits).astype("uint32") & mask
+    ).astype(dtype) * s[o, i // 32] + m[o, i // 32], name="dequantize")
+    k = te.reduce_axis((0, K), name="k")
+    mm = te.compute((b, N), lambda i, j: te.sum(x[i, k] * dq[j, k], axis=k), name="matmul")
+    if not residual:
+        return te.create_prim_func([x, w, s, m, mm])
+    r = te.placeholder((b, N), dtype, name="r")
+    out = te.compute((b, N), lambda i, j: r[i, j] + mm[i, j], name="T_add")
+    return te.create_prim_func([x, w, s, m, r, out])
+
+
+def test_it_takes_over_the_float32_q4_matmul_only():
+    assert match_q4_matmul(te_matmul(64, 96, residual=False)) == {"N": 64, "K": 96, "residual": False}
+    assert match_q4_matmul(te_matmul(64, 96, residual=True))["residual"] is True
+    assert match_q4_matmul(te_matmul(64, 96, residual=False, dtype="float16")) is None
+    assert match_q4_matmul(te_matmul(64, 96, residual=False, bits=8)) is None
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("N,K", [(48, 64), (200, 320)])
+def test_matches_numpy_on_dequantized_weights(N, K, residual):
+    quant = get_quantization("q4f32_1")
+    rng = np.random.default_rng(N + K)
+    packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
+    func = schedule("f", te_matmul(N, K, residual=residual), cpu_target())
+    assert "q4_matmul" in func.script()  # (not the scheduled TE version)
+    lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
+                         target=cpu_target())
+    weight = dequantize(packed, scale, minimum).astype(np.float64)
+    for b in (1, 5):  # one decode row, and a batch (rows share the weights)
+        x = rng.standard_normal((b, K)).astype(np.float32)
+        r = rng.standard_normal((b, N)).astype(np.float32)
+        want = x.astype(np.float64) @ weight.T + (r if residual else 0)
+        args = [x, packed, scale, minimum] + ([r] if residual else []) + [np.zeros((b, N), np.float32)]
+        tensors = [tvm.runtime.tensor(a) for a in args]
+        lib["f"](*tensors)
+        got = tensors[-1].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
