@@ -53,7 +53,9 @@ def run_all(engine, rounds: int, tokens: int) -> tuple[list[str], list[list[str]
 def test_q4f16_greedy_output_is_batch_invariant(f16_artifact):
     from wick.server.local import AsyncEngine
 
-    engine = AsyncEngine(str(f16_artifact))  # the default mode
+    # the WGSL kernels (lavapipe here; "auto" would pick the CPU backend, where these short
+    # requests finish before the others arrive), in the default mode
+    engine = AsyncEngine(str(f16_artifact), device="vulkan")
     solo, together = run_all(engine, rounds=2, tokens=40)
     assert len(set(solo)) == len(PROMPTS)  # distinct requests, distinct answers
     for outputs in together:
