@@ -24,6 +24,8 @@ from ..engine.artifact import (
 )
 from .lower import Lowered
 
+CPU_LIBRARY_FILE = "kernels/cpu/kernels.so"  # the CPU kernel set (compiler/cpu_kernels.py)
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -69,16 +71,19 @@ def write_artifact(
     tokenizer_json: str,
     progress: Progress | None = None,
     shard_max_bytes: int = SHARD_MAX_BYTES,
+    cpu_library: tuple[bytes, dict] | None = None,
 ) -> Path:
     """Write everything under ``out_dir`` (replaced atomically). ``header`` holds model_id,
     quantization, model, requires, source and compiler fields of the manifest. A parameter
-    bigger than ``shard_max_bytes`` gets a shard of its own."""
+    bigger than ``shard_max_bytes`` gets a shard of its own. ``cpu_library``: the CPU kernel
+    set's bytes and manifest entry (``cpu_kernels.build_cpu_library``)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f"{TMP_INFIX}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write(tmp, header=header, lowered=lowered, params=params, num_params=num_params,
-               tokenizer_json=tokenizer_json, progress=progress, shard_max_bytes=shard_max_bytes)
+               tokenizer_json=tokenizer_json, progress=progress, shard_max_bytes=shard_max_bytes,
+               cpu_library=cpu_library)
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
     except BaseException:  # a failed or interrupted build leaves nothing behind
@@ -98,7 +103,7 @@ def _file_stem(name: str, src: bytes, limit: int = 120) -> str:
 
 def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[str, np.ndarray]],
            num_params: int, tokenizer_json: str, progress: Progress | None,
-           shard_max_bytes: int) -> None:
+           shard_max_bytes: int, cpu_library: tuple[bytes, dict] | None) -> None:
     (tmp / "kernels" / "webgpu").mkdir(parents=True)
     kernels = []
     for k in lowered.kernels:
@@ -108,16 +113,11 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
                         "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
     cpu_kernels = None
-    if lowered.cpu_functions:
-        from .cpu_kernels import LIBRARY_FILE, build_cpu_library
-
-        if progress:
-            progress("compile CPU kernels", 0, 1)
-        cpu_kernels = {"file": LIBRARY_FILE,
-                       **build_cpu_library(lowered.cpu_functions, tmp / LIBRARY_FILE)}
-        cpu_kernels["sha256"] = _file_sha256(tmp / LIBRARY_FILE)
-        if progress:
-            progress("compile CPU kernels", 1, 1)
+    if cpu_library is not None:  # (bytes, manifest entry) from compiler/cpu_kernels.py
+        data, entry = cpu_library
+        (tmp / CPU_LIBRARY_FILE).parent.mkdir()
+        (tmp / CPU_LIBRARY_FILE).write_bytes(data)
+        cpu_kernels = {"file": CPU_LIBRARY_FILE, **entry, "sha256": _sha256(data)}
     shards = _ShardWriter(tmp, shard_max_bytes)
     index = []
     for i, (name, array) in enumerate(params):

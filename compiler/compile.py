@@ -22,6 +22,7 @@ from .. import __version__ as WICK_VERSION
 from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from . import paths
 from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
+from .cpu_kernels import build_cpu_library
 from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, row_splits
@@ -380,6 +381,9 @@ def compile_model(
     lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
                                    schedule="decode1", cpu_twins=twins), prefix="decode1_")
     report("lower (TVM)", 3, 3)
+    report("compile CPU kernels", 0, 1)
+    cpu_library = build_cpu_library(lowered.cpu_functions)
+    report("compile CPU kernels", 1, 1)
 
     names = [name for name, _ in named]
     header = {
@@ -400,4 +404,4 @@ def compile_model(
     }
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
-                          shard_max_bytes=shard_max_bytes)
+                          shard_max_bytes=shard_max_bytes, cpu_library=cpu_library)

@@ -32,7 +32,7 @@ LANE_CHOICES = (16,)
 PARALLEL_MIN_WORK = 1 << 14  # loop iterations below which elementwise work stays serial
 
 
-def schedule(name: str, func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     """``func`` scheduled for ``target`` (an LLVM CPU target)."""
     if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
         return func

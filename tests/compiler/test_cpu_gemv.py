@@ -50,7 +50,7 @@ def test_matches_numpy_on_dequantized_weights(N, K, residual):
     quant = get_quantization("q4f32_1")
     rng = np.random.default_rng(N + K)
     packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
-    func = schedule("f", te_matmul(N, K, residual=residual), cpu_target())
+    func = schedule(te_matmul(N, K, residual=residual), cpu_target())
     assert "q4_matmul" in func.script()  # (not the scheduled TE version)
     lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
                          target=cpu_target())
