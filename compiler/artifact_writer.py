@@ -24,7 +24,9 @@ from ..engine.artifact import (
 )
 from .lower import Lowered
 
-CPU_LIBRARY_FILE = "kernels/cpu/kernels.so"  # the CPU kernel set (compiler/cpu_kernels.py)
+# the kernel sets compiled as one library each: native CPU (compiler/cpu_kernels.py) and
+# WebAssembly (compiler/wasm_kernels.py); the manifest names each as ``<kind>_kernels``
+LIBRARY_FILES = {"cpu": "kernels/cpu/kernels.so", "wasm": "kernels/wasm/kernels.wasm"}
 
 Progress = Callable[[str, int, int], None]
 
@@ -71,19 +73,20 @@ def write_artifact(
     tokenizer_json: str,
     progress: Progress | None = None,
     shard_max_bytes: int = SHARD_MAX_BYTES,
-    cpu_library: tuple[bytes, dict] | None = None,
+    libraries: dict[str, tuple[bytes, dict]] | None = None,
 ) -> Path:
     """Write everything under ``out_dir`` (replaced atomically). ``header`` holds model_id,
     quantization, model, requires, source and compiler fields of the manifest. A parameter
-    bigger than ``shard_max_bytes`` gets a shard of its own. ``cpu_library``: the CPU kernel
-    set's bytes and manifest entry (``cpu_kernels.build_cpu_library``)."""
+    bigger than ``shard_max_bytes`` gets a shard of its own. ``libraries``: per kind of
+    ``LIBRARY_FILES``, that kernel set's bytes and manifest entry (``build_cpu_library``,
+    ``build_wasm_library``)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f"{TMP_INFIX}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write(tmp, header=header, lowered=lowered, params=params, num_params=num_params,
                tokenizer_json=tokenizer_json, progress=progress, shard_max_bytes=shard_max_bytes,
-               cpu_library=cpu_library)
+               libraries=libraries or {})
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
     except BaseException:  # a failed or interrupted build leaves nothing behind
@@ -103,7 +106,7 @@ def _file_stem(name: str, src: bytes, limit: int = 120) -> str:
 
 def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[str, np.ndarray]],
            num_params: int, tokenizer_json: str, progress: Progress | None,
-           shard_max_bytes: int, cpu_library: tuple[bytes, dict] | None) -> None:
+           shard_max_bytes: int, libraries: dict[str, tuple[bytes, dict]]) -> None:
     (tmp / "kernels" / "webgpu").mkdir(parents=True)
     kernels = []
     for k in lowered.kernels:
@@ -112,12 +115,13 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         (tmp / rel).write_bytes(src)
         kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
                         "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
-    cpu_kernels = None
-    if cpu_library is not None:  # (bytes, manifest entry) from compiler/cpu_kernels.py
-        data, entry = cpu_library
-        (tmp / CPU_LIBRARY_FILE).parent.mkdir()
-        (tmp / CPU_LIBRARY_FILE).write_bytes(data)
-        cpu_kernels = {"file": CPU_LIBRARY_FILE, **entry, "sha256": _sha256(data)}
+    library_entries = {}
+    for kind, (data, entry) in libraries.items():
+        path = tmp / LIBRARY_FILES[kind]
+        path.parent.mkdir()
+        path.write_bytes(data)
+        library_entries[f"{kind}_kernels"] = {"file": LIBRARY_FILES[kind], **entry,
+                                              "sha256": _sha256(data)}
     shards = _ShardWriter(tmp, shard_max_bytes)
     index = []
     for i, (name, array) in enumerate(params):
@@ -146,7 +150,7 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         "tir_functions": {n: {"params": f.params, "launches": f.launches}
                           for n, f in lowered.tir_functions.items()},
         "plans": lowered.plans,
-        **({"cpu_kernels": cpu_kernels} if cpu_kernels else {}),
+        **library_entries,
         "params": index,
         "shards": shards.shards,
     }
@@ -197,7 +201,8 @@ def artifact_problems(out_dir: Path, *, hashes: bool = False) -> list[str]:
     try:
         manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
         small = [manifest["tokenizer"], *manifest["kernels"],
-                 *([manifest["cpu_kernels"]] if "cpu_kernels" in manifest else [])]
+                 *(manifest[f"{kind}_kernels"] for kind in LIBRARY_FILES
+                   if f"{kind}_kernels" in manifest)]
         shards = list(manifest["shards"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         return [f"{MANIFEST_NAME}: unreadable ({err})"]

@@ -23,6 +23,7 @@ from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from . import paths
 from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
 from .cpu_kernels import build_cpu_library
+from .wasm_kernels import build_wasm_library
 from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, row_splits
@@ -49,7 +50,7 @@ def compiler_digest() -> str:
     """Hash of the compiler's own source: artifacts are rebuilt whenever the compiler changes."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(here.rglob("*.py")) + [here.parent / "engine" / "artifact.py"]:
+    for path in sorted(here.rglob("*.py")) + [here / "wasm_runtime.c", here.parent / "engine" / "artifact.py"]:
         if path.is_file():
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -381,9 +382,11 @@ def compile_model(
     lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
                                    schedule="decode1", cpu_twins=twins), prefix="decode1_")
     report("lower (TVM)", 3, 3)
-    report("compile CPU kernels", 0, 1)
-    cpu_library = build_cpu_library(lowered.cpu_functions)
-    report("compile CPU kernels", 1, 1)
+    report("compile CPU kernels", 0, 2)
+    libraries = {"cpu": build_cpu_library(lowered.cpu_functions)}
+    report("compile CPU kernels", 1, 2)  # then the same functions for browsers without WebGPU
+    libraries["wasm"] = build_wasm_library(lowered.cpu_functions)
+    report("compile CPU kernels", 2, 2)
 
     names = [name for name, _ in named]
     header = {
@@ -404,4 +407,4 @@ def compile_model(
     }
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
-                          shard_max_bytes=shard_max_bytes, cpu_library=cpu_library)
+                          shard_max_bytes=shard_max_bytes, libraries=libraries)

@@ -3,14 +3,16 @@
 A backend knows nothing about models. It compiles kernels once, owns buffers, and runs one
 step = (small uploads, a list of dispatches, small readbacks) as ONE encoder and ONE submit.
 Implementations: ``wick.native.wgpu_backend.WgpuBackend`` (wgpu-native), ``web/src/executor.ts``
-(WebGPU in a worker), ``wick.native.cpu_backend.CpuBackend`` (the CPU kernel set), and the
-pure-Python fakes in the tests.
+(WebGPU in a worker), ``wick.native.cpu_backend.CpuBackend`` (the CPU kernel set),
+``web/src/wasm_executor.ts`` (the WebAssembly kernel set in a worker), and the pure-Python fakes
+in the tests.
 
 Two kinds of kernel sets run the same plans (``Backend.kind``):
 
 * ``"webgpu"``: WGSL kernels; a plan call becomes ``Dispatch``es (the ABI below).
 * ``"cpu"``: one native library holding each TIR function whole (compiler/cpu_kernels.py); a
   plan call becomes one ``Call`` with its tensors, and the function reads their shapes itself.
+* ``"wasm"``: the same, as one WebAssembly module (compiler/wasm_kernels.py).
 
 Kernel ABI (what TVM's WebGPU codegen emits, see docs/artifact.md): storage buffers at bindings
 ``0..B-1`` of group 0 in the kernel's own order, each ``read`` or ``read_write``; then, when the
@@ -96,7 +98,8 @@ class Backend(Protocol):
     """What a device must do for the engine."""
 
     name: str  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
-    # "webgpu" (load_kernels + Dispatch) or "cpu" (load_library + Call); absent means "webgpu"
+    # "webgpu" (load_kernels + Dispatch), or "cpu" / "wasm" (load_library + Call: the
+    # manifest's "cpu_kernels" / "wasm_kernels"); absent means "webgpu"
     kind: str
     features: frozenset[str]  # WebGPU feature names, e.g. {"shader-f16", "subgroups"}
     max_storage_binding: int  # bytes
@@ -108,9 +111,11 @@ class Backend(Protocol):
         first: ``Dispatch.kernel`` numbers kernels across all calls, so several models can share
         one device."""
 
-    def load_library(self, path: str, functions: Sequence[str], mcpu: str) -> int:
-        """(``kind == "cpu"`` only) Load a CPU kernel library built for the CPU ``mcpu``
-        and look up ``functions``; returns the index of the first (``Call.function``)."""
+    def load_library(self, entry: dict, path: str, data: bytes) -> int:
+        """(library kinds only) Load the kernel library the manifest's ``<kind>_kernels``
+        ``entry`` describes (its ``functions``, what it was built for), stored at ``path``
+        with the verified bytes ``data``; returns the index of the first function
+        (``Call.function``)."""
 
     def alloc(self, nbytes: int) -> BufferHandle:
         """A zero-filled device buffer usable as storage, copy source and copy destination."""

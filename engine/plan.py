@@ -91,13 +91,13 @@ class KernelTable:
 
 
 class LibraryTable:
-    """A CPU kernel set (one native library, a function per TIR function), loaded once."""
+    """A kernel set compiled as one library (native CPU or WebAssembly, a function per TIR
+    function), loaded once."""
 
-    def __init__(self, entry: dict, directory: str, backend: Backend) -> None:
-        """``entry``: the manifest's ``cpu_kernels`` (its file already verified)."""
-        names = list(entry["functions"])
-        self.index = {n: i for i, n in enumerate(names)}
-        self.base = backend.load_library(f"{directory}/{entry['file']}", names, entry["mcpu"])
+    def __init__(self, entry: dict, directory: str, data: bytes, backend: Backend) -> None:
+        """``entry``: the manifest's ``<kind>_kernels``; ``data``: its file's verified bytes."""
+        self.index = {n: i for i, n in enumerate(entry["functions"])}
+        self.base = backend.load_library(entry, f"{directory}/{entry['file']}", data)
 
 
 class PlanFunction:

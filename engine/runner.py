@@ -215,15 +215,17 @@ class Runner:
     @staticmethod
     def _kernel_set(artifact: Artifact, backend: Backend, used: set[str]) -> KernelTable | LibraryTable:
         """The artifact's kernels for this backend's kind (engine/backend.py)."""
-        if getattr(backend, "kind", "webgpu") != "cpu":
+        kind = getattr(backend, "kind", "webgpu")
+        if kind == "webgpu":
             return KernelTable(artifact.kernels(used), backend)
-        entry = artifact.manifest.get("cpu_kernels")
+        entry = artifact.manifest.get(f"{kind}_kernels")
         if entry is None:
-            raise ArtifactError(f"artifact {artifact.location or artifact.model_id} has no CPU "
+            what = "WebAssembly" if kind == "wasm" else "CPU"
+            raise ArtifactError(f"artifact {artifact.location or artifact.model_id} has no {what} "
                                 "kernels (compiled by an older wick): recompile it with "
                                 "`wick compile --force`", code="artifact_stale")
-        artifact.read_verified(entry["file"], entry["sha256"])  # a corrupt file is named
-        return LibraryTable(entry, artifact.location, backend)
+        data = artifact.read_verified(entry["file"], entry["sha256"])  # a corrupt file is named
+        return LibraryTable(entry, artifact.location, data, backend)
 
     def _alloc_params(self, artifact: Artifact) -> tuple[dict[str, TensorRef], list[WeightPlacement]]:
         """One zero-filled device buffer per parameter, and where its bytes come from."""

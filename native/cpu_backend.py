@@ -86,9 +86,10 @@ class CpuBackend:
 
     # -------------------------------------------------------------- kernels
 
-    def load_library(self, path: str, functions: Sequence[str], mcpu: str) -> int:
+    def load_library(self, entry: dict, path: str, data: bytes) -> int:
         from tvm.target import codegen
 
+        mcpu, functions = entry["mcpu"], entry["functions"]
         here = str(codegen.llvm_get_system_cpu())
         if mcpu != here:
             raise ArtifactError(

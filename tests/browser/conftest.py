@@ -1,5 +1,7 @@
-"""Browser tests: the wick engine in Pyodide in a Web Worker on WebGPU, driven by Playwright
-in headless Debian Chromium (SwiftShader WebGPU: f32 variants only, slow -- keep tests small).
+"""Browser tests: the wick engine in Pyodide in a Web Worker on WebGPU or the WebAssembly
+kernels, driven by Playwright in headless Debian Chromium. SwiftShader WebGPU (f32 variants
+only, slow -- keep tests small) is a software adapter, so ``backend: "auto"`` (the default)
+runs the WebAssembly kernels there; tests of the WebGPU path ask for ``backend: "webgpu"``.
 
 Skipped when Chromium or the playwright package is absent; the web bundle is built with
 ``bash web/build.sh`` when it is missing and npm exists.

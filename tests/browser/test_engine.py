@@ -1,4 +1,6 @@
-"""The browser engine equals the native engine on the same artifact (tiny random Llama, q0f32):
+"""The browser engine on WebGPU (``backend: "webgpu"``: SwiftShader here, which "auto" passes over
+for the WebAssembly kernels, tested in test_wasm.py) equals the native engine on the same
+artifact (tiny random Llama, q0f32):
 greedy chat and completion, streaming, errors across the worker boundary, concurrency,
 interrupt, the Cache API and a corrupted cached shard."""
 
@@ -50,7 +52,7 @@ def loaded(page, native):
     """One engine in the page as window.engine; returns its info and the load's progress."""
     return page.run("""async (model) => {
         const progress = [];
-        window.engine = await wick.createEngine(model, {quantization: "q0f32",
+        window.engine = await wick.createEngine(model, {quantization: "q0f32", backend: "webgpu",
             onProgress: (p) => progress.push(p)});
         return {info: window.engine.info, progress};
     }""", native["model"])
@@ -142,7 +144,7 @@ def test_errors_are_typed_with_the_python_messages(page, loaded, native):
 
 def test_f16_variant_without_shader_f16_names_the_working_variant(page, loaded, native):
     out = page.run("""async (model) => {
-        try { await wick.createEngine(model, {quantization: "q4f16_1"}); return null; }
+        try { await wick.createEngine(model, {quantization: "q4f16_1", backend: "webgpu"}); return null; }
         catch (e) { return {cls: e.constructor.name, message: e.message, code: e.code,
             missing: e instanceof wick.MissingFeatureError, device: e instanceof wick.DeviceError}; }
     }""", native["model"])
@@ -159,7 +161,7 @@ def test_q4f32_1_variant_equals_native(page, loaded, tiny_q4_artifact):
     eng = Engine(str(tiny_q4_artifact))
     want = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0).choices[0].text
     out = page.run("""async ([model, prompt, n]) => {
-        const q4 = await wick.createEngine(model, {quantization: "q4f32_1"});
+        const q4 = await wick.createEngine(model, {quantization: "q4f32_1", backend: "webgpu"});
         const r = await q4.completions.create({prompt, max_tokens: n, temperature: 0});
         const info = q4.info;
         await q4.unload();
@@ -214,7 +216,7 @@ def test_interrupt_ends_with_abort_and_engine_stays_usable(page, loaded, native)
 def test_reload_uses_cache_and_corrupt_shard_is_refetched(page, loaded, native):
     out = page.run("""async ([model, prompt, n, first]) => {
         await engine.unload();
-        const second = await wick.createEngine(model, {quantization: "q0f32"});
+        const second = await wick.createEngine(model, {quantization: "q0f32", backend: "webgpu"});
         const info2 = second.info;
         await second.unload();
         // corrupt one cached shard
@@ -222,7 +224,7 @@ def test_reload_uses_cache_and_corrupt_shard_is_refetched(page, loaded, native):
         const keys = (await cache.keys()).map((r) => r.url)
             .filter((u) => u.includes(`/${first.artifactId}/params/`));
         await cache.put(keys[0], new Response(new Uint8Array(1024)));
-        const third = await wick.createEngine(model, {quantization: "q0f32"});
+        const third = await wick.createEngine(model, {quantization: "q0f32", backend: "webgpu"});
         const comp = await third.completions.create({prompt, max_tokens: n, temperature: 0});
         const info3 = third.info;
         window.engine = third;

@@ -43,7 +43,7 @@ def test_gemma3_greedy_completion_equals_native(context, gemma_server, gemma_art
     page = Page(context, gemma_server.url)
     out = page.run("""async ([prompt, n]) => {
         const t0 = performance.now();
-        const engine = await wick.createEngine("gemma-3-270m", {quantization: "q8f32_1"});
+        const engine = await wick.createEngine("gemma-3-270m", {quantization: "q8f32_1", backend: "webgpu"});
         const loadMs = performance.now() - t0;
         const comp = await engine.completions.create(
             {prompt, max_tokens: n, temperature: 0, logprobs: 0});

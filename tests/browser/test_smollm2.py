@@ -53,7 +53,7 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
     page = Page(context, smol_server.url)
     out = page.run("""async ([request]) => {
         const t0 = performance.now();
-        const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32"});
+        const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32", backend: "webgpu"});
         const loadMs = performance.now() - t0;
         const parts = [];
         let usage = null, finish = null;

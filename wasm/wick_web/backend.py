@@ -1,10 +1,15 @@
-"""``wick.engine.backend.Backend`` over the worker's WebGPU executor (web/src/executor.ts).
+"""``wick.engine.backend.Backend`` over the worker's executors: WebGPU (web/src/executor.ts)
+and WebAssembly (web/src/wasm_executor.ts).
 
-One engine step is ONE call into JavaScript: ``runStep(writeMeta, writeData, dispatches,
+WebGPU: one engine step is ONE call into JavaScript: ``runStep(writeMeta, writeData, dispatches,
 uniforms, reads)`` with flat typed arrays, answered by a promise of the read bytes. Encoding of
 a dispatch (int32 words): ``kernel, nstorage, (buffer, offset, size) * nstorage, uniform_len,
 gx, gy, gz``; the uniforms of all dispatches are concatenated in ``uniforms`` in order.
 The grid stays unfolded: the executor folds x > 65535 into x * z (docs/kernel-abi.md).
+
+WebAssembly: one step is ONE synchronous call, ``runCalls(writeMeta, writeData, calls, reads)``;
+a call is encoded ``function, nargs, (buffer, offset, dtype, ndim, dims...) * nargs`` with
+``dtype`` the DLPack word (code | bits << 8 | lanes << 16) the kernels check.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 from array import array
 from typing import Any, Sequence
 
-from wick.engine.backend import BufferHandle, Dispatch, KernelSpec, Read, Write
+from wick.engine.backend import BufferHandle, Call, Dispatch, KernelSpec, Read, Write
 from wick.engine.errors import DeviceError
 
 
@@ -120,6 +125,100 @@ class WebGPUBackend:
         for r in reads:
             rmeta.extend((r.buffer, r.offset, r.size))
         raw = await self._x.runStep(_i32(meta), _u8(data), _i32(words), _u8(uniforms), _i32(rmeta))
+        self.steps += 1
+        blob = raw.to_bytes()
+        out, pos = [], 0
+        for r in reads:
+            out.append(blob[pos:pos + r.size])
+            pos += (r.size + 3) // 4 * 4
+        return out
+
+
+# DLPack (type code, bits) of the dtypes plans use: 0 int, 1 uint, 2 float, 6 bool
+_DLPACK = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "uint32": (1, 32),
+           "int64": (0, 64), "uint8": (1, 8), "int8": (0, 8), "bool": (6, 8)}
+
+
+def encode_calls(calls: Sequence[Call], cache: dict | None = None) -> array:
+    """The flat int32 words of a step's library calls."""
+    words = array("i")
+    for c in calls:
+        enc = None
+        if cache is not None:
+            hit = cache.get(id(c))
+            if hit is not None and hit[0] is c:
+                enc = hit[1]
+        if enc is None:
+            enc = array("i", [c.function, len(c.args)])
+            for t in c.args:
+                code, bits = _DLPACK[t.dtype]
+                enc.extend((t.buffer, t.offset, code | bits << 8 | 1 << 16, len(t.shape), *t.shape))
+            if cache is not None:
+                cache[id(c)] = (c, enc)  # keeps c alive, so its id stays unique
+        words.extend(enc)
+    return words
+
+
+class WasmBackend:
+    """The Backend contract (``kind = "wasm"``), forwarded to a JS ``WasmExecutor``: the
+    artifact's WebAssembly kernel set, one synchronous JS call per step."""
+
+    kind = "wasm"
+    software = False  # (not an emulated GPU: batched decode runs its own kernels)
+    prefers_f32 = True
+
+    def __init__(self, executor: Any) -> None:
+        self._x = executor
+        info = json.loads(executor.infoJson())
+        self.name: str = info["name"]
+        self.threads: int = info["threads"]
+        self.features = frozenset(info["features"])
+        self.max_storage_binding: int = info["maxStorageBufferBindingSize"]
+        self.max_buffer_size: int = info["maxBufferSize"]
+        self.storage_offset_alignment: int = info["minStorageBufferOffsetAlignment"]
+        self._encoded: dict[int, tuple[Call, array]] = {}
+        self.steps = 0
+
+    @property
+    def js_encode_ms(self) -> float:
+        return self._x.encodeMs
+
+    @property
+    def device_wait_ms(self) -> float:
+        return self._x.waitMs
+
+    def load_library(self, entry: dict, path: str, data: bytes) -> int:
+        # (synchronous: a worker may compile a module of any size without awaiting)
+        return int(self._x.loadLibrary(_u8(data), json.dumps(entry["functions"]),
+                                       entry.get("export_prefix", "__tvm_ffi_")))
+
+    async def check(self) -> None:
+        """(errors are raised where they happen)"""
+
+    def alloc(self, nbytes: int) -> BufferHandle:
+        return int(self._x.alloc(int(nbytes)))
+
+    def free(self, buffer: BufferHandle) -> None:
+        self._x.free(buffer)
+
+    def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
+        self._x.write(buffer, offset, _u8(data))
+
+    def run(self, writes: Sequence[Write], dispatches: Sequence[Call],
+            reads: Sequence[Read]) -> list[bytes]:
+        meta = array("i")
+        data = bytearray()
+        for w in writes:
+            meta.extend((w.buffer, w.offset, len(w.data)))
+            data += w.data
+        rmeta = array("i")
+        for r in reads:
+            rmeta.extend((r.buffer, r.offset, r.size))
+        try:
+            raw = self._x.runCalls(_i32(meta), _u8(data), _i32(encode_calls(dispatches, self._encoded)),
+                                   _i32(rmeta))
+        except Exception as e:  # a kernel's own check, a trap, memory exhausted
+            raise DeviceError(f"{self.name}: {getattr(e, 'message', e)}") from None
         self.steps += 1
         blob = raw.to_bytes()
         out, pos = [], 0

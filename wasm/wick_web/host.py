@@ -1,5 +1,5 @@
-"""The worker's Python side: load an artifact into an ``AsyncEngineAPI`` on the WebGPU backend
-and answer create requests, posting results and stream chunks back to JavaScript as JSON.
+"""The worker's Python side: load an artifact into an ``AsyncEngineAPI`` on the worker's
+executor (WebGPU, or the WebAssembly kernels) and answer create requests, posting results and stream chunks back to JavaScript as JSON.
 
 JS calls ``load(...)`` once, then ``host.start(rid, kind, body_json)`` per request (a task;
 concurrent requests share engine steps), ``host.cancel(rid)`` (AbortSignal) and
@@ -20,7 +20,7 @@ from wick.engine.assembly import assemble_core, no_grammar
 from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
 
-from .backend import WebGPUBackend
+from .backend import WasmBackend, WebGPUBackend
 from .grammar import WebGrammarBackend
 from .tokenizer import WebTokenizer
 
@@ -31,7 +31,8 @@ def error_payload(e: BaseException) -> str:
 
 
 class Host:
-    def __init__(self, api: AsyncEngineAPI, backend: WebGPUBackend, post: Callable) -> None:
+    def __init__(self, api: AsyncEngineAPI, backend: WebGPUBackend | WasmBackend,
+                 post: Callable) -> None:
         self.api = api
         self.backend = backend
         self._post = post
@@ -168,7 +169,8 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
         return WebGrammarBackend(create_grammar, vocab, info.vocab_size, info.eos_token_ids), vocab
 
     art = Artifact.load(read, "artifact")
-    backend = WebGPUBackend(executor)
+    wasm = json.loads(executor.infoJson()).get("kind") == "wasm"
+    backend = WasmBackend(executor) if wasm else WebGPUBackend(executor)
     # SwiftShader loses the device compiling some batched-decode GEMV kernels (SmolLM2's
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
     core = assemble_core(art, backend, kv_cache_bytes=kv_cache_bytes or None,

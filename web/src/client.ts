@@ -18,11 +18,11 @@ import {
   engineLost, errorFromPayload, payload, permissionDenied,
 } from "./errors.js";
 import { settings } from "./extension/settings.js";
-import { PORT_NAME } from "./worker_protocol.js";
-import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
+import { BACKENDS, PORT_NAME } from "./worker_protocol.js";
+import type { Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 export * from "./errors.js";
-export type { EngineInfo, Progress } from "./worker_protocol.js";
+export type { Backend, EngineInfo, Progress } from "./worker_protocol.js";
 
 // ---- the openai package's shapes (the subset wick returns) ----
 
@@ -136,6 +136,10 @@ export interface CreateEngineOptions {
   /** One engine for every tab of this origin (a SharedWorker): a tab asking for the model that
    * is loaded attaches to it instead of loading its own copy. */
   shared?: boolean;
+  /** Where the kernels run (`engine.info.backend` says which did): "webgpu", the WebAssembly
+   * kernels on the CPU ("wasm"), or "auto" (default): WebGPU on a hardware adapter that can run
+   * the variant, else wasm (no WebGPU, or only a software adapter such as SwiftShader). */
+  backend?: Backend;
 }
 
 export interface EngineStats {
@@ -479,9 +483,10 @@ function loadOver(channel: Channel, load: Omit<Extract<ToWorker, { kind: "load" 
 
 function noWebGPU(): WebGPUUnavailableError {
   return new WebGPUUnavailableError({
-    message: "WebGPU is not available in this browser (navigator.gpu is missing). wick's browser " +
-      "engine needs WebGPU (Chrome/Edge 113+); on a device without shader-f16 use q4f32_1 or q0f32.",
-    type: "device_error", param: null, code: "no_webgpu" }, 500);
+    message: "WebGPU is not available in this browser (navigator.gpu is missing), and " +
+      "{ backend: \"webgpu\" } asks for it: leave backend out (or \"wasm\") to run the " +
+      "WebAssembly kernels on the CPU.",
+    type: "device_error", param: "backend", code: "no_webgpu" }, 500);
 }
 
 /** Inside the wick Chrome extension (its side panel, options or any page of it). */
@@ -493,7 +498,7 @@ function loadMessage(model: string, options: CreateEngineOptions, baseUrl: strin
   return { kind: "load" as const, model, quantization: options.quantization, baseUrl,
     kvCacheBytes: options.kvCacheBytes, prefixCache: options.prefixCache, cache: options.cache,
     stallTimeoutMs: options.stallTimeoutMs,
-    apiKey: options.apiKey };
+    apiKey: options.apiKey, backend: options.backend };
 }
 
 async function finish(attach: Attach, options: CreateEngineOptions): Promise<Engine> {
@@ -510,7 +515,13 @@ async function finish(attach: Attach, options: CreateEngineOptions): Promise<Eng
  * EngineLostError and the next request loads it again (from the browser cache). */
 export async function createEngine(model: string, options: CreateEngineOptions = {}): Promise<Engine> {
   if (inExtension()) return connectExtension(null, model, options);
-  if (!(globalThis.navigator as Navigator | undefined)?.gpu) throw noWebGPU();
+  const backend = options.backend ?? "auto";
+  if (!BACKENDS.includes(backend)) {
+    throw new InvalidRequestError({ message: `backend must be one of ${BACKENDS.join(", ")}, got ` +
+      `${JSON.stringify(backend)}`, type: "invalid_request_error", param: "backend",
+      code: "invalid_backend" }, 400);
+  }
+  if (backend === "webgpu" && !(globalThis.navigator as Navigator | undefined)?.gpu) throw noWebGPU();
   const baseUrl = (options.baseUrl ?? new URL(import.meta.url).origin).replace(/\/$/, "");
   const workerUrl = new URL(options.workerUrl ?? "./wick-worker.js", import.meta.url);
   const load = loadMessage(model, options, baseUrl);

@@ -167,7 +167,8 @@ export class Hub {
         if (this.current) {
           const { info } = this.current;
           if (this.current.base === base && [info.model, `${info.model}-${info.quantization}`, info.artifactId].includes(msg.model) &&
-              (!msg.quantization || msg.quantization === info.quantization)) {
+              (!msg.quantization || msg.quantization === info.quantization) &&
+              (!msg.backend || msg.backend === "auto" || msg.backend === info.backend)) {
             client.attached = true;
             return { ...info, ...newStats(), attached: true }; // (this client loaded nothing)
           }

@@ -11,6 +11,7 @@
  */
 
 import { Executor } from "./executor.js";
+import { WasmExecutor } from "./wasm_executor.js";
 import {
   ErrorPayload, WickError, missingFeature, modelNotFound, payload,
 } from "./errors.js";
@@ -18,7 +19,7 @@ import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
 import { Hub } from "./hub.js";
 import type { Post } from "./hub.js";
-import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
+import type { Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 const MANIFEST = "wick-artifact.json";
 const PREPARE_POLL_MS = 1000; // how often to ask whether the host finished a variant for us
@@ -27,7 +28,7 @@ const PREPARE_POLL_MS = 1000; // how often to ask whether the host finished a va
 type Any = any;
 
 let host: Any = null; // wick_web.host.Host (a PyProxy)
-let executor: Executor | null = null;
+let executor: Executor | WasmExecutor | null = null;
 let pyodide: Any = null;
 
 function toPayload(e: unknown): ErrorPayload {
@@ -35,9 +36,13 @@ function toPayload(e: unknown): ErrorPayload {
   if (e instanceof WickError) return { error: e.error, status: e.status, class: e.name };
   const err = e as Error & { wickCode?: string };
   if (err?.wickCode === "no_webgpu" || err?.wickCode === "no_adapter") {
-    return payload("WebGPUUnavailableError", err.message + ". wick's browser engine needs WebGPU " +
-      "(Chrome/Edge 113+, or Chromium with --enable-unsafe-webgpu); on a device without " +
-      "shader-f16 use q4f32_1 or q0f32.", "device_error", err.wickCode, 500);
+    return payload("WebGPUUnavailableError", err.message + ", and { backend: \"webgpu\" } asks " +
+      "for it: leave backend out (or \"wasm\") to run the WebAssembly kernels on the CPU.",
+      "device_error", err.wickCode, 500);
+  }
+  if (err?.wickCode === "no_wasm_simd") {
+    return payload("WebGPUUnavailableError", `${err.message}; with neither a WebGPU adapter nor ` +
+      "WebAssembly SIMD this browser cannot run the engine.", "device_error", err.wickCode, 500);
   }
   const msg = err?.message ?? String(e);
   // a Python exception that escaped the host's own handling
@@ -96,7 +101,7 @@ interface ModelEntry {
 }
 
 function pickModel(models: ModelEntry[], model: string, quantization: string | undefined,
-                   features: string[]): ModelEntry {
+                   features: string[], preferF32 = false): ModelEntry {
   const named = models.filter((m) => m.model === model || `${m.model}-${m.quantization}` === model ||
     m.id === model);
   const choices = quantization ? named.filter((m) => m.quantization === quantization) : named;
@@ -117,8 +122,9 @@ function pickModel(models: ModelEntry[], model: string, quantization: string | u
     throw new Failure(missingFeature(missing, variants.length ? variants : ["q4f32_1", "q0f32"],
       `${m.model} ${m.quantization}`));
   }
-  // prefer f16 variants when the device has shader-f16, else the first listed
-  const rank = (m: ModelEntry) => (m.features.includes("shader-f16") ? 0 : 1);
+  // prefer f16 variants when the device has shader-f16 (a GPU), f32 ones on the CPU (wasm:
+  // f32 is its native width), else the first listed
+  const rank = (m: ModelEntry) => (m.features.includes("shader-f16") !== preferF32 ? 0 : 1);
   return runnable.sort((a, b) => rank(a) - rank(b))[0];
 }
 
@@ -139,13 +145,13 @@ interface PreparingEntry {
  * progress is reported and the index asked again until it is there. */
 async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" }>,
                             features: string[], auth: Record<string, string>,
-                            progress: (p: Progress) => void): Promise<ModelEntry> {
+                            progress: (p: Progress) => void, preferF32 = false): Promise<ModelEntry> {
   for (;;) {
     const index = (await (await fetchOk(`${base}/web/models.json`, "model index",
       { cache: "no-cache", headers: auth })).json()) as
       { data: ModelEntry[]; preparing?: PreparingEntry[]; loading?: boolean };
     try {
-      return pickModel(index.data, msg.model, msg.quantization, features);
+      return pickModel(index.data, msg.model, msg.quantization, features, preferF32);
     } catch (e) {
       const wanted = (index.preparing ?? []).find((p) =>
         (p.model === msg.model || `${p.model}-${p.quantization}` === msg.model) &&
@@ -168,26 +174,65 @@ async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" 
   }
 }
 
+/** The executor `backend` asks for. "auto": WebGPU on a hardware adapter, else the WebAssembly
+ * kernels (no WebGPU, no adapter, or a software one such as SwiftShader: the CPU runs wick's
+ * CPU kernels far faster than a GPU emulated on it). */
+async function openExecutor(backend: Backend): Promise<Executor | WasmExecutor> {
+  if (backend === "wasm") return WasmExecutor.create();
+  try {
+    const gpu = await Executor.create();
+    if (backend === "webgpu" || !gpu.fallback) return gpu;
+    gpu.destroy();
+  } catch (e) {
+    if (backend === "webgpu") throw e;
+  }
+  return WasmExecutor.create();
+}
+
+/** The executor and the artifact for `msg`: on "auto", a variant the GPU lacks a feature for
+ * (e.g. q4f16_1 without shader-f16) runs on the WebAssembly kernels instead. */
+async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load" }>,
+                              auth: Record<string, string>, progress: (p: Progress) => void):
+    Promise<[Executor | WasmExecutor, ModelEntry]> {
+  const backend = msg.backend ?? "auto";
+  let exe = executor;
+  if (exe && backend !== "auto" && (exe instanceof WasmExecutor) !== (backend === "wasm")) {
+    exe.destroy(); // another backend was asked for than the one this worker had
+    exe = executor = null;
+  }
+  exe ??= await openExecutor(backend);
+  const wasm = exe instanceof WasmExecutor;
+  try {
+    return [exe, await resolveEntry(base, msg, exe.features, auth, progress, wasm)];
+  } catch (e) {
+    if (backend !== "auto" || wasm || !(e instanceof Failure) || e.p.error.code !== "missing_device_feature") throw e;
+    exe.destroy();
+    const cpu = await WasmExecutor.create();
+    return [cpu, await resolveEntry(base, msg, cpu.features, auth, progress, true)];
+  }
+}
+
 /** Load the model `msg` names; `post` routes the engine's answers to request ids. */
 async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Progress) => void,
                     post: Post): Promise<EngineInfo> {
   const base = msg.baseUrl.replace(/\/$/, "");
   const auth: Record<string, string> = msg.apiKey ? { Authorization: `Bearer ${msg.apiKey}` } : {};
-  const [, exe] = await Promise.all([
-    boot(base, progress),
-    executor ? Promise.resolve(executor) : Executor.create(),
-  ]);
+  const [, [exe, entry]] = await Promise.all([boot(base, progress),
+    openAndResolve(base, msg, auth, progress)]);
   executor = exe;
-  const entry = await resolveEntry(base, msg, exe.features, auth, progress);
+  const wasm = exe instanceof WasmExecutor;
   const root = `${base}/artifacts/${encodeURIComponent(entry.id)}`;
   const manBytes = new Uint8Array(await (await fetchOk(`${root}/${MANIFEST}`, MANIFEST,
     { cache: "no-cache", headers: auth })).arrayBuffer());
   const manifest = JSON.parse(new TextDecoder().decode(manBytes));
   const stats = newStats();
   const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs, auth);
+  // the kernels of this executor: WGSL files, or the one WebAssembly module (an artifact
+  // compiled before wick had one is refused by the engine, with a "recompile" message)
+  const kernelFiles = wasm ? (manifest.wasm_kernels ? [manifest.wasm_kernels] : []) : manifest.kernels;
   const files = await loader.files([
     { file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 },
-    ...manifest.kernels.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
+    ...kernelFiles.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
   ]);
   files.set(MANIFEST, manBytes);
 
@@ -198,7 +243,8 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
     encodeCsv: (text: string) => Array.from(tk.encode(text) as Int32Array).join(","),
     decodeCsv: (csv: string) => tk.decode(Int32Array.from(csv.split(",").map(Number))),
   };
-  progress({ stage: "compile", loaded: 0, total: manifest.kernels.length, text: "compiling kernels" });
+  progress({ stage: "compile", loaded: 0, total: kernelFiles.length,
+    text: wasm ? "compiling WebAssembly kernels" : "compiling kernels" });
   try {
     const mod = pyodide.pyimport("wick_web.host");
     try {
@@ -251,7 +297,8 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
   }
   progress({ stage: "ready", loaded: 1, total: 1, text: "ready" });
   return { model: manifest.model_id, quantization: manifest.quantization, artifactId: entry.id,
-    device: exe.name, features: exe.features, ...stats, attached: false };
+    backend: wasm ? "wasm" : "webgpu", device: exe.name, threads: wasm ? exe.threads : 0,
+    features: exe.features, ...stats, attached: false };
 }
 
 /** An exception out of Python is a bug (the host returns its errors as payloads): its last

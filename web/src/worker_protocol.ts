@@ -15,11 +15,17 @@ export interface Progress {
   text: string;
 }
 
+/** Where kernels run: WebGPU, or the WebAssembly kernels on the CPU; "auto" picks. */
+export type Backend = "auto" | "webgpu" | "wasm";
+export const BACKENDS: readonly Backend[] = ["auto", "webgpu", "wasm"];
+
 export interface EngineInfo {
   model: string;
   quantization: string;
   artifactId: string;
+  backend: "webgpu" | "wasm";
   device: string;
+  threads: number; // CPU threads of the wasm kernels (1: not cross-origin isolated); 0 on WebGPU
   features: string[];
   shardRequests: number; // shards fetched over the network by this load
   shardsFromCache: number;
@@ -32,6 +38,7 @@ export interface EngineInfo {
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
       kvCacheBytes?: number; prefixCache?: boolean; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
+      backend?: Backend;
       clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
   | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
   | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired

@@ -1,0 +1,159 @@
+"""The WebAssembly kernels in Chromium with WebGPU disabled (no --enable-unsafe-webgpu): the
+default backend ("auto") falls back to them, and they give the native CPU engine's greedy
+tokens on the same artifact -- the tiny random Llama (f32 and 4-bit) and SmolLM2-135M, whose
+native tokens equal transformers' (tests/e2e/test_cpu_backend.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import CHROMIUM, CHROMIUM_ARGS, Page
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The quick brown fox"
+MESSAGES = [{"role": "user", "content": "hello there"}]
+N = 32
+SMOL_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    """Chromium as shipped: WebGPU is off on Linux without --enable-unsafe-webgpu."""
+    args = [a for a in CHROMIUM_ARGS if a != "--enable-unsafe-webgpu"]
+    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def native(tiny_artifact, tiny_q4_artifact):
+    """The native CPU engine's greedy outputs on the same artifacts."""
+    from wick.server.local import Engine
+
+    out = {}
+    for name, art in (("q0f32", tiny_artifact), ("q4f32_1", tiny_q4_artifact)):
+        eng = Engine(str(art), device="cpu")
+        out[name] = {
+            "chat": eng.chat.completions.create(messages=MESSAGES, max_tokens=N,
+                                                temperature=0).to_dict(),
+            "completion": eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0,
+                                                 logprobs=2).to_dict(),
+        }
+        out["model"] = eng.core.info.model_id
+    return out
+
+
+RUN = """async ([model, quantization, backend, messages, prompt, n]) => {
+    const progress = [];
+    const engine = await wick.createEngine(model, {quantization, backend,
+        onProgress: (p) => progress.push(p.stage)});
+    const chat = await engine.chat.completions.create({messages, max_tokens: n, temperature: 0});
+    const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0, logprobs: 2});
+    const parts = [];
+    for await (const c of await engine.chat.completions.create({messages, max_tokens: n,
+            temperature: 0, stream: true})) parts.push(c.choices[0]?.delta?.content ?? "");
+    const stats = await engine.stats();
+    await engine.unload();
+    return {info: engine.info, chat, comp, streamed: parts.join(""), progress, stats,
+            gpu: Boolean(navigator.gpu && await navigator.gpu.requestAdapter())};
+}"""
+
+
+def _same(out: dict, want: dict) -> None:
+    assert out["chat"]["choices"][0]["message"]["content"] == \
+        want["chat"]["choices"][0]["message"]["content"]
+    assert out["chat"]["usage"] == want["chat"]["usage"]
+    assert out["streamed"] == want["chat"]["choices"][0]["message"]["content"]
+    got, ref = out["comp"]["choices"][0], want["completion"]["choices"][0]
+    assert got["text"] == ref["text"]
+    assert got["logprobs"]["tokens"] == ref["logprobs"]["tokens"]
+    for a, b in zip(got["logprobs"]["token_logprobs"], ref["logprobs"]["token_logprobs"]):
+        assert abs(a - b) < 1e-4
+    assert len(got["logprobs"]["tokens"]) == N
+
+
+@pytest.mark.parametrize("quantization", ["q0f32", "q4f32_1"])
+def test_auto_backend_without_webgpu_runs_wasm_kernels_with_native_tokens(
+        context, web_server, native, quantization):
+    page = Page(context, web_server.url)
+    out = page.run(RUN, [native["model"], quantization, None, MESSAGES, PROMPT, N])
+    assert not out["gpu"]  # no adapter in this browser
+    info = out["info"]
+    assert info["backend"] == "wasm" and info["threads"] >= 1
+    assert info["device"].startswith("wasm: WebAssembly SIMD")
+    assert info["quantization"] == quantization
+    assert "compile" in out["progress"] and out["progress"][-1] == "ready"
+    _same(out, native[quantization])
+    assert out["stats"]["steps"] > N and out["stats"]["device"] == info["device"]
+    assert not page.console_errors
+
+
+def test_webgpu_asked_for_without_webgpu_is_a_clear_error(context, web_server, native):
+    page = Page(context, web_server.url)
+    err = page.run("""async (model) => {
+        try { await wick.createEngine(model, {backend: "webgpu"}); return null; }
+        catch (e) { return {name: e.name, code: e.code, param: e.param, message: e.message}; }
+    }""", native["model"])
+    assert err["name"] == "WebGPUUnavailableError"
+    assert err["code"] in ("no_webgpu", "no_adapter")
+    assert "wasm" in err["message"]
+    bad = page.run("""async (model) => {
+        try { await wick.createEngine(model, {backend: "cuda"}); return null; }
+        catch (e) { return {name: e.name, status: e.status, code: e.code, param: e.param}; }
+    }""", native["model"])
+    assert bad == {"name": "InvalidRequestError", "status": 400, "code": "invalid_backend",
+                   "param": "backend"}
+
+
+def test_an_f16_variant_runs_on_wasm(context, web_server, native, tiny_f16_artifact):
+    """No GPU has to have shader-f16 here: the wasm kernels round each f16 operation through
+    f32 like the native CPU backend, and give its tokens."""
+    from wick.server.local import Engine
+
+    want = Engine(str(tiny_f16_artifact), device="cpu").completions.create(
+        prompt=PROMPT, max_tokens=8, temperature=0).to_dict()
+    page = Page(context, web_server.url)
+    out = page.run("""async ([model, prompt]) => {
+        const engine = await wick.createEngine(model, {quantization: "q4f16_1"});
+        const r = await engine.completions.create({prompt, max_tokens: 8, temperature: 0});
+        await engine.unload();
+        return {text: r.choices[0].text, backend: engine.info.backend};
+    }""", [native["model"], PROMPT])
+    assert out == {"text": want["choices"][0]["text"], "backend": "wasm"}
+
+
+@pytest.fixture(scope="module")
+def smol_server(web_bundle, compiled):
+    from wick.server.app import ModelPool, create_app
+    from wick.server.artifact_host import ArtifactHost
+    from wick.server.serve import ServerThread
+
+    art = compiled("smollm2-135m-instruct", "q0f32")
+    host = ArtifactHost()
+    host.add(art)
+    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
+    yield live, art
+    live.stop()
+
+
+def test_smollm2_on_wasm_gives_the_native_greedy_chat(context, smol_server):
+    from wick.server.local import Engine
+
+    live, art = smol_server
+    want = Engine(str(art), device="cpu").chat.completions.create(
+        messages=SMOL_MESSAGES, max_tokens=16, temperature=0).to_dict()
+    page = Page(context, live.url)
+    out = page.run("""async ([messages]) => {
+        const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32"});
+        const t0 = performance.now();
+        const r = await engine.chat.completions.create({messages, max_tokens: 16, temperature: 0});
+        const ms = performance.now() - t0;
+        await engine.unload();
+        return {r, ms, backend: engine.info.backend};
+    }""", [SMOL_MESSAGES], timeout=600_000)
+    print(f"SmolLM2 q0f32 on wasm in Chromium: 16 tokens in {out['ms'] / 1e3:.1f} s")
+    assert out["backend"] == "wasm"
+    assert out["r"]["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert out["r"]["usage"] == want["usage"]
+    assert not page.console_errors

@@ -1,0 +1,256 @@
+/**
+ * The WebAssembly executor: the engine's Backend contract (engine/backend.py, kind "wasm") on
+ * the CPU, for browsers without a usable WebGPU adapter. The twin of native/cpu_backend.py.
+ *
+ * - loadLibrary: instantiates the artifact's kernels.wasm (compiler/wasm_kernels.py). The
+ *   module owns its memory; every buffer of the engine lives in it, so a kernel reads weights
+ *   and writes activations in place (no copies between "device" and kernels).
+ * - alloc/free/write: integer handles over 64-byte aligned blocks of the module's heap
+ *   (wick_alloc / wick_free, compiler/wasm_runtime.c).
+ * - runCalls: ONE call per engine step from Python: writes, then each kernel call with its
+ *   tensors described as DLTensors in a scratch block, then the reads. Synchronous.
+ *
+ * Kernel ABI (TVM's packed convention on wasm32): `int f(self, args, nargs, result)`, `args`
+ * an array of 16-byte TVMFFIAny {type_index i32 = 7 (DLTensor*), pad, value}, each pointing
+ * at a 40-byte DLTensor {data, device {type 1 = CPU, id}, ndim, dtype {code u8, bits u8,
+ * lanes u16}, shape*, strides* (null: compact), byte_offset u64}. Non-zero: the kernel's own
+ * check failed; wick_error() holds its message.
+ */
+
+const ARG_BYTES = 16;
+const TENSOR_BYTES = 40;
+const FFI_DLTENSOR_PTR = 7;
+const DEVICE_CPU = 1;
+const ALIGN = 64;
+
+interface Exports {
+  memory: WebAssembly.Memory;
+  _initialize?: () => void;
+  wick_init: () => void;
+  wick_error: () => number;
+  wick_alloc: (nbytes: number) => number;
+  wick_free: (ptr: number) => void;
+  [name: string]: unknown;
+}
+
+type Kernel = (self: number, args: number, nargs: number, result: number) => number;
+
+export class WasmExecutor {
+  readonly name: string;
+  readonly features = ["shader-f16"]; // f16 variants run (each operation rounded through f32)
+  readonly threads = 1;
+  private ex: Exports | null = null;
+  private kernels: { name: string; fn: Kernel }[] = [];
+  private buffers = new Map<number, { ptr: number; size: number }>();
+  private nextHandle = 1;
+  private scratch = 0; // argument block of a call
+  private scratchCap = 0;
+  steps = 0;
+  callMs = 0; // milliseconds in kernels, summed over steps
+  encodeMs = 0; // the rest of runCalls (descriptors, writes, reads): the WebGPU executor's name
+  get waitMs(): number { return this.callMs; }
+
+  constructor() {
+    const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency;
+    this.name = `wasm: WebAssembly SIMD (1 thread${cores ? ` of ${cores} cores` : ""})`;
+  }
+
+  static async create(): Promise<WasmExecutor> {
+    if (typeof WebAssembly !== "object" || !WebAssembly.validate(SIMD_PROBE)) {
+      throw Object.assign(new Error("this browser's WebAssembly lacks SIMD (Chrome 91+, Firefox 89+, " +
+        "Safari 16.4+ have it)"), { wickCode: "no_wasm_simd" });
+    }
+    return new WasmExecutor();
+  }
+
+  infoJson(): string {
+    return JSON.stringify({
+      name: this.name,
+      kind: "wasm",
+      fallback: false,
+      features: this.features,
+      threads: this.threads,
+      // one wasm32 memory holds every buffer: 4 GiB in all
+      maxStorageBufferBindingSize: 2 ** 31,
+      maxBufferSize: 2 ** 31,
+      minStorageBufferOffsetAlignment: ALIGN,
+    });
+  }
+
+  /** Instantiate the kernel module; returns the index of its first function. One library
+   * per executor: its memory is where this executor's buffers live. Synchronous (a worker
+   * may compile a module of any size so), as the engine assembles itself. */
+  loadLibrary(bytes: Uint8Array<ArrayBuffer>, functionsJson: string, exportPrefix: string): number {
+    if (this.ex) throw new Error("this WebAssembly executor already holds a kernel library");
+    const instance = new WebAssembly.Instance(new WebAssembly.Module(bytes), {});
+    const ex = instance.exports as unknown as Exports;
+    ex._initialize?.();
+    ex.wick_init();
+    const names = JSON.parse(functionsJson) as string[];
+    for (const name of names) {
+      const fn = ex[exportPrefix + name];
+      if (typeof fn !== "function") throw new Error(`function ${name} missing from the WebAssembly kernels`);
+      this.kernels.push({ name, fn: fn as Kernel });
+    }
+    this.ex = ex;
+    this.growScratch(1 << 16);
+    return 0;
+  }
+
+  private get mod(): Exports {
+    if (!this.ex) throw new Error("no kernel library loaded: buffers live in its memory");
+    return this.ex;
+  }
+
+  // ------------------------------------------------------------------ allocator
+
+  private malloc(nbytes: number): number {
+    const ptr = this.mod.wick_alloc(nbytes) >>> 0;
+    if (!ptr) {
+      throw new Error(`out of memory allocating ${nbytes} bytes: a WebAssembly engine has 4 GiB ` +
+        `for weights, KV cache and activations (${this.mod.memory.buffer.byteLength} in use)`);
+    }
+    return ptr;
+  }
+
+  alloc(nbytes: number): number {
+    const size = Math.max(ALIGN, Math.ceil(nbytes / ALIGN) * ALIGN);
+    const h = this.nextHandle++;
+    this.buffers.set(h, { ptr: this.malloc(size), size });
+    return h;
+  }
+
+  free(handle: number): void {
+    const b = this.buffers.get(handle);
+    if (!b) return;
+    this.buffers.delete(handle);
+    this.mod.wick_free(b.ptr);
+  }
+
+  write(handle: number, offset: number, data: Uint8Array): void {
+    const b = this.buffer(handle);
+    if (offset + data.byteLength > b.size) {
+      throw new Error(`write of ${data.byteLength} bytes at ${offset} overflows buffer ${handle} of ${b.size}`);
+    }
+    new Uint8Array(this.mod.memory.buffer, b.ptr + offset, data.byteLength).set(data);
+  }
+
+  async drain(): Promise<void> {} // writes are done when write() returns
+
+  async popErrors(): Promise<string> { return ""; } // errors are thrown where they happen
+
+  private buffer(handle: number): { ptr: number; size: number } {
+    const b = this.buffers.get(handle);
+    if (!b) throw new Error(`buffer ${handle} is not allocated`);
+    return b;
+  }
+
+  private growScratch(nbytes: number): void {
+    if (nbytes <= this.scratchCap) return;
+    if (this.scratch) this.mod.wick_free(this.scratch);
+    this.scratchCap = Math.max(nbytes, 2 * this.scratchCap);
+    this.scratch = this.malloc(this.scratchCap);
+  }
+
+  // ------------------------------------------------------------------ the step
+
+  /** One engine step. `writeMeta`: (buffer, offset, length)* into `writeData`; `calls`:
+   * (function, nargs, (buffer, offset, dtype, ndim, dim*ndim)*nargs)* with dtype the DLPack
+   * word code | bits << 8 | lanes << 16; `reads`: (buffer, offset, size)*. Returns the read
+   * bytes, each read at a 4-byte aligned position, in order. */
+  runCalls(writeMeta: Int32Array, writeData: Uint8Array, calls: Int32Array, reads: Int32Array): Uint8Array {
+    const t0 = performance.now();
+    let pos = 0;
+    for (let i = 0; i < writeMeta.length; i += 3) {
+      const n = writeMeta[i + 2];
+      this.write(writeMeta[i], writeMeta[i + 1], writeData.subarray(pos, pos + n));
+      pos += n;
+    }
+    let inKernels = 0;
+    for (let i = 0; i < calls.length;) {
+      const fid = calls[i];
+      const nargs = calls[i + 1];
+      const kernel = this.kernels[fid];
+      if (!kernel) throw new Error(`call of function ${fid}: only ${this.kernels.length} loaded`);
+      // the call's block: args, then the DLTensors, then their shapes (int64)
+      let need = nargs * (ARG_BYTES + TENSOR_BYTES);
+      for (let j = 0, k = i + 2; j < nargs; j++) {
+        need += 8 * calls[k + 3];
+        k += 4 + calls[k + 3];
+      }
+      this.growScratch(need);
+      const base = this.scratch;
+      const view = new DataView(this.mod.memory.buffer);
+      let shapes = base + nargs * (ARG_BYTES + TENSOR_BYTES);
+      let k = i + 2;
+      for (let j = 0; j < nargs; j++) {
+        const b = this.buffer(calls[k]);
+        const ndim = calls[k + 3];
+        const arg = base + j * ARG_BYTES;
+        const t = base + nargs * ARG_BYTES + j * TENSOR_BYTES;
+        view.setInt32(arg, FFI_DLTENSOR_PTR, true);
+        view.setInt32(arg + 4, 0, true);
+        view.setUint32(arg + 8, t, true);
+        view.setUint32(arg + 12, 0, true);
+        view.setUint32(t, b.ptr + calls[k + 1], true); // data (offsets keep the plan's alignment)
+        view.setInt32(t + 4, DEVICE_CPU, true);
+        view.setInt32(t + 8, 0, true);
+        view.setInt32(t + 12, ndim, true);
+        view.setUint32(t + 16, calls[k + 2], true);
+        view.setUint32(t + 20, shapes, true);
+        view.setUint32(t + 24, 0, true); // strides: compact
+        view.setBigUint64(t + 32, 0n, true);
+        for (let d = 0; d < ndim; d++) view.setBigInt64(shapes + 8 * d, BigInt(calls[k + 4 + d]), true);
+        shapes += 8 * ndim;
+        k += 4 + ndim;
+      }
+      i = k;
+      const c0 = performance.now();
+      let rc: number;
+      try {
+        rc = kernel.fn(0, base, nargs, 0);
+      } catch (e) { // a trap: out of bounds, unreachable
+        throw new Error(`WebAssembly kernel ${kernel.name} trapped: ${(e as Error).message}`);
+      }
+      inKernels += performance.now() - c0;
+      if (rc !== 0) throw new Error(`WebAssembly kernel ${kernel.name} failed: ${this.lastError()}`);
+    }
+    let total = 0;
+    for (let i = 0; i < reads.length; i += 3) total += Math.ceil(reads[i + 2] / 4) * 4;
+    const out = new Uint8Array(total);
+    const mem = new Uint8Array(this.mod.memory.buffer);
+    for (let i = 0, at = 0; i < reads.length; i += 3) {
+      const b = this.buffer(reads[i]);
+      const start = b.ptr + reads[i + 1];
+      out.set(mem.subarray(start, start + reads[i + 2]), at);
+      at += Math.ceil(reads[i + 2] / 4) * 4;
+    }
+    this.steps++;
+    this.callMs += inKernels;
+    this.encodeMs += performance.now() - t0 - inKernels;
+    return out;
+  }
+
+  private lastError(): string {
+    const mem = new Uint8Array(this.mod.memory.buffer);
+    const at = this.mod.wick_error() >>> 0;
+    let end = at;
+    while (mem[end] && end < at + 2048) end++;
+    return new TextDecoder().decode(mem.subarray(at, end));
+  }
+
+  destroy(): void {
+    this.buffers.clear();
+    this.kernels = [];
+    this.ex = null; // the module and its memory go with the last reference
+  }
+}
+
+/** A module using one SIMD instruction (i8x16.splat): WebAssembly.validate() says whether
+ * this browser has WebAssembly SIMD. */
+const SIMD_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // type: () -> v128
+  0x03, 0x02, 0x01, 0x00, // function 0 of type 0
+  0x0a, 0x08, 0x01, 0x06, 0x00, 0x41, 0x00, 0xfd, 0x0f, 0x0b, // body: i32.const 0; i8x16.splat; end
+]);
