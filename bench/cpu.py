@@ -2,6 +2,7 @@
 
     python bench/cpu.py [--model smollm2-135m-instruct] [--quantization q4f32_1]
                         [--tokens 32] [--prompt-tokens 128] [--batch 8] [--threads N]
+                        [--browser [--browser-threads 1] [--skip-native]]
 
 Needs PyPI ``llama-cpp-python`` (it builds llama.cpp from source: ``pip install
 llama-cpp-python``, a few minutes). Both engines get the same prompt token ids (wick's
@@ -14,8 +15,8 @@ with EOS ignored:
 
 wick runs the model's artifact on ``--device cpu`` (the CPU kernel set) in ``--quantization``
 (default q4f32_1: SmolLM2's GGUF is Q4_1, whose blocks q4f32_1 reproduces, docs/quantization.md);
-llama.cpp runs the GGUF as it is. The browser half of this comparison (wick's WebAssembly
-kernels vs wllama) is not built yet.
+llama.cpp runs the GGUF as it is. ``--browser`` adds the browser half: wick's WebAssembly
+kernels vs wllama in the same Chromium (bench/cpu_browser.py).
 """
 
 from __future__ import annotations
@@ -113,7 +114,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--kv-cache-mib", type=int, default=256)
+    parser.add_argument("--browser", action="store_true",
+                        help="also wick's WebAssembly kernels vs wllama in Chromium")
+    parser.add_argument("--browser-threads", type=int, default=1, help="wllama's threads")
+    parser.add_argument("--skip-native", action="store_true", help="(with --browser)")
     args = parser.parse_args(argv)
+    if args.browser:
+        browser_half(args)
+        if args.skip_native:
+            return
     args.device = "cpu"
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     try:
@@ -141,6 +150,28 @@ def main(argv: list[str] | None = None) -> None:
     same = matching_prefix(ours[1].first_ids, theirs[1].first_ids)
     print(f"\ngreedy tokens equal for the first {same}/{args.tokens} (batch 1; llama.cpp's "
           "own kernels round differently, so a late divergence is expected)")
+
+
+def browser_half(args) -> None:
+    from cpu_browser import bench_browser, print_table
+
+    from wick.compiler.compile import compile_model
+    from wick.server.cli import ProgressBars
+
+    bars = ProgressBars()
+    artifact = compile_model(args.model, args.quantization, progress=bars)
+    bars.close()
+    import json
+
+    from tokenizers import Tokenizer
+
+    manifest = json.loads((Path(artifact) / "wick-artifact.json").read_text())
+    tok = Tokenizer.from_file(str(Path(artifact) / manifest["tokenizer"]["file"]))
+    ids = tok.encode(PROMPT, add_special_tokens=False).ids
+    text = tok.decode((ids * (args.prompt_tokens // len(ids) + 1))[: args.prompt_tokens])
+    ours, theirs = bench_browser(Path(artifact), args.model, gguf_path(args.model), text,
+                                 args.tokens, args.batch, args.browser_threads)
+    print_table(ours, theirs, args.batch)
 
 
 if __name__ == "__main__":

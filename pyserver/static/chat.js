@@ -1,6 +1,9 @@
-// The chat page. Two engines: "browser" (default when WebGPU exists): wick's engine in a Web
-// Worker on this device's GPU (/static/wick.js, models from /web/models.json); "server": the
-// server's /v1/chat/completions streamed as server-sent events (models from /v1/models).
+// The chat page. Two engines: "browser": wick's engine in a Web Worker (/static/wick.js, models
+// from /web/models.json), on this device's GPU through WebGPU, else on its CPU through the
+// WebAssembly kernels; "server": the server's /v1/chat/completions streamed as server-sent
+// events (models from /v1/models). The default is the browser engine on a hardware GPU, else
+// the server when it has a model loaded (its native CPU kernels beat a browser's), else the
+// browser engine.
 // The Chrome extension's side panel runs this same file with `globalThis.wickChat` set: models
 // from its host, the browser engine only, the extension's shared engine.
 const config = globalThis.wickChat ?? { host: "", wickModule: "/static/wick.js", extension: false };
@@ -134,7 +137,9 @@ async function loadServerModels() {
   if (!res.ok) { $("status").textContent = await errorText(res); return; }
   const { data } = await res.json();
   $("model").replaceChildren(...data.map((m) => new Option(m.id, m.id)));
-  $("status").textContent = data.length ? "" : "No model loaded yet (see /health); reload later.";
+  $("status").textContent = data.length ? "" : "The server is still loading its models…";
+  // (asked again until one is there: a server starts answering before its models are loaded)
+  if (!data.length) preparingTimer = setTimeout(() => mode() === "server" && loadModels(), 2000);
 }
 
 // Yields the parsed JSON of each `data:` event until `data: [DONE]`.
@@ -195,8 +200,9 @@ async function send(text) {
       const rate = usage.completion_tokens / secs;  // (two digits even when slow: "0.033")
       const shown = rate >= 10 ? rate.toFixed(1) : rate.toPrecision(2);
       const cached = usage.prompt_tokens_details?.cached_tokens;
+      const where = mode() === "browser" && browserEngine ? ` on ${browserEngine.engine.info.backend}` : "";
       $("status").textContent = `${usage.completion_tokens} tokens in ${secs.toFixed(1)} s ` +
-        `(${shown} tok/s, first token ${ttft} s${cached ? `, ${cached} prompt tokens cached` : ""})`;
+        `(${shown} tok/s${where}, first token ${ttft} s${cached ? `, ${cached} prompt tokens cached` : ""})`;
     }
   } catch (err) {
     if (err.name === "AbortError" || err.name === "EngineAbortedError") {
@@ -235,18 +241,28 @@ $("engine").addEventListener("change", () => {
 });
 
 async function start() {
-  // the browser engine is the default where WebGPU has an adapter; the choice is remembered
   let adapter = null;
   try { adapter = await navigator.gpu?.requestAdapter(); } catch { adapter = null; }
   f16 = Boolean(adapter?.features.has("shader-f16"));
+  // a software adapter (SwiftShader) is a GPU emulated on the CPU: not the fast path
+  const gpu = Boolean(adapter) && !(adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter);
   const saved = localStorage.getItem("wick-engine");
   if (config.extension) { // the extension's engine only: no server to talk to
     $("engine").closest("label").hidden = true;
-    if (!adapter) $("status").textContent = "This browser has no WebGPU adapter: wick's engine cannot run here.";
   } else {
-    $("engine").value = adapter ? (saved || "browser") : "server";
-    $("engine").options[0].disabled = !adapter;
+    $("engine").value = saved || (gpu || !(await serverHasModels()) ? "browser" : "server");
   }
   await loadModels();
+}
+
+/** Whether the server answers chats itself (a model served, or still loading). */
+async function serverHasModels() {
+  try {
+    const res = await fetch(`${config.host}/web/models.json`, { headers: headers() });
+    const index = res.ok ? await res.json() : {};
+    return (index.served ?? []).length > 0 || Boolean(index.loading);
+  } catch {
+    return false;
+  }
 }
 start();

@@ -50,6 +50,35 @@ def test_glue_encodes_a_step_as_flat_words():
     assert encode_dispatches([d1, d2], cache)[0] == words  # cached per dispatch
 
 
+def test_glue_encodes_library_calls_with_dlpack_dtypes():
+    """A wasm step's calls: function, nargs, then per tensor buffer, offset, the DLPack dtype
+    word the kernels check (code | bits << 8 | lanes << 16, as numpy's DLPack export says),
+    ndim and dims."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "wasm"))
+    try:
+        from wick_web.backend import encode_calls
+    finally:
+        sys.path.remove(str(ROOT / "wasm"))
+    from wick.engine.backend import Call, TensorRef
+
+    a = TensorRef(7, 128, (2, 3), "float16")
+    b = TensorRef(9, 0, (5,), "int32")
+    words = encode_calls([Call(4, (a, b)), Call(0, ())], {})
+    assert list(words) == [4, 2, 7, 128, 2 | 16 << 8 | 1 << 16, 2, 2, 3,
+                           9, 0, 0 | 32 << 8 | 1 << 16, 1, 5, 0, 0]
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    for dtype in ("float32", "float16", "int32", "uint32", "int64", "uint8", "int8", "bool"):
+        word = encode_calls([Call(0, (TensorRef(1, 0, (1,), dtype),))], {})[4]
+        capsule = np.zeros(1, dtype=dtype).__dlpack__()
+        # DLTensor on a 64-bit host: data, device (8 bytes), ndim, then dtype at byte 20
+        assert word == ctypes.c_uint32.from_address(get(capsule, b"dltensor") + 20).value, dtype
+
+
 def test_model_index_and_bundle_routes(tmp_path):
     from wick.server.app import ModelPool, create_app
     from wick.server.artifact_host import ArtifactHost

@@ -63,19 +63,20 @@ def encode_dispatches(dispatches: Sequence[Dispatch], cache: dict | None = None)
     return words, uniforms
 
 
-class WebGPUBackend:
-    """The Backend contract, forwarded to a JS ``Executor`` (one JS call per step)."""
+class _ExecutorBackend:
+    """What both executors share: the device description from ``infoJson()``, buffers by
+    handle, step timings, and the packing of a step's writes and reads."""
 
     def __init__(self, executor: Any) -> None:
         self._x = executor
         info = json.loads(executor.infoJson())
         self.name: str = info["name"]
-        self.software: bool = bool(info.get("fallback"))  # e.g. SwiftShader
         self.features = frozenset(info["features"])
         self.max_storage_binding: int = info["maxStorageBufferBindingSize"]
         self.max_buffer_size: int = info["maxBufferSize"]
         self.storage_offset_alignment: int = info["minStorageBufferOffsetAlignment"]
-        self._encoded: dict[int, tuple[Dispatch, array]] = {}
+        self._info = info
+        self._encoded: dict[int, tuple[Any, array]] = {}  # per-step encodings, by object
         self.steps = 0
 
     @property
@@ -85,6 +86,46 @@ class WebGPUBackend:
     @property
     def device_wait_ms(self) -> float:
         return self._x.waitMs
+
+    def alloc(self, nbytes: int) -> BufferHandle:
+        return int(self._x.alloc(int(nbytes)))
+
+    def free(self, buffer: BufferHandle) -> None:
+        self._x.free(buffer)
+
+    def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
+        self._x.write(buffer, offset, _u8(data))
+
+    @staticmethod
+    def _pack(writes: Sequence[Write], reads: Sequence[Read]) -> tuple[Any, Any, Any]:
+        """(writeMeta, writeData, readMeta) as JS typed arrays."""
+        meta = array("i")
+        data = bytearray()
+        for w in writes:
+            meta.extend((w.buffer, w.offset, len(w.data)))
+            data += w.data
+        rmeta = array("i")
+        for r in reads:
+            rmeta.extend((r.buffer, r.offset, r.size))
+        return _i32(meta), _u8(data), _i32(rmeta)
+
+    def _unpack(self, raw: Any, reads: Sequence[Read]) -> list[bytes]:
+        """The reads' bytes from the executor's answer (each at a 4-byte aligned position)."""
+        self.steps += 1
+        blob = raw.to_bytes()
+        out, pos = [], 0
+        for r in reads:
+            out.append(blob[pos:pos + r.size])
+            pos += (r.size + 3) // 4 * 4
+        return out
+
+
+class WebGPUBackend(_ExecutorBackend):
+    """The Backend contract, forwarded to a JS ``Executor`` (one JS call per step)."""
+
+    def __init__(self, executor: Any) -> None:
+        super().__init__(executor)
+        self.software: bool = bool(self._info.get("fallback"))  # e.g. SwiftShader
 
     def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
         payload = json.dumps([
@@ -100,39 +141,16 @@ class WebGPUBackend:
         if err:
             raise DeviceError(f"{self.name}: {err}")
 
-    def alloc(self, nbytes: int) -> BufferHandle:
-        return int(self._x.alloc(int(nbytes)))
-
-    def free(self, buffer: BufferHandle) -> None:
-        self._x.free(buffer)
-
-    def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
-        self._x.write(buffer, offset, _u8(data))
-
     def run(self, writes: Sequence[Write], dispatches: Sequence[Dispatch],
             reads: Sequence[Read]) -> list[bytes]:
         raise DeviceError("the WebGPU backend reads back asynchronously: use run_async")
 
     async def run_async(self, writes: Sequence[Write], dispatches: Sequence[Dispatch],
                         reads: Sequence[Read]) -> list[bytes]:
-        meta = array("i")
-        data = bytearray()
-        for w in writes:
-            meta.extend((w.buffer, w.offset, len(w.data)))
-            data += w.data
+        meta, data, rmeta = self._pack(writes, reads)
         words, uniforms = encode_dispatches(dispatches, self._encoded)
-        rmeta = array("i")
-        for r in reads:
-            rmeta.extend((r.buffer, r.offset, r.size))
-        raw = await self._x.runStep(_i32(meta), _u8(data), _i32(words), _u8(uniforms), _i32(rmeta))
-        self.steps += 1
-        blob = raw.to_bytes()
-        out, pos = [], 0
-        for r in reads:
-            out.append(blob[pos:pos + r.size])
-            pos += (r.size + 3) // 4 * 4
-        return out
-
+        raw = await self._x.runStep(meta, data, _i32(words), _u8(uniforms), rmeta)
+        return self._unpack(raw, reads)
 
 # DLPack (type code, bits) of the dtypes plans use: 0 int, 1 uint, 2 float, 6 bool
 _DLPACK = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "uint32": (1, 32),
@@ -159,7 +177,7 @@ def encode_calls(calls: Sequence[Call], cache: dict | None = None) -> array:
     return words
 
 
-class WasmBackend:
+class WasmBackend(_ExecutorBackend):
     """The Backend contract (``kind = "wasm"``), forwarded to a JS ``WasmExecutor``: the
     artifact's WebAssembly kernel set, one synchronous JS call per step."""
 
@@ -168,24 +186,8 @@ class WasmBackend:
     prefers_f32 = True
 
     def __init__(self, executor: Any) -> None:
-        self._x = executor
-        info = json.loads(executor.infoJson())
-        self.name: str = info["name"]
-        self.threads: int = info["threads"]
-        self.features = frozenset(info["features"])
-        self.max_storage_binding: int = info["maxStorageBufferBindingSize"]
-        self.max_buffer_size: int = info["maxBufferSize"]
-        self.storage_offset_alignment: int = info["minStorageBufferOffsetAlignment"]
-        self._encoded: dict[int, tuple[Call, array]] = {}
-        self.steps = 0
-
-    @property
-    def js_encode_ms(self) -> float:
-        return self._x.encodeMs
-
-    @property
-    def device_wait_ms(self) -> float:
-        return self._x.waitMs
+        super().__init__(executor)
+        self.threads: int = self._info["threads"]
 
     def load_library(self, entry: dict, path: str, data: bytes) -> int:
         # (synchronous: a worker may compile a module of any size without awaiting)
@@ -195,34 +197,11 @@ class WasmBackend:
     async def check(self) -> None:
         """(errors are raised where they happen)"""
 
-    def alloc(self, nbytes: int) -> BufferHandle:
-        return int(self._x.alloc(int(nbytes)))
-
-    def free(self, buffer: BufferHandle) -> None:
-        self._x.free(buffer)
-
-    def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
-        self._x.write(buffer, offset, _u8(data))
-
     def run(self, writes: Sequence[Write], dispatches: Sequence[Call],
             reads: Sequence[Read]) -> list[bytes]:
-        meta = array("i")
-        data = bytearray()
-        for w in writes:
-            meta.extend((w.buffer, w.offset, len(w.data)))
-            data += w.data
-        rmeta = array("i")
-        for r in reads:
-            rmeta.extend((r.buffer, r.offset, r.size))
+        meta, data, rmeta = self._pack(writes, reads)
         try:
-            raw = self._x.runCalls(_i32(meta), _u8(data), _i32(encode_calls(dispatches, self._encoded)),
-                                   _i32(rmeta))
+            raw = self._x.runCalls(meta, data, _i32(encode_calls(dispatches, self._encoded)), rmeta)
         except Exception as e:  # a kernel's own check, a trap, memory exhausted
             raise DeviceError(f"{self.name}: {getattr(e, 'message', e)}") from None
-        self.steps += 1
-        blob = raw.to_bytes()
-        out, pos = [], 0
-        for r in reads:
-            out.append(blob[pos:pos + r.size])
-            pos += (r.size + 3) // 4 * 4
-        return out
+        return self._unpack(raw, reads)

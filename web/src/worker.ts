@@ -196,8 +196,10 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
     Promise<[Executor | WasmExecutor, ModelEntry]> {
   const backend = msg.backend ?? "auto";
   let exe = executor;
-  if (exe && backend !== "auto" && (exe instanceof WasmExecutor) !== (backend === "wasm")) {
-    exe.destroy(); // another backend was asked for than the one this worker had
+  // a WebAssembly executor holds one model's kernels and buffers: a new load gets a new one;
+  // so does a load asking for the other backend
+  if (exe && (exe instanceof WasmExecutor || backend === "wasm")) {
+    exe.destroy();
     exe = executor = null;
   }
   exe ??= await openExecutor(backend);
@@ -207,6 +209,7 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
   } catch (e) {
     if (backend !== "auto" || wasm || !(e instanceof Failure) || e.p.error.code !== "missing_device_feature") throw e;
     exe.destroy();
+    executor = null;
     const cpu = await WasmExecutor.create();
     return [cpu, await resolveEntry(base, msg, cpu.features, auth, progress, true)];
   }

@@ -1,0 +1,161 @@
+"""The browser half of bench/cpu.py: wick's WebAssembly kernels vs wllama (llama.cpp compiled to
+WebAssembly, npm ``@wllama/wllama``) in the same headless Chromium, on the same SmolLM2 GGUF.
+
+wick serves the model's artifact (``--quantization``, default q4f32_1) as ``wick serve`` does
+and runs ``createEngine(model, {backend: "wasm"})``; wllama loads the GGUF from the same origin
+with ``n_gpu_layers: 0``. Chromium runs without WebGPU. Both get the same prompt text and
+greedy decoding with EOS ignored:
+
+* prefill tok/s: the prompt's tokens over the time to the first new token;
+* decode tok/s at batch 1: the new tokens after the first over the time after it; wick also at
+  ``--batch`` concurrent requests (their decodes share steps; wllama runs one sequence).
+
+wllama's own timings (llama.cpp's ``prompt_per_second`` / ``predicted_per_second``) are used
+for it. Threads: wick's kernels run on one thread; wllama runs on ``--browser-threads``
+(default 1; more than one needs a cross-origin isolated page, which this script serves).
+The package is fetched from the npm registry on first use into build/bench/.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WLLAMA = "@wllama/wllama@3.13.0"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]  # (no --enable-unsafe-webgpu)
+PAGE = "/__bench_cpu__.html"
+ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin",
+             "Cross-Origin-Embedder-Policy": "require-corp"}
+
+
+def wllama_dir() -> Path:
+    """The unpacked npm package (``npm pack`` once, into build/bench/)."""
+    cache = ROOT / "build" / "bench"
+    pkg = cache / "wllama" / "package"
+    if not (pkg / "esm" / "index.js").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        print(f"fetching {WLLAMA} from the npm registry", flush=True)
+        done = subprocess.run(["npm", "pack", WLLAMA, "--pack-destination", str(cache)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"npm pack {WLLAMA} failed: {done.stderr.strip()[-500:]}")
+        tgz = cache / done.stdout.strip().splitlines()[-1]
+        with tarfile.open(tgz) as tar:
+            tar.extractall(cache / "wllama", filter="data")
+    return pkg
+
+
+WICK = """async ([model, quantization, prompt, tokens, batch]) => {
+  const wick = await import('/static/wick.js');
+  const engine = await wick.createEngine(model, {quantization, backend: "wasm", prefixCache: false});
+  const body = {prompt, max_tokens: tokens + 1, temperature: 0, ignore_eos: true, stream: true,
+                stream_options: {include_usage: true}};
+  const one = async () => {
+    const t0 = performance.now(); let first = null; let usage = null;
+    for await (const c of await engine.completions.create(body)) {
+      if (c.choices.length && c.choices[0].text && first === null) first = performance.now();
+      usage = c.usage ?? usage;
+    }
+    return {t0, first, end: performance.now(), usage};
+  };
+  await one(); // warm: first calls of every kernel
+  const solo = await one();
+  const many = await Promise.all(Array.from({length: batch}, one));
+  await engine.unload();
+  const firstAll = Math.max(...many.map((r) => r.first));
+  const endAll = Math.max(...many.map((r) => r.end));
+  return {
+    prompt_tokens: solo.usage.prompt_tokens,
+    prefill_tps: solo.usage.prompt_tokens / ((solo.first - solo.t0) / 1000),
+    decode_tps: (solo.usage.completion_tokens - 1) / ((solo.end - solo.first) / 1000),
+    batch_decode_tps: many.reduce((s, r) => s + r.usage.completion_tokens - 1, 0) /
+      ((endAll - firstAll) / 1000),
+    device: engine.info.device,
+  };
+}"""
+
+WLLAMA_RUN = """async ([prompt, tokens, threads]) => {
+  const { Wllama } = await import('/__wllama__/esm/index.js');
+  const wllama = new Wllama({default: '/__wllama__/esm/wasm/wllama.wasm'},
+                            {logger: {debug() {}, log() {}, info() {}, warn() {}, error: console.error}});
+  await wllama.loadModelFromUrl(location.origin + '/__gguf__/model.gguf',
+                                {n_threads: threads, n_ctx: 1024, n_gpu_layers: 0});
+  const run = () => wllama.createCompletion({prompt, max_tokens: tokens + 1, temperature: 0,
+                                             ignore_eos: true, cache_prompt: false});
+  await run(); // warm
+  const r = await run();
+  const out = {prompt_tokens: r.timings.prompt_n, prefill_tps: r.timings.prompt_per_second,
+               decode_tps: r.timings.predicted_per_second, threads: wllama.getNumThreads(),
+               multithread: wllama.isMultithread(), isolated: crossOriginIsolated};
+  await wllama.exit();
+  return out;
+}"""
+
+
+def bench_browser(artifact: Path, model: str, gguf: Path, prompt: str, tokens: int,
+                  batch: int, threads: int) -> tuple[dict, dict]:
+    """(wick's numbers, wllama's numbers) in one Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    from wick.server.app import ModelPool, create_app
+    from wick.server.artifact_host import ArtifactHost
+    from wick.server.serve import ServerThread
+
+    pkg = wllama_dir()
+    host = ArtifactHost()
+    host.add(artifact)
+    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
+    html = "<!doctype html><meta charset=utf-8><title>wick cpu bench</title>"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+            ctx = browser.new_context()
+
+            def page(isolated: bool):
+                p = ctx.new_page()
+                p.set_default_timeout(900_000)
+                headers = ISOLATION if isolated else {}
+                p.route(live.url + PAGE, lambda r: r.fulfill(body=html, content_type="text/html",
+                                                             headers=headers))
+                p.route(live.url + "/__wllama__/**", lambda r: r.fulfill(
+                    path=str(pkg / r.request.url.split("/__wllama__/", 1)[1]),
+                    headers={"Cross-Origin-Resource-Policy": "same-origin", **headers}))
+                p.route(live.url + "/__gguf__/model.gguf", lambda r: r.fulfill(
+                    path=str(gguf), headers={"Cross-Origin-Resource-Policy": "same-origin"}))
+                p.goto(live.url + PAGE)
+                return p
+
+            t0 = time.time()
+            ours = page(False).evaluate(WICK, [model, artifact_quantization(artifact), prompt,
+                                               tokens, batch])
+            print(f"wick (wasm) measured in {time.time() - t0:.0f} s", flush=True)
+            t0 = time.time()
+            theirs = page(threads > 1).evaluate(WLLAMA_RUN, [prompt, tokens, threads])
+            print(f"wllama measured in {time.time() - t0:.0f} s", flush=True)
+            browser.close()
+    finally:
+        live.stop()
+    return ours, theirs
+
+
+def artifact_quantization(artifact: Path) -> str:
+    import json
+
+    return json.loads((artifact / "wick-artifact.json").read_text())["quantization"]
+
+
+def print_table(ours: dict, theirs: dict, batch: int) -> None:
+    print(f"\nbrowser (Chromium, no WebGPU): wick on {ours['device']}; wllama "
+          f"{theirs['threads']} thread(s){' (isolated page)' if theirs['isolated'] else ''}")
+    print(f"prompt {ours['prompt_tokens']} tokens (wllama counts {theirs['prompt_tokens']})\n")
+    print(f"{'':<26}{'wick wasm':>10}{'wllama':>12}{'wick/wllama':>16}")
+    for name, key in (("prefill tok/s (batch 1)", "prefill_tps"),
+                      ("decode tok/s (batch 1)", "decode_tps")):
+        print(f"{name:<26}{ours[key]:>10.1f}{theirs[key]:>12.1f}{ours[key] / theirs[key]:>15.2f}x")
+    print(f"{f'decode tok/s (batch {batch})':<26}{ours['batch_decode_tps']:>10.1f}{'-':>12}"
+          f"{'(one sequence)':>16}")
