@@ -42,7 +42,7 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
 
     q4 = match_q4_matmul(func)
     if q4 is not None:  # the float32 q4 matmul: a kernel written for it (compiler/cpu_gemv.py)
-        return q4_matmul_prim_func(**q4)
+        return q4_matmul_prim_func(**q4, wasm="wasm" in str(target.attrs.get("mtriple", "")))
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     _inline_elementwise(sch)

@@ -1,0 +1,100 @@
+"""The WebAssembly kernel set (compiler/wasm_kernels.py) run under node: the q4 matmul (its
+nibbles made floats from their bits there) against numpy on the dequantized weights, a kernel's
+own argument check coming back as a message, and a module that imports nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wick.compiler.cpu_schedules import schedule
+from wick.compiler.quantization import dequantize, get_quantization, quantize
+from wick.compiler.wasm_kernels import build_wasm_library, wasm_target
+
+from .test_cpu_gemv import te_matmul
+
+HERE = Path(__file__).resolve().parent
+DTYPE_WORDS = {"float32": 2 | 32 << 8 | 1 << 16, "uint32": 1 | 32 << 8 | 1 << 16}
+
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is missing")
+
+
+def call(wasm: Path, function: str, args: list[np.ndarray], tmp: Path) -> tuple[dict, list]:
+    """Run ``function`` of the module on ``args`` (outputs included); (its answer, the args
+    after the call)."""
+    spec = {"function": function, "args": []}
+    for k, a in enumerate(args):
+        path = tmp / f"arg{k}.bin"
+        path.write_bytes(np.ascontiguousarray(a).tobytes())
+        spec["args"].append({"file": str(path), "dtype_word": DTYPE_WORDS[str(a.dtype)],
+                             "shape": list(a.shape)})
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run(["node", str(HERE / "wasm_call.mjs"), str(wasm), str(tmp / "spec.json")],
+                          capture_output=True, text=True, check=True)
+    out = [np.frombuffer((tmp / f"arg{k}.bin").read_bytes(), dtype=a.dtype).reshape(a.shape)
+           for k, a in enumerate(args)]
+    return json.loads(done.stdout), out
+
+
+@pytest.fixture(scope="module")
+def q4_module(tmp_path_factory):
+    """q4 matmuls with and without the residual, compiled and linked for wasm32."""
+    tmp = tmp_path_factory.mktemp("wasm")
+    data, entry = build_wasm_library({"mm": te_matmul(200, 320, residual=False),
+                                      "mm_add": te_matmul(200, 320, residual=True)})
+    path = tmp / "kernels.wasm"
+    path.write_bytes(data)
+    return path, entry
+
+
+def test_the_q4_matmul_is_wicks_kernel_with_bit_built_floats():
+    func = schedule(te_matmul(64, 96, residual=False), wasm_target())
+    text = func.script()
+    assert "q4_matmul" in text and "1258291200" in text  # 0x4B000000: floats from their bits
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_q4_matmul_in_wasm_matches_numpy(q4_module, tmp_path, residual):
+    wasm, entry = q4_module
+    assert entry["functions"] == ["mm", "mm_add"] and "+simd128" in entry["features"]
+    N, K = 200, 320
+    rng = np.random.default_rng(7)
+    packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32),
+                                      get_quantization("q4f32_1"))
+    weight = dequantize(packed, scale, minimum).astype(np.float64)
+    for b in (1, 5):
+        x = rng.standard_normal((b, K)).astype(np.float32)
+        r = rng.standard_normal((b, N)).astype(np.float32)
+        want = x.astype(np.float64) @ weight.T + (r if residual else 0)
+        args = [x, packed, scale, minimum] + ([r] if residual else []) + [np.zeros((b, N), np.float32)]
+        answer, out = call(wasm, "mm_add" if residual else "mm", args, tmp_path)
+        assert answer["rc"] == 0, answer
+        np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_kernel_check_comes_back_as_its_message(q4_module, tmp_path):
+    wasm, _ = q4_module
+    x = np.zeros((1, 100), np.float32)  # K must be 320
+    args = [x, np.zeros((200, 40), np.uint32), np.zeros((200, 10), np.float32),
+            np.zeros((200, 10), np.float32), np.zeros((1, 200), np.float32)]
+    answer, _ = call(wasm, "mm", args, tmp_path)
+    assert answer["rc"] != 0
+    assert "ValueError" in answer["error"] and "shape" in answer["error"], answer
+
+
+def test_the_module_imports_nothing(q4_module, tmp_path):
+    wasm, _ = q4_module
+    script = ("const m = new WebAssembly.Module(require('fs').readFileSync(process.argv[1]));"
+              "console.log(JSON.stringify([WebAssembly.Module.imports(m),"
+              " WebAssembly.Module.exports(m).map((e) => e.name)]))")
+    imports, exports = json.loads(subprocess.run(["node", "-e", script, str(wasm)],
+                                                 capture_output=True, text=True,
+                                                 check=True).stdout)
+    assert imports == []
+    assert {"memory", "wick_init", "wick_alloc", "wick_free", "wick_error",
+            "__tvm_ffi_mm", "__tvm_ffi_mm_add"} <= set(exports)
