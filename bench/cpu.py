@@ -2,7 +2,7 @@
 
     python bench/cpu.py [--model smollm2-135m-instruct] [--quantization q4f32_1]
                         [--tokens 32] [--prompt-tokens 128] [--batch 8] [--threads N]
-                        [--browser [--browser-threads 1] [--skip-native]]
+                        [--browser [--browser-threads N] [--skip-native]]
 
 Needs PyPI ``llama-cpp-python`` (it builds llama.cpp from source: ``pip install
 llama-cpp-python``, a few minutes). Both engines get the same prompt token ids (wick's
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-cache-mib", type=int, default=256)
     parser.add_argument("--browser", action="store_true",
                         help="also wick's WebAssembly kernels vs wllama in Chromium")
-    parser.add_argument("--browser-threads", type=int, default=1, help="wllama's threads")
+    parser.add_argument("--browser-threads", type=int, default=None,
+                        help="threads in the browser (default: --threads)")
     parser.add_argument("--skip-native", action="store_true", help="(with --browser)")
     args = parser.parse_args(argv)
     if args.browser:
@@ -170,7 +171,7 @@ def browser_half(args) -> None:
     ids = tok.encode(PROMPT, add_special_tokens=False).ids
     text = tok.decode((ids * (args.prompt_tokens // len(ids) + 1))[: args.prompt_tokens])
     ours, theirs = bench_browser(Path(artifact), args.model, gguf_path(args.model), text,
-                                 args.tokens, args.batch, args.browser_threads)
+                                 args.tokens, args.batch, args.browser_threads or args.threads)
     print_table(ours, theirs, args.batch)
 
 

@@ -11,8 +11,9 @@ greedy decoding with EOS ignored:
   ``--batch`` concurrent requests (their decodes share steps; wllama runs one sequence).
 
 wllama's own timings (llama.cpp's ``prompt_per_second`` / ``predicted_per_second``) are used
-for it. Threads: wick's kernels run on one thread; wllama runs on ``--browser-threads``
-(default 1; more than one needs a cross-origin isolated page, which this script serves).
+for it. Threads: ``--browser-threads`` (default: every core); more than one needs a
+cross-origin isolated page, which this script then serves to both (wick then uses one thread
+per core, as ``navigator.hardwareConcurrency`` says; wllama the number asked for).
 The package is fetched from the npm registry on first use into build/bench/.
 """
 
@@ -50,6 +51,18 @@ def wllama_dir() -> Path:
     return pkg
 
 
+def bench_files(gguf: Path) -> str:
+    """A directory the wick server also serves (at /__bench__): wllama's package and the GGUF."""
+    d = ROOT / "build" / "bench" / "served"
+    d.mkdir(parents=True, exist_ok=True)
+    for name, target in (("wllama", wllama_dir()), ("model.gguf", gguf)):
+        link = d / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
+    return str(d)
+
+
 WICK = """async ([model, quantization, prompt, tokens, batch]) => {
   const wick = await import('/static/wick.js');
   const engine = await wick.createEngine(model, {quantization, backend: "wasm", prefixCache: false});
@@ -64,8 +77,12 @@ WICK = """async ([model, quantization, prompt, tokens, batch]) => {
     return {t0, first, end: performance.now(), usage};
   };
   await one(); // warm: first calls of every kernel
+  const s0 = (await engine.stats()).totals;
   const solo = await one();
+  const s1 = (await engine.stats()).totals;
+  const per = (k) => (s1[k] - s0[k]) / (s1.steps - s0.steps);
   const many = await Promise.all(Array.from({length: batch}, one));
+  const stats = await engine.stats();
   await engine.unload();
   const firstAll = Math.max(...many.map((r) => r.first));
   const endAll = Math.max(...many.map((r) => r.end));
@@ -76,14 +93,17 @@ WICK = """async ([model, quantization, prompt, tokens, batch]) => {
     batch_decode_tps: many.reduce((s, r) => s + r.usage.completion_tokens - 1, 0) /
       ((endAll - firstAll) / 1000),
     device: engine.info.device,
+    kernels: stats.kernels, steps: stats.totals.steps, helper_tasks: stats.helperTasks,
+    step_ms: {engine: per("engine_ms"), plan: per("plan_ms"), backend: per("backend_ms"),
+              kernels: per("device_wait_ms"), js: per("js_encode_ms")},
   };
 }"""
 
 WLLAMA_RUN = """async ([prompt, tokens, threads]) => {
-  const { Wllama } = await import('/__wllama__/esm/index.js');
-  const wllama = new Wllama({default: '/__wllama__/esm/wasm/wllama.wasm'},
+  const { Wllama } = await import('/__bench__/wllama/esm/index.js');
+  const wllama = new Wllama({default: '/__bench__/wllama/esm/wasm/wllama.wasm'},
                             {logger: {debug() {}, log() {}, info() {}, warn() {}, error: console.error}});
-  await wllama.loadModelFromUrl(location.origin + '/__gguf__/model.gguf',
+  await wllama.loadModelFromUrl(location.origin + '/__bench__/model.gguf',
                                 {n_threads: threads, n_ctx: 1024, n_gpu_layers: 0});
   const run = () => wllama.createCompletion({prompt, max_tokens: tokens + 1, temperature: 0,
                                              ignore_eos: true, cache_prompt: false});
@@ -106,10 +126,15 @@ def bench_browser(artifact: Path, model: str, gguf: Path, prompt: str, tokens: i
     from wick.server.artifact_host import ArtifactHost
     from wick.server.serve import ServerThread
 
-    pkg = wllama_dir()
+    from fastapi.staticfiles import StaticFiles
+    from starlette.routing import Mount
+
     host = ArtifactHost()
     host.add(artifact)
-    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
+    app = create_app(ModelPool(state="ready"), artifacts=host)
+    # wllama and the GGUF, before the app's own routes (which answer any other path)
+    app.router.routes.insert(0, Mount("/__bench__", StaticFiles(directory=bench_files(gguf), follow_symlink=True)))
+    live = ServerThread(app)
     html = "<!doctype html><meta charset=utf-8><title>wick cpu bench</title>"
     try:
         with sync_playwright() as pw:
@@ -122,17 +147,12 @@ def bench_browser(artifact: Path, model: str, gguf: Path, prompt: str, tokens: i
                 headers = ISOLATION if isolated else {}
                 p.route(live.url + PAGE, lambda r: r.fulfill(body=html, content_type="text/html",
                                                              headers=headers))
-                p.route(live.url + "/__wllama__/**", lambda r: r.fulfill(
-                    path=str(pkg / r.request.url.split("/__wllama__/", 1)[1]),
-                    headers={"Cross-Origin-Resource-Policy": "same-origin", **headers}))
-                p.route(live.url + "/__gguf__/model.gguf", lambda r: r.fulfill(
-                    path=str(gguf), headers={"Cross-Origin-Resource-Policy": "same-origin"}))
                 p.goto(live.url + PAGE)
                 return p
 
             t0 = time.time()
-            ours = page(False).evaluate(WICK, [model, artifact_quantization(artifact), prompt,
-                                               tokens, batch])
+            ours = page(threads > 1).evaluate(WICK, [model, artifact_quantization(artifact),
+                                                     prompt, tokens, batch])
             print(f"wick (wasm) measured in {time.time() - t0:.0f} s", flush=True)
             t0 = time.time()
             theirs = page(threads > 1).evaluate(WLLAMA_RUN, [prompt, tokens, threads])
@@ -150,7 +170,8 @@ def artifact_quantization(artifact: Path) -> str:
 
 
 def print_table(ours: dict, theirs: dict, batch: int) -> None:
-    print(f"\nbrowser (Chromium, no WebGPU): wick on {ours['device']}; wllama "
+    print(f"\nbrowser (Chromium, no WebGPU): wick on {ours['device']} "
+          f"({ours['helper_tasks']} loop tasks on helper threads); wllama "
           f"{theirs['threads']} thread(s){' (isolated page)' if theirs['isolated'] else ''}")
     print(f"prompt {ours['prompt_tokens']} tokens (wllama counts {theirs['prompt_tokens']})\n")
     print(f"{'':<26}{'wick wasm':>10}{'wllama':>12}{'wick/wllama':>16}")
@@ -159,3 +180,9 @@ def print_table(ours: dict, theirs: dict, batch: int) -> None:
         print(f"{name:<26}{ours[key]:>10.1f}{theirs[key]:>12.1f}{ours[key] / theirs[key]:>15.2f}x")
     print(f"{f'decode tok/s (batch {batch})':<26}{ours['batch_decode_tps']:>10.1f}{'-':>12}"
           f"{'(one sequence)':>16}")
+    ms = ours["step_ms"]
+    print(f"\nwick host ms per step (batch 1): engine {ms['engine']:.1f} (plan {ms['plan']:.1f}, "
+          f"backend call {ms['backend']:.1f} = kernels {ms['kernels']:.1f} + JS {ms['js']:.1f})")
+    print(f"wick's slowest kernels over {ours['steps']} steps (ms in all, calls):")
+    for k in ours["kernels"]:
+        print(f"  {k['ms']:>9.1f} {k['calls']:>6}  {k['name']}")

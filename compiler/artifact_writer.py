@@ -25,8 +25,10 @@ from ..engine.artifact import (
 from .lower import Lowered
 
 # the kernel sets compiled as one library each: native CPU (compiler/cpu_kernels.py) and
-# WebAssembly (compiler/wasm_kernels.py); the manifest names each as ``<kind>_kernels``
-LIBRARY_FILES = {"cpu": "kernels/cpu/kernels.so", "wasm": "kernels/wasm/kernels.wasm"}
+# WebAssembly, one thread or shared memory (compiler/wasm_kernels.py); the manifest names each
+# as ``<kind>_kernels``
+LIBRARY_FILES = {"cpu": "kernels/cpu/kernels.so", "wasm": "kernels/wasm/kernels.wasm",
+                 "wasm_threads": "kernels/wasm/kernels-threads.wasm"}
 
 Progress = Callable[[str, int, int], None]
 
@@ -118,7 +120,7 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
     library_entries = {}
     for kind, (data, entry) in libraries.items():
         path = tmp / LIBRARY_FILES[kind]
-        path.parent.mkdir()
+        path.parent.mkdir(exist_ok=True)
         path.write_bytes(data)
         library_entries[f"{kind}_kernels"] = {"file": LIBRARY_FILES[kind], **entry,
                                               "sha256": _sha256(data)}

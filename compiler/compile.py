@@ -23,7 +23,7 @@ from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from . import paths
 from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
 from .cpu_kernels import build_cpu_library
-from .wasm_kernels import build_wasm_library
+from .wasm_kernels import build_wasm_libraries
 from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, row_splits
@@ -385,7 +385,7 @@ def compile_model(
     report("compile CPU kernels", 0, 2)
     libraries = {"cpu": build_cpu_library(lowered.cpu_functions)}
     report("compile CPU kernels", 1, 2)  # then the same functions for browsers without WebGPU
-    libraries["wasm"] = build_wasm_library(lowered.cpu_functions)
+    libraries.update(build_wasm_libraries(lowered.cpu_functions))
     report("compile CPU kernels", 2, 2)
 
     names = [name for name, _ in named]

@@ -6,7 +6,10 @@ their CPU twins), scheduled by the same rules (compiler/cpu_schedules.py), compi
 self-contained module, ``kernels/wasm/kernels.wasm``, that the worker's wasm executor
 (web/src/wasm_executor.ts) instantiates when a browser has no usable WebGPU adapter.
 
-The module imports nothing. It holds, besides the kernels:
+Two modules are linked from the same object: ``kernels.wasm`` imports nothing and runs on one
+thread; ``kernels-threads.wasm`` imports a shared memory and splits parallel loops between
+the worker and helper threads instantiated over that memory (only a cross-origin isolated page
+may share memory). Each holds, besides the kernels:
 
 * the runtime hooks TVM's code calls (compiler/wasm_runtime.c: scratch memory, parallel
   loops, error messages) and the executor's allocator (``wick_alloc`` / ``wick_free``);
@@ -30,10 +33,12 @@ from tvm import tirx
 
 RUNTIME_SOURCE = Path(__file__).with_name("wasm_runtime.c")
 # what every browser with WebAssembly SIMD (Chrome 91+, Firefox 89+, Safari 16.4+) also has
-FEATURES = ("+simd128", "+bulk-memory", "+nontrapping-fptoint", "+sign-ext", "+mutable-globals")
+FEATURES = ("+simd128", "+bulk-memory", "+nontrapping-fptoint", "+sign-ext", "+mutable-globals",
+            "+atomics")  # (atomics: the threaded module's pool and its shared memory)
 TRIPLE = "wasm32-unknown-unknown-wasm"
 STACK_BYTES = 1 << 20  # kernels keep scratch under 1 KiB on the stack; the rest is malloc'd
 MAX_MEMORY = 65535 * 65536  # wasm32 allows 65536 pages; zig takes a 32-bit number
+INITIAL_MEMORY = 16 << 20  # the threaded module's shared memory starts this big (then grows)
 EXPORT_PREFIX = "__tvm_ffi_"
 
 
@@ -42,9 +47,10 @@ def wasm_target() -> tvm.target.Target:
                               "vector-width": 128})  # (said, TVM does not warn about it)
 
 
-def build_wasm_library(functions: dict[str, tirx.PrimFunc]) -> tuple[bytes, dict]:
-    """Compile ``functions`` into one WebAssembly module: its bytes, and its manifest entry
-    (without file and hash)."""
+def build_wasm_libraries(functions: dict[str, tirx.PrimFunc]) -> dict[str, tuple[bytes, dict]]:
+    """Compile ``functions`` into the two WebAssembly modules: per kind (``"wasm"``, one
+    thread; ``"wasm_threads"``, shared memory), its bytes and its manifest entry (without file
+    and hash)."""
     from .cpu_schedules import schedule
 
     target = wasm_target()
@@ -52,18 +58,28 @@ def build_wasm_library(functions: dict[str, tirx.PrimFunc]) -> tuple[bytes, dict
     for name, f in functions.items():
         funcs[tvm.ir.GlobalVar(name)] = schedule(f, target).with_attr("global_symbol", name)
     lib = tvm.tirx.build(tvm.IRModule(funcs), target=target)
+    entry = {"triple": TRIPLE, "features": list(FEATURES), "export_prefix": EXPORT_PREFIX,
+             "functions": sorted(functions)}
+    exports = [EXPORT_PREFIX + name for name in sorted(functions)]
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        obj, out = Path(tmp) / "kernels.o", Path(tmp) / "kernels.wasm"
+        obj = Path(tmp) / "kernels.o"
         lib.write_to_file(str(obj))
-        link(obj, out, [EXPORT_PREFIX + name for name in sorted(functions)])
-        data = out.read_bytes()
-    return data, {"triple": TRIPLE, "features": list(FEATURES), "export_prefix": EXPORT_PREFIX,
-                  "functions": sorted(functions)}
+        for kind, threads in (("wasm", False), ("wasm_threads", True)):
+            path = Path(tmp) / f"{kind}.wasm"
+            link(obj, path, exports, threads=threads)
+            extra = {"initial_memory": INITIAL_MEMORY, "max_memory": MAX_MEMORY} if threads else {}
+            out[kind] = (path.read_bytes(), {**entry, "threads": threads, **extra})
+    return out
 
 
-def link(obj: Path, out: Path, exports: list[str]) -> None:
-    """Link the kernels' object with the runtime hooks and wasi-libc into ``out``."""
+def link(obj: Path, out: Path, exports: list[str], threads: bool = False) -> None:
+    """Link the kernels' object with the runtime hooks and wasi-libc into ``out``; with
+    ``threads``, over an imported shared memory, with the helper threads' entry point."""
     flags = [f.replace("+", "-m", 1) for f in FEATURES if f != "+mutable-globals"]
+    if threads:  # (each helper instance gets its own stack: __stack_pointer is exported)
+        flags += ["-DWICK_THREADS", "-Wl,--shared-memory", "-Wl,--import-memory",
+                  f"-Wl,--initial-memory={INITIAL_MEMORY}", "-Wl,--export=__stack_pointer"]
     cmd = [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", *flags,
            "-mexec-model=reactor",  # a library: no main, _initialize runs libc's constructors
            "-Wl,--strip-all", f"-Wl,-z,stack-size={STACK_BYTES}",

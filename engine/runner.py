@@ -220,7 +220,7 @@ class Runner:
             return KernelTable(artifact.kernels(used), backend)
         entry = artifact.manifest.get(f"{kind}_kernels")
         if entry is None:
-            what = "WebAssembly" if kind == "wasm" else "CPU"
+            what = "WebAssembly" if kind.startswith("wasm") else "CPU"
             raise ArtifactError(f"artifact {artifact.location or artifact.model_id} has no {what} "
                                 "kernels (compiled by an older wick): recompile it with "
                                 "`wick compile --force`", code="artifact_stale")

@@ -370,9 +370,15 @@ def create_app(
     app.add_api_route("/artifacts/{artifact_id}/{path:path}", artifact_file, methods=["HEAD"],
                       dependencies=v1, include_in_schema=False)
 
+    # cross-origin isolated (COOP + COEP): the page may share memory with workers, so the
+    # browser engine's WebAssembly kernels run on every core (web/src/wasm_executor.ts); the
+    # page loads nothing from other origins
+    isolation = {"Cross-Origin-Opener-Policy": "same-origin",
+                 "Cross-Origin-Embedder-Policy": "require-corp"}
     page_headers = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                                "frame-ancestors 'none'",
-                    "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+                    "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache",
+                    **isolation}
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
@@ -395,8 +401,10 @@ def create_app(
             path = STATIC / "web" / name
             if not path.is_file():
                 raise StarletteHTTPException(404, f"{name} is not built: run `bash web/build.sh`")
+            # (the worker keeps its page's isolation: COEP of its own)
+            extra = {"Cross-Origin-Embedder-Policy": "require-corp"} if name == "wick-worker.js" else {}
             return FileResponse(path, media_type="application/json" if name.endswith(".map")
-                                else "text/javascript", headers={"Cache-Control": "no-cache"})
+                                else "text/javascript", headers={"Cache-Control": "no-cache", **extra})
         return serve_bundle
 
     for bundle in ("wick.js", "wick-worker.js", "wick.js.map", "wick-worker.js.map"):

@@ -24,6 +24,9 @@ CHROMIUM_ARGS = [
     "--disable-sync", "--no-first-run", "--disable-quic", "--enable-unsafe-webgpu",
 ]
 WINDOW = 128
+# what `wick serve` sends with its pages: cross-origin isolated, so they may share memory
+ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin",
+             "Cross-Origin-Embedder-Policy": "require-corp"}
 TEST_PAGE = "/__wick_test__.html"
 PAGE_HTML = "<!doctype html><html><head><meta charset=utf-8><title>wick test</title></head><body></body></html>"
 
@@ -125,9 +128,10 @@ def web_server(web_bundle, tiny_artifact, tiny_f16_artifact, tiny_q4_artifact,
 
 class Page:
     """A page on the server's origin with wick.js imported as ``window.wick``; records console
-    errors and every request the page and its workers make."""
+    errors and every request the page and its workers make. ``headers``: of the page's own
+    response (e.g. ``ISOLATION``)."""
 
-    def __init__(self, context, url: str) -> None:
+    def __init__(self, context, url: str, headers: dict | None = None) -> None:
         self.context = context
         self.url = url
         self.page = context.new_page()
@@ -137,7 +141,7 @@ class Page:
         self.page.on("pageerror", lambda e: self.console_errors.append(str(e)))
         context.on("request", lambda r: self.requests.append(r.url))
         self.page.route(url + TEST_PAGE, lambda route: route.fulfill(
-            body=PAGE_HTML, content_type="text/html"))
+            body=PAGE_HTML, content_type="text/html", headers=headers or {}))
         self.page.goto(url + TEST_PAGE)
         self.page.evaluate("async () => { window.wick = await import('/static/wick.js'); }")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, Page
+from .conftest import CHROMIUM, CHROMIUM_ARGS, ISOLATION, Page
 
 pytestmark = pytest.mark.slow
 
@@ -80,12 +80,29 @@ def test_auto_backend_without_webgpu_runs_wasm_kernels_with_native_tokens(
     out = page.run(RUN, [native["model"], quantization, None, MESSAGES, PROMPT, N])
     assert not out["gpu"]  # no adapter in this browser
     info = out["info"]
-    assert info["backend"] == "wasm" and info["threads"] >= 1
+    assert info["backend"] == "wasm" and info["threads"] == 1  # (not cross-origin isolated)
+    assert out["stats"]["helperTasks"] == 0
     assert info["device"].startswith("wasm: WebAssembly SIMD")
     assert info["quantization"] == quantization
     assert "compile" in out["progress"] and out["progress"][-1] == "ready"
     _same(out, native[quantization])
     assert out["stats"]["steps"] > N and out["stats"]["device"] == info["device"]
+    assert not page.console_errors
+
+
+def test_an_isolated_page_runs_the_kernels_on_every_core(context, web_server, native):
+    """Cross-origin isolated (as `wick serve` sends its pages), the engine runs the threaded
+    module: helper threads over a shared memory take tasks of the kernels' parallel loops, and
+    the tokens are the same."""
+    page = Page(context, web_server.url, headers=ISOLATION)
+    out = page.run(RUN, [native["model"], "q4f32_1", "wasm", MESSAGES, PROMPT, N])
+    cores = page.run("() => [navigator.hardwareConcurrency, crossOriginIsolated]")
+    assert cores[1] is True
+    info = out["info"]
+    assert info["backend"] == "wasm" and info["threads"] == min(cores[0], 16) > 1
+    assert out["stats"]["threads"] == info["threads"]
+    assert out["stats"]["helperTasks"] > 100  # the helpers took part
+    _same(out, native["q4f32_1"])
     assert not page.console_errors
 
 

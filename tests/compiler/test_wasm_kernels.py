@@ -14,7 +14,7 @@ import pytest
 
 from wick.compiler.cpu_schedules import schedule
 from wick.compiler.quantization import dequantize, get_quantization, quantize
-from wick.compiler.wasm_kernels import build_wasm_library, wasm_target
+from wick.compiler.wasm_kernels import build_wasm_libraries, wasm_target
 
 from .test_cpu_gemv import te_matmul
 
@@ -45,8 +45,9 @@ def call(wasm: Path, function: str, args: list[np.ndarray], tmp: Path) -> tuple[
 def q4_module(tmp_path_factory):
     """q4 matmuls with and without the residual, compiled and linked for wasm32."""
     tmp = tmp_path_factory.mktemp("wasm")
-    data, entry = build_wasm_library({"mm": te_matmul(200, 320, residual=False),
+    libraries = build_wasm_libraries({"mm": te_matmul(200, 320, residual=False),
                                       "mm_add": te_matmul(200, 320, residual=True)})
+    data, entry = libraries["wasm"]
     path = tmp / "kernels.wasm"
     path.write_bytes(data)
     return path, entry

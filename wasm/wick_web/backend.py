@@ -181,21 +181,25 @@ class WasmBackend(_ExecutorBackend):
     """The Backend contract (``kind = "wasm"``), forwarded to a JS ``WasmExecutor``: the
     artifact's WebAssembly kernel set, one synchronous JS call per step."""
 
-    kind = "wasm"
+    kind = "wasm"  # or "wasm_threads": the manifest's kernel set the executor runs
     software = False  # (not an emulated GPU: batched decode runs its own kernels)
     prefers_f32 = True
 
     def __init__(self, executor: Any) -> None:
         super().__init__(executor)
         self.threads: int = self._info["threads"]
+        self.kind = self._info["library"]
 
     def load_library(self, entry: dict, path: str, data: bytes) -> int:
         # (synchronous: a worker may compile a module of any size without awaiting)
-        return int(self._x.loadLibrary(_u8(data), json.dumps(entry["functions"]),
-                                       entry.get("export_prefix", "__tvm_ffi_")))
+        return int(self._x.loadLibrary(_u8(data), json.dumps(entry)))
 
     async def check(self) -> None:
         """(errors are raised where they happen)"""
+
+    def profile_json(self) -> str:
+        """``{kernels: [{name, ms, calls}] (the slowest so far), threads, helperTasks}``."""
+        return str(self._x.profileJson())
 
     def run(self, writes: Sequence[Write], dispatches: Sequence[Call],
             reads: Sequence[Read]) -> list[bytes]:

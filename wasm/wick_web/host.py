@@ -76,7 +76,10 @@ class Host:
                                       "plan_ms": t.plan_ms_total, "backend_ms": t.backend_ms_total,
                                       "js_encode_ms": float(self.backend.js_encode_ms),
                                       "device_wait_ms": float(self.backend.device_wait_ms)},
-                           "grammar": json.loads(self.grammar_json())})
+                           "grammar": json.loads(self.grammar_json()),
+                           # (the WebAssembly executor: its slowest kernels and its threads)
+                           **(json.loads(self.backend.profile_json())
+                              if hasattr(self.backend, "profile_json") else {})})
 
     def start(self, rid: int, kind: str, body_json: str) -> None:
         task = asyncio.ensure_future(self._run(rid, kind, body_json))

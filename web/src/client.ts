@@ -155,6 +155,11 @@ export interface EngineStats {
   /** grammar bitmasks applied so far, and a sha256 over all of them (the native engine's
    * stats show the same digest for the same constrained requests) */
   grammar: { masks: number; digest: string };
+  /** (the WebAssembly backend) the kernels that took the most time so far, its threads, and
+   * the tasks of parallel loops its helper threads ran */
+  kernels?: { name: string; ms: number; calls: number }[];
+  threads?: number;
+  helperTasks?: number;
 }
 
 type Listener = (m: FromWorker) => void;

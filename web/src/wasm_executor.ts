@@ -3,8 +3,13 @@
  * the CPU, for browsers without a usable WebGPU adapter. The twin of native/cpu_backend.py.
  *
  * - loadLibrary: instantiates the artifact's kernels.wasm (compiler/wasm_kernels.py). The
- *   module owns its memory; every buffer of the engine lives in it, so a kernel reads weights
- *   and writes activations in place (no copies between "device" and kernels).
+ *   module's memory holds every buffer of the engine, so a kernel reads weights and writes
+ *   activations in place (no copies between "device" and kernels).
+ * - threads: in a cross-origin isolated page (SharedArrayBuffer allowed) it runs
+ *   kernels-threads.wasm over a shared memory instead, and starts one helper worker per extra
+ *   core, each an instance of the same module over the same memory with its own stack, parked
+ *   in wick_thread_main until a kernel's parallel loop hands it a task
+ *   (compiler/wasm_runtime.c). Helpers join as they come up; until then loops run here.
  * - alloc/free/write: integer handles over 64-byte aligned blocks of the module's heap
  *   (wick_alloc / wick_free, compiler/wasm_runtime.c).
  * - runCalls: ONE call per engine step from Python: writes, then each kernel call with its
@@ -22,9 +27,20 @@ const TENSOR_BYTES = 40;
 const FFI_DLTENSOR_PTR = 7;
 const DEVICE_CPU = 1;
 const ALIGN = 64;
+const MAX_THREADS = 16; // (wasm_runtime.c's pool size)
+const THREAD_STACK = 1 << 20;
+
+/** A helper thread: instantiate the module over the shared memory, take its own stack, then
+ * serve the pool forever (it is terminated with the executor). */
+const THREAD_SOURCE = `onmessage = (e) => {
+  const { module, memory, stackTop, index } = e.data;
+  const ex = new WebAssembly.Instance(module, { env: { memory } }).exports;
+  ex.__stack_pointer.value = stackTop;
+  ex.wick_thread_main(index);
+};`;
 
 interface Exports {
-  memory: WebAssembly.Memory;
+  memory?: WebAssembly.Memory; // (exported by the one-thread module; the threaded one imports it)
   _initialize?: () => void;
   wick_init: () => void;
   wick_error: () => number;
@@ -35,12 +51,22 @@ interface Exports {
 
 type Kernel = (self: number, args: number, nargs: number, result: number) => number;
 
+interface LibraryEntry {
+  functions: string[];
+  export_prefix: string;
+  threads: boolean;
+  initial_memory?: number; // (bytes, threaded module: the memory it imports)
+  max_memory?: number;
+}
+
 export class WasmExecutor {
   readonly name: string;
   readonly features = ["shader-f16"]; // f16 variants run (each operation rounded through f32)
-  readonly threads = 1;
+  readonly threads: number;
   private ex: Exports | null = null;
-  private kernels: { name: string; fn: Kernel }[] = [];
+  private memory: WebAssembly.Memory | null = null;
+  private helpers: Worker[] = [];
+  private kernels: { name: string; fn: Kernel; ms: number; calls: number }[] = [];
   private buffers = new Map<number, { ptr: number; size: number }>();
   private nextHandle = 1;
   private scratch = 0; // argument block of a call
@@ -50,9 +76,11 @@ export class WasmExecutor {
   encodeMs = 0; // the rest of runCalls (descriptors, writes, reads): the WebGPU executor's name
   get waitMs(): number { return this.callMs; }
 
-  constructor() {
+  constructor(threads: number) {
+    this.threads = threads;
     const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency;
-    this.name = `wasm: WebAssembly SIMD (1 thread${cores ? ` of ${cores} cores` : ""})`;
+    this.name = `wasm: WebAssembly SIMD (${threads} thread${threads > 1 ? "s" : ""}` +
+      `${cores ? ` of ${cores} cores` : ""}${threads > 1 ? "" : ", not cross-origin isolated"})`;
   }
 
   static async create(): Promise<WasmExecutor> {
@@ -60,13 +88,20 @@ export class WasmExecutor {
       throw Object.assign(new Error("this browser's WebAssembly lacks SIMD (Chrome 91+, Firefox 89+, " +
         "Safari 16.4+ have it)"), { wickCode: "no_wasm_simd" });
     }
-    return new WasmExecutor();
+    // threads need memory shared between workers: a cross-origin isolated page only
+    const shared = Boolean(globalThis.crossOriginIsolated) && typeof SharedArrayBuffer === "function";
+    const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency ?? 1;
+    return new WasmExecutor(shared ? Math.max(1, Math.min(cores, MAX_THREADS)) : 1);
   }
+
+  /** The manifest's kernel set this executor runs. */
+  get library(): "wasm" | "wasm_threads" { return this.threads > 1 ? "wasm_threads" : "wasm"; }
 
   infoJson(): string {
     return JSON.stringify({
       name: this.name,
       kind: "wasm",
+      library: this.library,
       fallback: false,
       features: this.features,
       threads: this.threads,
@@ -77,24 +112,48 @@ export class WasmExecutor {
     });
   }
 
-  /** Instantiate the kernel module; returns the index of its first function. One library
-   * per executor: its memory is where this executor's buffers live. Synchronous (a worker
-   * may compile a module of any size so), as the engine assembles itself. */
-  loadLibrary(bytes: Uint8Array<ArrayBuffer>, functionsJson: string, exportPrefix: string): number {
+  /** Instantiate the kernel module (`entryJson`: its manifest entry); returns the index of
+   * its first function. One library per executor: its memory is where this executor's
+   * buffers live. Synchronous (a worker may compile a module of any size so), as the engine
+   * assembles itself; helper threads start in the background. */
+  loadLibrary(bytes: Uint8Array<ArrayBuffer>, entryJson: string): number {
     if (this.ex) throw new Error("this WebAssembly executor already holds a kernel library");
-    const instance = new WebAssembly.Instance(new WebAssembly.Module(bytes), {});
-    const ex = instance.exports as unknown as Exports;
+    const entry = JSON.parse(entryJson) as LibraryEntry;
+    const module = new WebAssembly.Module(bytes);
+    let imports: WebAssembly.Imports = {};
+    if (entry.threads) {
+      this.memory = new WebAssembly.Memory({ initial: entry.initial_memory! / 65536,
+        maximum: entry.max_memory! / 65536, shared: true });
+      imports = { env: { memory: this.memory } };
+    }
+    const ex = new WebAssembly.Instance(module, imports).exports as unknown as Exports;
+    this.memory ??= ex.memory!;
     ex._initialize?.();
     ex.wick_init();
-    const names = JSON.parse(functionsJson) as string[];
-    for (const name of names) {
-      const fn = ex[exportPrefix + name];
+    for (const name of entry.functions) {
+      const fn = ex[entry.export_prefix + name];
       if (typeof fn !== "function") throw new Error(`function ${name} missing from the WebAssembly kernels`);
-      this.kernels.push({ name, fn: fn as Kernel });
+      this.kernels.push({ name, fn: fn as Kernel, ms: 0, calls: 0 });
     }
     this.ex = ex;
     this.growScratch(1 << 16);
+    if (entry.threads) this.startHelpers(module);
     return 0;
+  }
+
+  private startHelpers(module: WebAssembly.Module): void {
+    const url = URL.createObjectURL(new Blob([THREAD_SOURCE], { type: "text/javascript" }));
+    try {
+      for (let index = 1; index < this.threads; index++) {
+        const stackTop = this.malloc(THREAD_STACK) + THREAD_STACK;
+        const helper = new Worker(url, { name: `wick-wasm-${index}` });
+        helper.onerror = (e) => console.error(`wick: WebAssembly helper thread ${index} failed: ${e.message}`);
+        helper.postMessage({ module, memory: this.memory, stackTop, index });
+        this.helpers.push(helper);
+      }
+    } finally {
+      URL.revokeObjectURL(url);
+    }
   }
 
   private get mod(): Exports {
@@ -108,7 +167,7 @@ export class WasmExecutor {
     const ptr = this.mod.wick_alloc(nbytes) >>> 0;
     if (!ptr) {
       throw new Error(`out of memory allocating ${nbytes} bytes: a WebAssembly engine has 4 GiB ` +
-        `for weights, KV cache and activations (${this.mod.memory.buffer.byteLength} in use)`);
+        `for weights, KV cache and activations (${this.memory!.buffer.byteLength} in use)`);
     }
     return ptr;
   }
@@ -132,7 +191,7 @@ export class WasmExecutor {
     if (offset + data.byteLength > b.size) {
       throw new Error(`write of ${data.byteLength} bytes at ${offset} overflows buffer ${handle} of ${b.size}`);
     }
-    new Uint8Array(this.mod.memory.buffer, b.ptr + offset, data.byteLength).set(data);
+    new Uint8Array(this.memory!.buffer, b.ptr + offset, data.byteLength).set(data);
   }
 
   async drain(): Promise<void> {} // writes are done when write() returns
@@ -180,7 +239,7 @@ export class WasmExecutor {
       }
       this.growScratch(need);
       const base = this.scratch;
-      const view = new DataView(this.mod.memory.buffer);
+      const view = new DataView(this.memory!.buffer);
       let shapes = base + nargs * (ARG_BYTES + TENSOR_BYTES);
       let k = i + 2;
       for (let j = 0; j < nargs; j++) {
@@ -212,13 +271,16 @@ export class WasmExecutor {
       } catch (e) { // a trap: out of bounds, unreachable
         throw new Error(`WebAssembly kernel ${kernel.name} trapped: ${(e as Error).message}`);
       }
-      inKernels += performance.now() - c0;
+      const ms = performance.now() - c0;
+      inKernels += ms;
+      kernel.ms += ms;
+      kernel.calls++;
       if (rc !== 0) throw new Error(`WebAssembly kernel ${kernel.name} failed: ${this.lastError()}`);
     }
     let total = 0;
     for (let i = 0; i < reads.length; i += 3) total += Math.ceil(reads[i + 2] / 4) * 4;
     const out = new Uint8Array(total);
-    const mem = new Uint8Array(this.mod.memory.buffer);
+    const mem = new Uint8Array(this.memory!.buffer);
     for (let i = 0, at = 0; i < reads.length; i += 3) {
       const b = this.buffer(reads[i]);
       const start = b.ptr + reads[i + 1];
@@ -231,18 +293,31 @@ export class WasmExecutor {
     return out;
   }
 
+  /** Milliseconds spent in each kernel so far (the `top` slowest in total), and how many
+   * tasks of parallel loops the helper threads ran, for benchmarks and tests. */
+  profileJson(top = 12): string {
+    const kernels = this.kernels.filter((k) => k.calls)
+      .sort((a, b) => b.ms - a.ms).slice(0, top)
+      .map((k) => ({ name: k.name, ms: k.ms, calls: k.calls }));
+    const helperTasks = (this.ex?.wick_helper_tasks as (() => number) | undefined)?.() ?? 0;
+    return JSON.stringify({ kernels, threads: this.threads, helperTasks });
+  }
+
   private lastError(): string {
-    const mem = new Uint8Array(this.mod.memory.buffer);
+    const mem = new Uint8Array(this.memory!.buffer);
     const at = this.mod.wick_error() >>> 0;
     let end = at;
     while (mem[end] && end < at + 2048) end++;
-    return new TextDecoder().decode(mem.subarray(at, end));
+    return new TextDecoder().decode(mem.slice(at, end)); // (a copy: shared memory cannot be decoded)
   }
 
   destroy(): void {
+    for (const h of this.helpers) h.terminate();
+    this.helpers = [];
     this.buffers.clear();
     this.kernels = [];
     this.ex = null; // the module and its memory go with the last reference
+    this.memory = null;
   }
 }
 

@@ -232,7 +232,8 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
   const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs, auth);
   // the kernels of this executor: WGSL files, or the one WebAssembly module (an artifact
   // compiled before wick had one is refused by the engine, with a "recompile" message)
-  const kernelFiles = wasm ? (manifest.wasm_kernels ? [manifest.wasm_kernels] : []) : manifest.kernels;
+  const library = wasm ? manifest[`${exe.library}_kernels`] : null;
+  const kernelFiles = wasm ? (library ? [library] : []) : manifest.kernels;
   const files = await loader.files([
     { file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 },
     ...kernelFiles.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
