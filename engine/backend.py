@@ -12,7 +12,8 @@ Two kinds of kernel sets run the same plans (``Backend.kind``):
 * ``"webgpu"``: WGSL kernels; a plan call becomes ``Dispatch``es (the ABI below).
 * ``"cpu"``: one native library holding each TIR function whole (compiler/cpu_kernels.py); a
   plan call becomes one ``Call`` with its tensors, and the function reads their shapes itself.
-* ``"wasm"``: the same, as one WebAssembly module (compiler/wasm_kernels.py).
+* ``"wasm"`` / ``"wasm_threads"``: the same, as one WebAssembly module (compiler/wasm_kernels.py),
+  on one thread or over a shared memory with helper threads.
 
 Kernel ABI (what TVM's WebGPU codegen emits, see docs/artifact.md): storage buffers at bindings
 ``0..B-1`` of group 0 in the kernel's own order, each ``read`` or ``read_write``; then, when the
@@ -98,8 +99,8 @@ class Backend(Protocol):
     """What a device must do for the engine."""
 
     name: str  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
-    # "webgpu" (load_kernels + Dispatch), or "cpu" / "wasm" (load_library + Call: the
-    # manifest's "cpu_kernels" / "wasm_kernels"); absent means "webgpu"
+    # "webgpu" (load_kernels + Dispatch), or a library kind (load_library + Call): "cpu",
+    # "wasm" or "wasm_threads", the manifest's "<kind>_kernels"; absent means "webgpu"
     kind: str
     features: frozenset[str]  # WebGPU feature names, e.g. {"shader-f16", "subgroups"}
     max_storage_binding: int  # bytes
