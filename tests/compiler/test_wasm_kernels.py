@@ -1,5 +1,5 @@
 """The WebAssembly kernel set (compiler/wasm_kernels.py) run under node: the q4 matmul (its
-nibbles made floats from their bits there) against numpy on the dequantized weights, a kernel's
+nibbles converted four lanes at a time there) against numpy on the dequantized weights, a kernel's
 own argument check coming back as a message, and a module that imports nothing."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wick.compiler.cpu_kernels import cpu_target
 from wick.compiler.cpu_schedules import schedule
 from wick.compiler.quantization import dequantize, get_quantization, quantize
 from wick.compiler.wasm_kernels import build_wasm_libraries, wasm_target
@@ -53,10 +54,11 @@ def q4_module(tmp_path_factory):
     return path, entry
 
 
-def test_the_q4_matmul_is_wicks_kernel_with_bit_built_floats():
-    func = schedule(te_matmul(64, 96, residual=False), wasm_target())
-    text = func.script()
-    assert "q4_matmul" in text and "1258291200" in text  # 0x4B000000: floats from their bits
+def test_the_q4_matmul_is_wicks_kernel_converting_four_lanes_at_a_time():
+    text = schedule(te_matmul(64, 96, residual=False), wasm_target()).script()
+    assert "q4_matmul" in text and "T.unroll(4)" in text and "T.vectorized(4)" in text
+    native = schedule(te_matmul(64, 96, residual=False), cpu_target()).script()
+    assert "T.unroll(4)" not in native  # (x86 converts all 16 lanes at once)
 
 
 @pytest.mark.parametrize("residual", [False, True])

@@ -89,7 +89,9 @@ export class WasmExecutor {
         "Safari 16.4+ have it)"), { wickCode: "no_wasm_simd" });
     }
     // threads need memory shared between workers: a cross-origin isolated page only
-    const shared = Boolean(globalThis.crossOriginIsolated) && typeof SharedArrayBuffer === "function";
+    // (and workers to start: a SharedWorker may have none)
+    const shared = Boolean(globalThis.crossOriginIsolated) && typeof SharedArrayBuffer === "function" &&
+      typeof Worker === "function";
     const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency ?? 1;
     return new WasmExecutor(shared ? Math.max(1, Math.min(cores, MAX_THREADS)) : 1);
   }
@@ -141,6 +143,8 @@ export class WasmExecutor {
     return 0;
   }
 
+  /** One helper per extra thread. A helper that cannot start leaves the loops to the others
+   * (the pool counts only helpers that are running). */
   private startHelpers(module: WebAssembly.Module): void {
     const url = URL.createObjectURL(new Blob([THREAD_SOURCE], { type: "text/javascript" }));
     try {
@@ -151,6 +155,9 @@ export class WasmExecutor {
         helper.postMessage({ module, memory: this.memory, stackTop, index });
         this.helpers.push(helper);
       }
+    } catch (e) {
+      console.warn(`wick: WebAssembly helper threads could not start (${(e as Error).message}); ` +
+        `running on ${this.helpers.length + 1} thread(s)`);
     } finally {
       URL.revokeObjectURL(url);
     }
