@@ -194,10 +194,14 @@ async function send(text) {
       if (piece) { firstToken ??= performance.now(); reply += piece; out.textContent = reply; }
     }
     history.push({ role: "assistant", content: reply });
-    const secs = (performance.now() - started) / 1000;
+    const ended = performance.now();
+    const secs = (ended - started) / 1000;
     if (usage) {
       const ttft = firstToken ? ((firstToken - started) / 1000).toFixed(2) : "-";
-      const rate = usage.completion_tokens / secs;  // (two digits even when slow: "0.033")
+      // the speed of generation: after the first token (the first also waits for a model
+      // load, and the prompt); (two digits even when slow: "0.033")
+      const n = usage.completion_tokens;
+      const rate = firstToken && n > 1 && ended > firstToken ? (n - 1) / ((ended - firstToken) / 1000) : n / secs;
       const shown = rate >= 10 ? rate.toFixed(1) : rate.toPrecision(2);
       const cached = usage.prompt_tokens_details?.cached_tokens;
       const where = mode() === "browser" && browserEngine ? ` on ${browserEngine.engine.info.backend}` : "";
