@@ -15,6 +15,15 @@ from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page, open_chat_page
 pytestmark = pytest.mark.slow
 
 
+def ask(page, text: str) -> None:
+    """Send ``text`` from the chat page (greedy, 8 tokens) and wait for the answer's stats."""
+    page.fill("#temperature", "0")
+    page.fill("#max-tokens", "8")
+    page.fill("#input", text)
+    page.click("#send")
+    expect(page.locator("#status")).to_have_text(re.compile("tokens in"), timeout=240_000)
+
+
 def test_chat_page_browser_engine_screenshot(browser, web_server, tiny_artifact, tmp_path):
     from wick.server.local import Engine
 
@@ -27,11 +36,7 @@ def test_chat_page_browser_engine_screenshot(browser, web_server, tiny_artifact,
         # (the page's CSP forbids eval: wait with locators, not wait_for_function)
         page.locator("#model option").first.wait_for(state="attached")
         assert page.eval_on_selector("#engine", "e => e.value") == "browser"
-        page.fill("#temperature", "0")
-        page.fill("#max-tokens", "8")
-        page.fill("#input", messages[0]["content"])
-        page.click("#send")
-        expect(page.locator("#status")).to_have_text(re.compile("tokens in"), timeout=240_000)
+        ask(page, messages[0]["content"])
         got = page.eval_on_selector(".msg.assistant", "e => e.textContent")
         assert got == want
         # the next turn reads the first one from the prefix cache: the stats line says so
@@ -65,11 +70,7 @@ def test_chat_page_works_without_webgpu(playwright, web_server, tiny_artifact):
         page.locator("#model option").first.wait_for(state="attached")
         # (this server has no model of its own loaded: the browser engine is the default)
         assert page.eval_on_selector("#engine", "e => e.value") == "browser"
-        page.fill("#temperature", "0")
-        page.fill("#max-tokens", "8")
-        page.fill("#input", messages[0]["content"])
-        page.click("#send")
-        expect(page.locator("#status")).to_have_text(re.compile("tokens in"), timeout=240_000)
+        ask(page, messages[0]["content"])
         assert page.eval_on_selector(".msg.assistant", "e => e.textContent") == want
         out = ROOT / "build" / "browser"
         out.mkdir(parents=True, exist_ok=True)
@@ -98,11 +99,7 @@ def test_chat_page_switches_to_the_server_engine(browser, web_bundle, tiny_artif
         page.goto(live.url + "/")
         page.locator("#engine").select_option("server")
         expect(page.locator("#model option")).to_have_text(["tiny-llama0"])
-        page.fill("#temperature", "0")
-        page.fill("#max-tokens", "8")
-        page.fill("#input", messages[0]["content"])
-        page.click("#send")
-        expect(page.locator("#status")).to_have_text(re.compile("tokens in"))
+        ask(page, messages[0]["content"])
         assert page.eval_on_selector(".msg.assistant", "e => e.textContent") == want
         page.reload()  # the choice is remembered
         expect(page.locator("#model option")).to_have_text(["tiny-llama0"])

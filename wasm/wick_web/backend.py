@@ -41,24 +41,33 @@ def _i32(values: array):
     return out
 
 
+def _encoded(item: Any, cache: dict | None, encode) -> array:
+    """``encode(item)``, remembered in ``cache`` per object (plans reuse their dispatch and
+    call objects from step to step)."""
+    if cache is None:
+        return encode(item)
+    hit = cache.get(id(item))
+    if hit is not None and hit[0] is item:
+        return hit[1]
+    enc = encode(item)
+    cache[id(item)] = (item, enc)  # keeps item alive, so its id stays unique
+    return enc
+
+
+def _dispatch_words(d: Dispatch) -> array:
+    enc = array("i", [d.kernel, len(d.storage)])
+    for s in d.storage:
+        enc.extend((s.buffer, s.offset, s.size))
+    enc.extend((len(d.uniform), *d.grid))
+    return enc
+
+
 def encode_dispatches(dispatches: Sequence[Dispatch], cache: dict | None = None) -> tuple[array, bytearray]:
     """The flat int32 words and the concatenated uniform bytes of a step's dispatches."""
     words = array("i")
     uniforms = bytearray()
     for d in dispatches:
-        enc = None
-        if cache is not None:
-            hit = cache.get(id(d))
-            if hit is not None and hit[0] is d:
-                enc = hit[1]
-        if enc is None:
-            enc = array("i", [d.kernel, len(d.storage)])
-            for s in d.storage:
-                enc.extend((s.buffer, s.offset, s.size))
-            enc.extend((len(d.uniform), *d.grid))
-            if cache is not None:
-                cache[id(d)] = (d, enc)  # keeps d alive, so its id stays unique
-        words.extend(enc)
+        words.extend(_encoded(d, cache, _dispatch_words))
         uniforms += d.uniform
     return words, uniforms
 
@@ -157,23 +166,19 @@ _DLPACK = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "uint32": (
            "int64": (0, 64), "uint8": (1, 8), "int8": (0, 8), "bool": (6, 8)}
 
 
+def _call_words(c: Call) -> array:
+    enc = array("i", [c.function, len(c.args)])
+    for t in c.args:
+        code, bits = _DLPACK[t.dtype]
+        enc.extend((t.buffer, t.offset, code | bits << 8 | 1 << 16, len(t.shape), *t.shape))
+    return enc
+
+
 def encode_calls(calls: Sequence[Call], cache: dict | None = None) -> array:
     """The flat int32 words of a step's library calls."""
     words = array("i")
     for c in calls:
-        enc = None
-        if cache is not None:
-            hit = cache.get(id(c))
-            if hit is not None and hit[0] is c:
-                enc = hit[1]
-        if enc is None:
-            enc = array("i", [c.function, len(c.args)])
-            for t in c.args:
-                code, bits = _DLPACK[t.dtype]
-                enc.extend((t.buffer, t.offset, code | bits << 8 | 1 << 16, len(t.shape), *t.shape))
-            if cache is not None:
-                cache[id(c)] = (c, enc)  # keeps c alive, so its id stays unique
-        words.extend(enc)
+        words.extend(_encoded(c, cache, _call_words))
     return words
 
 
