@@ -1,7 +1,7 @@
 """The WebAssembly kernels in Chromium with WebGPU disabled (no --enable-unsafe-webgpu): the
 default backend ("auto") falls back to them, and they give the native CPU engine's greedy
-tokens on the same artifact -- the tiny random Llama (f32 and 4-bit) and SmolLM2-135M, whose
-native tokens equal transformers' (tests/e2e/test_cpu_backend.py)."""
+tokens on the same artifact (the tiny random Llama, f32, 4-bit and f16, one thread and, in a
+cross-origin isolated page, every core), and SmolLM2-135M transformers' greedy tokens."""
 
 from __future__ import annotations
 
@@ -154,23 +154,38 @@ def smol_server(web_bundle, compiled):
     live.stop()
 
 
-def test_smollm2_on_wasm_gives_the_native_greedy_chat(context, smol_server):
+def test_smollm2_on_wasm_gives_transformers_greedy_tokens(context, smol_server):
+    """SmolLM2 q0f32 on the WebAssembly kernels: a greedy completion of the prompt's token ids
+    gives transformers' tokens on the same (dequantized) weights, and a chat the native CPU
+    engine's text."""
+    from tokenizers import Tokenizer
+
+    from tests.e2e.helpers import hf_greedy, load_hf
+    from wick.compiler.sources import resolve_source
     from wick.server.local import Engine
 
     live, art = smol_server
-    want = Engine(str(art), device="cpu").chat.completions.create(
+    tok = Tokenizer.from_file(str(art / "tokenizer.json"))
+    prompt = tok.encode("The three primary colors are", add_special_tokens=False).ids
+    gguf = resolve_source("smollm2-135m-instruct").path
+    want_ids = hf_greedy(load_hf(gguf.parent, gguf_file=gguf.name), prompt, 16)
+    want_chat = Engine(str(art), device="cpu").chat.completions.create(
         messages=SMOL_MESSAGES, max_tokens=16, temperature=0).to_dict()
     page = Page(context, live.url)
-    out = page.run("""async ([messages]) => {
+    out = page.run("""async ([prompt, messages]) => {
         const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32"});
         const t0 = performance.now();
-        const r = await engine.chat.completions.create({messages, max_tokens: 16, temperature: 0});
+        const comp = await engine.completions.create({prompt, max_tokens: 16, temperature: 0});
         const ms = performance.now() - t0;
+        const chat = await engine.chat.completions.create({messages, max_tokens: 16, temperature: 0});
         await engine.unload();
-        return {r, ms, backend: engine.info.backend};
-    }""", [SMOL_MESSAGES], timeout=600_000)
+        return {comp, chat, ms, backend: engine.info.backend};
+    }""", [prompt, SMOL_MESSAGES], timeout=600_000)
     print(f"SmolLM2 q0f32 on wasm in Chromium: 16 tokens in {out['ms'] / 1e3:.1f} s")
     assert out["backend"] == "wasm"
-    assert out["r"]["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
-    assert out["r"]["usage"] == want["usage"]
+    assert out["comp"]["choices"][0]["text"] == tok.decode(want_ids)
+    assert out["comp"]["usage"]["completion_tokens"] == len(want_ids) == 16
+    assert out["chat"]["choices"][0]["message"]["content"] == \
+        want_chat["choices"][0]["message"]["content"]
+    assert out["chat"]["usage"] == want_chat["usage"]
     assert not page.console_errors
