@@ -18,7 +18,9 @@ engine that is already loaded, beside a fresh ``createEngine`` with a cold and a
 a second tab on ``createEngine(model, {shared: true})`` (SharedWorker), and a second page of
 the Chrome extension (``wick extension build``; cold: a new profile, warm: after closing the
 offscreen document). Headless Chromium's WebGPU here is SwiftShader (CPU): numbers describe
-the host, not a GPU. Needs ``bash web/build.sh`` first.
+the host, not a GPU ("auto" would pass over it for the WebAssembly kernels, which
+``bench/cpu.py --browser`` measures; here WebGPU is asked for). Needs ``bash web/build.sh``
+first.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ RUN = """async ([model, quantization, prompt, tokens, batches]) => {
       if (p.stage === "compile") marks.compile ??= t;
       if (p.stage === "download" && p.total > 0) marks.download ??= t;  // weights begin
     };
-    const engine = await wick.createEngine(model, {quantization, onProgress: mark});
+    const engine = await wick.createEngine(model, {quantization, backend: "webgpu", onProgress: mark});
     const load_s = (performance.now() - t0) / 1000;
     const first = await one(engine);
     return {engine, load_s, boot_s: marks.boot ?? 0,
