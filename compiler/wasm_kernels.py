@@ -44,7 +44,7 @@ EXPORT_PREFIX = "__tvm_ffi_"
 
 def wasm_target() -> tvm.target.Target:
     return tvm.target.Target({"kind": "llvm", "mtriple": TRIPLE, "mattr": list(FEATURES),
-                              "vector-width": 128})  # (said, TVM does not warn about it)
+                              "vector-width": 128})  # (stated, or TVM warns on every build)
 
 
 def build_wasm_libraries(functions: dict[str, tirx.PrimFunc]) -> dict[str, tuple[bytes, dict]]:
