@@ -81,7 +81,7 @@ def write_artifact(
     quantization, model, requires, source and compiler fields of the manifest. A parameter
     bigger than ``shard_max_bytes`` gets a shard of its own. ``libraries``: per kind of
     ``LIBRARY_FILES``, that kernel set's bytes and manifest entry (``build_cpu_library``,
-    ``build_wasm_library``)."""
+    ``build_wasm_libraries``)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f"{TMP_INFIX}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

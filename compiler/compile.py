@@ -50,7 +50,8 @@ def compiler_digest() -> str:
     """Hash of the compiler's own source: artifacts are rebuilt whenever the compiler changes."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(here.rglob("*.py")) + [here / "wasm_runtime.c", here.parent / "engine" / "artifact.py"]:
+    extra = [here / "wasm_runtime.c", here.parent / "engine" / "artifact.py"]
+    for path in sorted(here.rglob("*.py")) + extra:
         if path.is_file():
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

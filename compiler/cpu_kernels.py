@@ -37,14 +37,10 @@ def build_cpu_library(functions: dict[str, tirx.PrimFunc],
                       mcpu: str | None = None) -> tuple[bytes, dict]:
     """Compile ``functions`` into one shared library: its bytes, and its manifest entry
     (without file and hash): the CPU it was built for and the functions it exports."""
-    from .cpu_schedules import schedule
+    from .cpu_schedules import build_scheduled
 
     target = cpu_target(mcpu)
-    funcs = {}
-    for name, f in functions.items():
-        # (a rule may return a new function: name it after scheduling)
-        funcs[tvm.ir.GlobalVar(name)] = schedule(f, target).with_attr("global_symbol", name)
-    lib = tvm.tirx.build(tvm.IRModule(funcs), target=target)
+    lib = build_scheduled(functions, target)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernels.so"
         lib.export_library(str(path))  # links with the system C compiler

@@ -32,6 +32,16 @@ LANE_CHOICES = (16,)
 PARALLEL_MIN_WORK = 1 << 14  # loop iterations below which elementwise work stays serial
 
 
+def build_scheduled(functions: dict[str, tirx.PrimFunc], target):
+    """Every function scheduled for ``target`` (native CPU or wasm32) and compiled by LLVM into
+    one module, each exported under its name."""
+    funcs = {}
+    for name, f in functions.items():
+        # (a rule may return a new function: name it after scheduling)
+        funcs[tvm.ir.GlobalVar(name)] = schedule(f, target).with_attr("global_symbol", name)
+    return tvm.tirx.build(tvm.IRModule(funcs), target=target)
+
+
 def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     """``func`` scheduled for ``target`` (an LLVM CPU target)."""
     if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):

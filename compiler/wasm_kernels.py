@@ -51,13 +51,9 @@ def build_wasm_libraries(functions: dict[str, tirx.PrimFunc]) -> dict[str, tuple
     """Compile ``functions`` into the two WebAssembly modules: per kind (``"wasm"``, one
     thread; ``"wasm_threads"``, shared memory), its bytes and its manifest entry (without file
     and hash)."""
-    from .cpu_schedules import schedule
+    from .cpu_schedules import build_scheduled
 
-    target = wasm_target()
-    funcs = {}
-    for name, f in functions.items():
-        funcs[tvm.ir.GlobalVar(name)] = schedule(f, target).with_attr("global_symbol", name)
-    lib = tvm.tirx.build(tvm.IRModule(funcs), target=target)
+    lib = build_scheduled(functions, wasm_target())
     entry = {"triple": TRIPLE, "features": list(FEATURES), "export_prefix": EXPORT_PREFIX,
              "functions": sorted(functions)}
     exports = [EXPORT_PREFIX + name for name in sorted(functions)]

@@ -1,5 +1,6 @@
 """The worker's Python side: load an artifact into an ``AsyncEngineAPI`` on the worker's
-executor (WebGPU, or the WebAssembly kernels) and answer create requests, posting results and stream chunks back to JavaScript as JSON.
+executor (WebGPU, or the WebAssembly kernels) and answer create requests, posting results and
+stream chunks back to JavaScript as JSON.
 
 JS calls ``load(...)`` once, then ``host.start(rid, kind, body_json)`` per request (a task;
 concurrent requests share engine steps), ``host.cancel(rid)`` (AbortSignal) and

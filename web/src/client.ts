@@ -519,13 +519,13 @@ async function finish(attach: Attach, options: CreateEngineOptions): Promise<Eng
  * If the engine's host is lost (its worker or document closed), pending requests fail with an
  * EngineLostError and the next request loads it again (from the browser cache). */
 export async function createEngine(model: string, options: CreateEngineOptions = {}): Promise<Engine> {
-  if (inExtension()) return connectExtension(null, model, options);
   const backend = options.backend ?? "auto";
   if (!BACKENDS.includes(backend)) {
     throw new InvalidRequestError({ message: `backend must be one of ${BACKENDS.join(", ")}, got ` +
       `${JSON.stringify(backend)}`, type: "invalid_request_error", param: "backend",
       code: "invalid_backend" }, 400);
   }
+  if (inExtension()) return connectExtension(null, model, options);
   if (backend === "webgpu" && !(globalThis.navigator as Navigator | undefined)?.gpu) throw noWebGPU();
   const baseUrl = (options.baseUrl ?? new URL(import.meta.url).origin).replace(/\/$/, "");
   const workerUrl = new URL(options.workerUrl ?? "./wick-worker.js", import.meta.url);
