@@ -24,11 +24,12 @@ from ..engine.artifact import (
 )
 from .lower import Lowered
 
-# the kernel sets compiled as one library each: native CPU (compiler/cpu_kernels.py) and
-# WebAssembly, one thread or shared memory (compiler/wasm_kernels.py); the manifest names each
-# as ``<kind>_kernels``
+# the kernel sets kept as one file each: native CPU (compiler/cpu_kernels.py), WebAssembly, one
+# thread or shared memory (compiler/wasm_kernels.py), and CUDA C source (compiler/cuda_kernels.py);
+# the manifest names each as ``<kind>_kernels``
 LIBRARY_FILES = {"cpu": "kernels/cpu/kernels.so", "wasm": "kernels/wasm/kernels.wasm",
-                 "wasm_threads": "kernels/wasm/kernels-threads.wasm"}
+                 "wasm_threads": "kernels/wasm/kernels-threads.wasm",
+                 "cuda": "kernels/cuda/kernels.cu"}
 
 Progress = Callable[[str, int, int], None]
 

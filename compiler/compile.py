@@ -23,6 +23,7 @@ from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from . import paths
 from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
 from .cpu_kernels import build_cpu_library
+from .cuda_kernels import build_cuda_source, cuda_target
 from .wasm_kernels import build_wasm_libraries
 from .lower import lower, merge, webgpu_target
 from .models import family_for
@@ -370,24 +371,27 @@ def compile_model(
 
     report("lower (TVM)", 0, 3)
     twins = {**module.cpu_twins(), **_sampler_cpu_twins(cfg.vocab_size)}
+    cuda_twins = module.gpu_twins(cuda_target())
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
     sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
     lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
                                   "process_logits": sampler_bounds, "logprobs": sampler_bounds},
-                    target, schedule="prefill", cpu_twins=twins)
+                    target, schedule="prefill", cpu_twins=twins, cuda_twins=cuda_twins)
     report("lower (TVM)", 1, 3)
     decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
-                   schedule="decode", cpu_twins=twins)
+                   schedule="decode", cpu_twins=twins, cuda_twins=cuda_twins)
     lowered = merge(lowered, decode, prefix="decode_")
     report("lower (TVM)", 2, 3)
     lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
-                                   schedule="decode1", cpu_twins=twins), prefix="decode1_")
+                                   schedule="decode1", cpu_twins=twins, cuda_twins=cuda_twins),
+                     prefix="decode1_")
     report("lower (TVM)", 3, 3)
     report("compile CPU kernels", 0, 2)
     libraries = {"cpu": build_cpu_library(lowered.cpu_functions)}
     report("compile CPU kernels", 1, 2)  # then the same functions for browsers without WebGPU
     libraries.update(build_wasm_libraries(lowered.cpu_functions))
     report("compile CPU kernels", 2, 2)
+    libraries["cuda"] = build_cuda_source(lowered.cuda)  # (source: NVRTC compiles it at load)
 
     names = [name for name, _ in named]
     header = {

@@ -146,8 +146,11 @@ def _walk_host(stmt, binds: dict, decls: dict, calls: list, where: str) -> None:
         _walk_host(body, binds, decls, calls, where)
 
 
-def _host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc]) -> TirFunction:
-    """Read the launches of one host function (buffer-level form, before MakePackedAPI)."""
+def _host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc],
+                   block: bool = False) -> TirFunction:
+    """Read the launches of one host function (buffer-level form, before MakePackedAPI).
+    With ``block``, each launch also says its thread block and dynamic shared memory (CUDA
+    takes them at launch; a WGSL kernel declares its workgroup size itself)."""
     name = str(func.attrs["global_symbol"])
     param_index, offset_vars, shape_vars = {}, set(), {}
     for i, p in enumerate(func.params):
@@ -199,12 +202,21 @@ def _host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc]) -> Ti
             else:
                 scalars.append(expr_to_json(a, resolve))
         grid: list = [1, 1, 1]
+        threads: list = [1, 1, 1]
+        shared: Any = 0
         for tag, value in zip(tags, args[nparams:]):
             if tag.startswith("blockIdx."):
                 grid["xyz".index(tag[-1])] = expr_to_json(value, resolve)
-            elif not tag.startswith("threadIdx."):
+            elif tag.startswith("threadIdx."):
+                threads["xyz".index(tag[-1])] = expr_to_json(value, resolve)
+            elif tag == "tirx.use_dyn_shared_memory" and block:
+                shared = expr_to_json(value, resolve)
+            else:
                 raise NotImplementedError(f"{kname}: launch parameter {tag}")
-        launches.append({"kernel": kname, "buffers": buffers, "scalars": scalars, "grid": grid})
+        launch = {"kernel": kname, "buffers": buffers, "scalars": scalars, "grid": grid}
+        if block:
+            launch.update(block=threads, shared=shared)
+        launches.append(launch)
     return TirFunction(name, params, launches)
 
 
@@ -377,13 +389,17 @@ class Lowered:
     # the same TIR functions for the CPU kernel set (compiler/cpu_kernels.py), unscheduled, with
     # the GPU-only ones (attention, sampling) replaced by their CPU twins
     cpu_functions: dict[str, tirx.PrimFunc] = field(default_factory=dict)
+    # the same TIR functions lowered for CUDA (compiler/cuda_kernels.py), when asked for
+    cuda: Any = None
 
 
 def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=None,
-          schedule: str = "prefill", cpu_twins: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
+          schedule: str = "prefill", cpu_twins: dict[str, tirx.PrimFunc] | None = None,
+          cuda_twins: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
     """Compile a Relax module exported by ``nn.Module.export_tvm``: its plans, its WebGPU
     kernels, and (given ``cpu_twins``: TIR function name -> CPU replacement for each function
-    that only has a GPU form) its TIR functions for the CPU kernel set."""
+    that only has a GPU form) its TIR functions for the CPU kernel set; given ``cuda_twins``
+    (the functions with a CUDA form of their own), its CUDA kernel set too."""
     from tvm.s_tir import dlight as dl
 
     target = target or webgpu_target()
@@ -409,7 +425,12 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
                                             "dtype": str(p.ty.dtype)}
     used = {l["kernel"] for tf in funcs.values() for l in tf.launches}
     kernels = [k for k in kernels if k.name in used]
-    return Lowered(kernels, funcs, plans, param_specs, cpu_functions)
+    cuda = None
+    if cuda_twins is not None:
+        from .cuda_kernels import lower_cuda
+
+        cuda = lower_cuda(tir_mod, schedule, cuda_twins)
+    return Lowered(kernels, funcs, plans, param_specs, cpu_functions, cuda)
 
 
 def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
@@ -440,5 +461,10 @@ def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
     for pname, plan in other.plans.items():
         instrs = [{**i, "func": func_names[i["func"]]} if i["op"] == "call" else i for i in plan["instrs"]]
         plans[pname] = {**plan, "instrs": instrs}
+    cuda = base.cuda
+    if base.cuda is not None and other.cuda is not None:
+        from .cuda_kernels import merge_cuda
+
+        cuda = merge_cuda(base.cuda, other.cuda, prefix, func_names)
     return Lowered(list(kernels.values()), funcs, plans, {**base.param_specs, **other.param_specs},
-                   cpu_functions)
+                   cpu_functions, cuda)

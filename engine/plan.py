@@ -72,16 +72,25 @@ def bind_shapes(env: dict[str, int], declared: Sequence[Sequence[Any]],
                                     f"with {bound}")
 
 
+_SCALAR_CODES = {"float32": "f", "int32": "i", "uint32": "I", "int64": "q", "uint64": "Q"}
+
+
+def scalar_format(dtypes: Sequence[str], suffix: str = "") -> str:
+    """The ``struct`` format of a kernel's scalar parameters (little-endian, packed)."""
+    try:
+        return "<" + "".join(_SCALAR_CODES[d] for d in dtypes) + suffix
+    except KeyError as e:
+        raise ArtifactError(f"kernel scalar of type {e} is not supported") from None
+
+
 class KernelTable:
     """All kernels of an artifact, loaded into a backend once."""
 
+    grid_word = True  # the uniform ends with packGridDimX (WGSL kernels, docs/kernel-abi.md)
+
     def __init__(self, kernels: Sequence[dict], backend: Backend) -> None:
         self.index = {k["name"]: i for i, k in enumerate(kernels)}
-        self.scalar_formats = [
-            "<" + "".join("f" if d.startswith("float") else "I" if d.startswith("uint") else "i"
-                          for d in k["scalar_dtypes"]) + "I"
-            for k in kernels
-        ]
+        self.scalar_formats = [scalar_format(k["scalar_dtypes"], "I") for k in kernels]
         specs = [
             KernelSpec(k["name"], k["wgsl"], k.get("entry_point", k["name"]),
                        tuple(k["storage_access"]), True)
@@ -100,11 +109,24 @@ class LibraryTable:
         self.base = backend.load_library(entry, f"{directory}/{entry['file']}", data)
 
 
+class SourceKernelTable:
+    """A kernel set kept as one source file (CUDA C, compiled by the backend at load), launched
+    like WGSL kernels: ``Dispatch``es whose uniform holds the kernel's scalars only."""
+
+    grid_word = False
+
+    def __init__(self, entry: dict, directory: str, data: bytes, backend: Backend) -> None:
+        """``entry``: the manifest's ``<kind>_kernels``; ``data``: its file's verified bytes."""
+        self.index = {k["name"]: i for i, k in enumerate(entry["kernels"])}
+        self.scalar_formats = [scalar_format(k["scalar_dtypes"]) for k in entry["kernels"]]
+        self.base = backend.load_library(entry, f"{directory}/{entry['file']}", data)
+
+
 class PlanFunction:
     """One entry point (e.g. ``forward``) bound to a backend."""
 
     def __init__(self, plan: dict, tir_functions: Mapping[str, dict],
-                 kernels: KernelTable | LibraryTable,
+                 kernels: KernelTable | LibraryTable | SourceKernelTable,
                  backend: Backend, params: Mapping[str, TensorRef]) -> None:
         self.name = plan["name"]
         self.plan = plan
@@ -179,7 +201,9 @@ class PlanFunction:
             if x <= 0 or y <= 0:
                 continue  # empty launch (no rows)
             scalars = [evaluate(s, env) for s in launch["scalars"]]
-            uniform = struct.pack(self.kernels.scalar_formats[kid], *scalars, x)
+            if self.kernels.grid_word:
+                scalars.append(x)
+            uniform = struct.pack(self.kernels.scalar_formats[kid], *scalars)
             storage = []
             for p in launch["buffers"]:
                 t = args[p]

@@ -18,7 +18,8 @@ from .backend import Backend, Read, Write
 from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
 from .kv_cache import pages_for, window_pages
-from .plan import DTYPE_BYTES, KernelTable, LibraryTable, PlanFunction, TensorRef, evaluate
+from .plan import (DTYPE_BYTES, KernelTable, LibraryTable, PlanFunction, SourceKernelTable,
+                   TensorRef, evaluate)
 from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
 KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
@@ -160,13 +161,11 @@ class Runner:
         self._plan_ms = 0.0
         report = progress or (lambda stage, done, total: None)
 
-        plans, tir = artifact.manifest["plans"], artifact.manifest["tir_functions"]
+        plans = artifact.manifest["plans"]
         entries = [e for e in ("forward", "decode", "decode1", "sample", "process_logits",
                                "logprobs")
                    if e in plans and (batched_decode or e != "decode")]
-        used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
-                if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
-        self.kernels = self._kernel_set(artifact, backend, used)
+        self.kernels, tir = self._kernel_set(artifact, backend, entries)
         params, self.weight_placements = self._alloc_params(artifact)
         if upload_weights:
             self._write_weights(artifact, report)
@@ -213,19 +212,28 @@ class Runner:
     # ------------------------------------------------------------------ loading
 
     @staticmethod
-    def _kernel_set(artifact: Artifact, backend: Backend, used: set[str]) -> KernelTable | LibraryTable:
-        """The artifact's kernels for this backend's kind (engine/backend.py)."""
+    def _kernel_set(artifact: Artifact, backend: Backend, entries: list[str]
+                    ) -> tuple[KernelTable | LibraryTable | SourceKernelTable, dict]:
+        """The artifact's kernels for this backend's kind (engine/backend.py), loaded, and the
+        TIR functions' launches that go with them (WebGPU's or CUDA's)."""
         kind = getattr(backend, "kind", "webgpu")
+        manifest = artifact.manifest
         if kind == "webgpu":
-            return KernelTable(artifact.kernels(used), backend)
-        entry = artifact.manifest.get(f"{kind}_kernels")
+            tir, plans = manifest["tir_functions"], manifest["plans"]
+            used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
+                    if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
+            return KernelTable(artifact.kernels(used), backend), tir
+        entry = manifest.get(f"{kind}_kernels")
         if entry is None:
-            what = "WebAssembly" if kind.startswith("wasm") else "CPU"
+            what = {"cpu": "CPU", "cuda": "CUDA"}.get(kind, "WebAssembly")
             raise ArtifactError(f"artifact {artifact.location or artifact.model_id} has no {what} "
                                 "kernels (compiled by an older wick): recompile it with "
                                 "`wick compile --force`", code="artifact_stale")
         data = artifact.read_verified(entry["file"], entry["sha256"])  # a corrupt file is named
-        return LibraryTable(entry, artifact.location, data, backend)
+        if "tir_functions" in entry:  # a GPU kernel set of its own launches (CUDA)
+            return (SourceKernelTable(entry, artifact.location, data, backend),
+                    entry["tir_functions"])
+        return LibraryTable(entry, artifact.location, data, backend), manifest["tir_functions"]
 
     def _alloc_params(self, artifact: Artifact) -> tuple[dict[str, TensorRef], list[WeightPlacement]]:
         """One zero-filled device buffer per parameter, and where its bytes come from."""

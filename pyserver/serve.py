@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
-from ..native.devices import DEVICES
+from ..native.devices import DEVICE_HELP, DEVICES
 from .shutdown import HEADER_TIMEOUT_S
 
 log = logging.getLogger("wick.server")
@@ -41,9 +41,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="MODEL", help="another model to serve (repeatable)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
                    help="default: the best the device supports")
-    p.add_argument("--device", choices=DEVICES, default="auto",
-                   help="auto: a real GPU if there is one, else the CPU kernels; vulkan: wgpu "
-                   "on any adapter, software ones (lavapipe) included")
+    p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")

@@ -221,6 +221,13 @@ class DecoderForCausalLM(nn.Module):
         (window,) = {a.shape.window for a in self.layer_attention} - {None}
         return window
 
+    def gpu_twins(self, target) -> dict:
+        """TIR function name -> each attention kernel tiled for another GPU ``target``."""
+        twins: dict = {}
+        for attn in dict.fromkeys(self.layer_attention):
+            twins.update(attn.gpu_twins(target))
+        return twins
+
     def cpu_twins(self) -> dict:
         """TIR function name -> the CPU twin of each GPU-only kernel (compiler/cpu_kernels.py)."""
         twins: dict = {}

@@ -101,11 +101,16 @@ class PagedAttention:
         if kv not in shared:
             shared[kv] = _kv_cache_transpose_append(*kv, PAGE_SIZE)
         self.append = shared[kv]
-        prefill = _attention_prefill(
-            s.num_kv_heads, s.num_q_heads, s.head_dim, s.dtype, False, scaling, target, PAGE_SIZE
-        )
+        self._prefill_scaling = scaling
+        self.prefill = self._prefill_kernel(target)
+
+    def _prefill_kernel(self, target) -> tirx.PrimFunc:
+        """TVM's paged prefill kernel, tiled for ``target``, with this shape's constants."""
+        s = self.shape
+        prefill = _attention_prefill(s.num_kv_heads, s.num_q_heads, s.head_dim, s.dtype, False,
+                                     self._prefill_scaling, target, PAGE_SIZE)
         causal, rotary_mode, rope_scale, rope_theta, sm_scale = prefill.params[-5:]
-        self.prefill = prefill.specialize(
+        return prefill.specialize(
             {
                 causal: tirx.IntImm("int32", 1),
                 rotary_mode: tirx.IntImm("int32", 0),  # RoPE already applied by fused_rope
@@ -113,7 +118,14 @@ class PagedAttention:
                 rope_theta: tirx.FloatImm("float32", float(s.rope_theta)),
                 sm_scale: tirx.FloatImm("float32", s.softmax_scale),
             }
-        ).with_attr("global_symbol", "batch_prefill_paged_kv" + tag)
+        ).with_attr("global_symbol", "batch_prefill_paged_kv" + self.tag)
+
+    def gpu_twins(self, target) -> dict[str, Any]:
+        """This shape's attention kernel tiled for another GPU ``target`` (CUDA: larger tiles
+        than WebGPU's), same parameters; the windowed kernel (wick's own) serves any GPU."""
+        if self.windowed:
+            return {}
+        return {"batch_prefill_paged_kv" + self.tag: self._prefill_kernel(target)}
 
     def cpu_twins(self) -> dict[str, Any]:
         """The CPU kernel set's replacements for this shape's GPU-only attention kernel (the

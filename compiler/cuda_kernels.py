@@ -1,0 +1,142 @@
+"""The CUDA kernel set: the plan's TIR functions scheduled and lowered by TVM for CUDA.
+
+The same unscheduled TIR functions as the WebGPU set (compiler/lower.py), scheduled by the same
+dlight rules for a CUDA target (TVM tiles them for 1024-thread blocks and 32-lane warps), and
+lowered the same way: each function's host part becomes launches read as data, its device parts
+become CUDA C. Every kernel goes into one source file, ``kernels/cuda/kernels.cu``, which the
+CUDA backend (native/cuda_backend.py) compiles with NVRTC once, at load, for the GPU it finds.
+So the artifact holds source, not a binary: one file serves every NVIDIA GPU from ``CUDA_ARCH``
+on, and nothing here needs a GPU or a CUDA toolkit.
+
+The manifest's ``cuda_kernels`` entry holds what the engine needs to launch them: each kernel's
+scalar parameters, thread block and dynamic shared memory, and the TIR functions' launches
+(the WebGPU set's format, docs/artifact.md). Kernels whose GPU form differs by target
+(attention's tiles) are rebuilt for CUDA (``DecoderForCausalLM.gpu_twins``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from .lower import TirFunction, _host_launches, _lower_tir, _scalar_dtype, schedule_rules
+
+# The oldest GPU architecture the source targets (Ampere): TVM's codegen and dlight's rules
+# read it. The backend compiles for the device's own architecture, and refuses an older one.
+CUDA_ARCH = "sm_80"
+MAX_THREADS = 1024
+
+
+def cuda_target(arch: str = CUDA_ARCH) -> tvm.target.Target:
+    return tvm.target.Target({"kind": "cuda", "arch": arch, "max_num_threads": MAX_THREADS,
+                              "thread_warp_size": 32, "max_shared_memory_per_block": 49152},
+                             host={"kind": "llvm"})
+
+
+@dataclass
+class CudaSet:
+    """One lowering's CUDA kernels (device functions by name) and TIR functions' launches."""
+
+    kernels: dict[str, tirx.PrimFunc] = field(default_factory=dict)
+    tir_functions: dict[str, TirFunction] = field(default_factory=dict)
+
+
+def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc]) -> CudaSet:
+    """``tir_mod``'s functions (``twins`` replacing those with a CUDA form of their own)
+    scheduled by ``schedule_rules(schedule)`` and lowered for CUDA."""
+    from tvm.s_tir import dlight as dl
+
+    target = cuda_target()
+    funcs = {gv: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()}
+    with target:
+        scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(tvm.IRModule(funcs))
+    lowered = _lower_tir(scheduled, target)
+    devices, hosts = {}, []
+    for gv, f in lowered.functions.items():
+        if f.attrs.get("calling_conv") is not None and int(f.attrs["calling_conv"]) == 2:
+            devices[gv.name_hint] = f
+        else:
+            hosts.append(f)
+    _, _, device_passes = tvm.tirx.get_tir_pipeline("s_tir")
+    dmod = device_passes()(tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in devices.items()}))
+    out = CudaSet()
+    for f in hosts:
+        tf = _host_launches(f, devices, block=True)
+        out.tir_functions[tf.name] = tf
+    used = {launch["kernel"] for tf in out.tir_functions.values() for launch in tf.launches}
+    out.kernels = {gv.name_hint: f for gv, f in dmod.functions.items() if gv.name_hint in used}
+    return out
+
+
+def merge_cuda(base: CudaSet, other: CudaSet, prefix: str, func_names: dict[str, str]) -> CudaSet:
+    """``other`` added to ``base``: a kernel whose name ``base`` already uses for a different
+    function gets ``prefix``; TIR functions take the plan's names (``func_names``, decided by
+    ``lower.merge``: the WebGPU and CUDA sets of one plan call the same functions)."""
+    kernels = dict(base.kernels)
+    renamed: dict[str, str] = {}
+    for name, f in other.kernels.items():
+        same = kernels.get(name)
+        new = name if same is None or tvm_ffi.structural_equal(same, f) else prefix + name
+        renamed[name] = new
+        kernels.setdefault(new, f.with_attr("global_symbol", new))
+    funcs = dict(base.tir_functions)
+    for name, tf in other.tir_functions.items():
+        launches = [{**launch, "kernel": renamed[launch["kernel"]]} for launch in tf.launches]
+        target = func_names.get(name, name)
+        have = funcs.get(target)
+        if have is not None and (have.params, have.launches) != (tf.params, launches):
+            raise ValueError(f"{target}: the CUDA lowerings of one function disagree between "
+                             "plans although the WebGPU ones match")
+        funcs.setdefault(target, TirFunction(target, tf.params, launches))
+    return CudaSet(kernels, funcs)
+
+
+def _static(value, what: str) -> int:
+    if not isinstance(value, int):
+        raise NotImplementedError(f"{what} depends on the shapes ({value}): not supported")
+    return value
+
+
+def kernel_entry(name: str, f: tirx.PrimFunc, launches: list[dict]) -> dict:
+    """What the backend needs to launch ``name``: its scalar parameters (after its pointers:
+    TVM puts buffer parameters first), its thread block and its dynamic shared memory."""
+    dtypes = [_scalar_dtype(p) for p in f.params]
+    first_scalar = next((i for i, d in enumerate(dtypes) if d is not None), len(dtypes))
+    if any(d is None for d in dtypes[first_scalar:]):
+        raise NotImplementedError(f"{name}: a pointer parameter after a scalar one")
+    blocks = {tuple(_static(b, f"{name}'s thread block") for b in launch["block"])
+              for launch in launches}
+    shared = {_static(launch["shared"], f"{name}'s shared memory") for launch in launches}
+    if len(blocks) != 1 or len(shared) != 1:
+        raise NotImplementedError(f"{name}: launched with different blocks {blocks}")
+    block = blocks.pop()
+    if block[0] * block[1] * block[2] > MAX_THREADS:
+        raise NotImplementedError(f"{name}: block {block} over {MAX_THREADS} threads")
+    return {"name": name, "scalar_dtypes": dtypes[first_scalar:], "block": list(block),
+            "shared": shared.pop()}
+
+
+def build_cuda_source(cuda: CudaSet) -> tuple[bytes, dict]:
+    """All kernels as one CUDA C source, and the manifest entry (without file and hash):
+    the architecture, each kernel's launch metadata, and the TIR functions' launches."""
+    target = cuda_target()
+    funcs = {tvm.ir.GlobalVar(n): f.with_attr("global_symbol", n) for n, f in cuda.kernels.items()}
+    # TVM's CUDA codegen keeps the source and leaves compiling to whoever loads the module
+    module = tvm.get_global_func("target.build.cuda")(tvm.IRModule(funcs), target)
+    source = module.inspect_source("cuda")
+    by_kernel: dict[str, list[dict]] = {n: [] for n in cuda.kernels}
+    for tf in cuda.tir_functions.values():
+        for launch in tf.launches:
+            by_kernel[launch["kernel"]].append(launch)
+    kernels = [kernel_entry(n, cuda.kernels[n], by_kernel[n]) for n in sorted(cuda.kernels)]
+    tir_functions = {}
+    for name, tf in cuda.tir_functions.items():
+        # (block and shared memory are the kernel's: kept once, in its entry)
+        launches = [{k: v for k, v in launch.items() if k not in ("block", "shared")}
+                    for launch in tf.launches]
+        tir_functions[name] = {"params": tf.params, "launches": launches}
+    return source.encode("utf-8"), {"arch": CUDA_ARCH, "kernels": kernels,
+                                    "tir_functions": tir_functions}
