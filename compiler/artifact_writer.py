@@ -77,19 +77,21 @@ def write_artifact(
     progress: Progress | None = None,
     shard_max_bytes: int = SHARD_MAX_BYTES,
     libraries: dict[str, tuple[bytes, dict]] | None = None,
+    fills: dict[str, list[float]] | None = None,
 ) -> Path:
     """Write everything under ``out_dir`` (replaced atomically). ``header`` holds model_id,
     quantization, model, requires, source and compiler fields of the manifest. A parameter
     bigger than ``shard_max_bytes`` gets a shard of its own. ``libraries``: per kind of
     ``LIBRARY_FILES``, that kernel set's bytes and manifest entry (``build_cpu_library``,
-    ``build_wasm_libraries``)."""
+    ``build_wasm_libraries``). ``fills``: parameters without stored weights, each filled on
+    the device at load from its [seed, low, high] (compiler/synthetic.py)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f"{TMP_INFIX}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write(tmp, header=header, lowered=lowered, params=params, num_params=num_params,
                tokenizer_json=tokenizer_json, progress=progress, shard_max_bytes=shard_max_bytes,
-               libraries=libraries or {})
+               libraries=libraries or {}, fills=fills or {})
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
     except BaseException:  # a failed or interrupted build leaves nothing behind
@@ -109,7 +111,8 @@ def _file_stem(name: str, src: bytes, limit: int = 120) -> str:
 
 def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[str, np.ndarray]],
            num_params: int, tokenizer_json: str, progress: Progress | None,
-           shard_max_bytes: int, libraries: dict[str, tuple[bytes, dict]]) -> None:
+           shard_max_bytes: int, libraries: dict[str, tuple[bytes, dict]],
+           fills: dict[str, list[float]]) -> None:
     (tmp / "kernels" / "webgpu").mkdir(parents=True)
     kernels = []
     for k in lowered.kernels:
@@ -140,6 +143,11 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         if progress:
             progress("write weights", i + 1, num_params)
     shards.flush()
+    for name, fill in fills.items():
+        spec = lowered.param_specs[name]
+        count = int(np.prod(spec["shape"], dtype=np.int64))
+        index.append({"name": name, "shape": spec["shape"], "dtype": spec["dtype"],
+                      "nbytes": count * np.dtype(spec["dtype"]).itemsize, "fill": fill})
     missing = set(lowered.param_specs) - {p["name"] for p in index}
     if missing:
         raise ValueError(f"no weights for parameters: {', '.join(sorted(missing)[:5])}")

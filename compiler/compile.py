@@ -301,6 +301,72 @@ def _refuse_f16_overflow(family, quant: Quantization) -> None:
             param="quantization")
 
 
+def build_module(family, cfg, quant: Quantization, max_param_bytes: int):
+    """The family's model for ``cfg``: the module, its three exported Relax modules (prefill
+    with the sampler, batched decode, single-sequence decode) and its named parameters."""
+    module = family.Model(cfg, quant, webgpu_target(), max_param_bytes=max_param_bytes)
+    prefill_mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
+    prefill_mod.update(_sampler_module(cfg.vocab_size))
+    decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(n="b")})
+    # decode1 runs b == 1 only but keeps b symbolic, so that dlight pads its GEMVs to one row
+    # (decode: to four) and they sum like decode's (lower.schedule_rules): one sequence's
+    # tokens do not change when others join. (Run with b > 1, these one-row kernels gave
+    # some rows wrong on lavapipe: the bound stays 1.)
+    decode1_mod, _ = module.export_tvm(spec={"decode1": module.forward_spec(n="b")})
+    return module, (prefill_mod, decode_mod, decode1_mod), named
+
+
+def lower_module(module, modules, vocab_size: int, prefill_chunk_size: int, max_batch_size: int,
+                 report: Progress, extra_tir: dict | None = None):
+    """Lower ``build_module``'s modules into every kernel set: the lowered plans and kernels,
+    and the library kernel sets (CPU, WebAssembly, CUDA source) as ``write_artifact`` takes
+    them. ``extra_tir``: TIR functions to compile beside the plans' (called by name)."""
+    prefill_mod, decode_mod, decode1_mod = modules
+    target = webgpu_target()
+    report("lower (TVM)", 0, 3)
+    twins = {**module.cpu_twins(), **_sampler_cpu_twins(vocab_size)}
+    cuda_twins = module.gpu_twins(cuda_target())
+    bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
+    sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
+    lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
+                                  "process_logits": sampler_bounds, "logprobs": sampler_bounds},
+                    target, schedule="prefill", cpu_twins=twins, cuda_twins=cuda_twins,
+                    extra_tir=extra_tir)
+    report("lower (TVM)", 1, 3)
+    decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
+                   schedule="decode", cpu_twins=twins, cuda_twins=cuda_twins)
+    lowered = merge(lowered, decode, prefix="decode_")
+    report("lower (TVM)", 2, 3)
+    lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
+                                   schedule="decode1", cpu_twins=twins, cuda_twins=cuda_twins),
+                     prefix="decode1_")
+    report("lower (TVM)", 3, 3)
+    report("compile CPU kernels", 0, 2)
+    libraries = {"cpu": build_cpu_library(lowered.cpu_functions)}
+    report("compile CPU kernels", 1, 2)  # then the same functions for browsers without WebGPU
+    libraries.update(build_wasm_libraries(lowered.cpu_functions))
+    report("compile CPU kernels", 2, 2)
+    libraries["cuda"] = build_cuda_source(lowered.cuda)  # (source: NVRTC compiles it at load)
+    return lowered, libraries
+
+
+def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict, source: dict,
+                    options: dict) -> dict:
+    """The manifest fields beside kernels, plans and weights."""
+    return {
+        "model_id": model_id,
+        "quantization": quant.name,
+        "cache_key": key,
+        "model": model,
+        "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},
+        "source": source,
+        "compile_options": options,  # what `wick serve` reuses to build a sibling variant
+        "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION,
+                     "digest": compiler_digest(), "tvm": _tvm_version(),
+                     "target": TARGET},
+    }
+
+
 def compile_model(
     model: str,
     quantization: str | None,
@@ -355,61 +421,20 @@ def compile_model(
     window = min(context_window or cfg.context_window, cfg.context_window)
 
     report("build model", 0, 1)
-    target = webgpu_target()
-    module = family.Model(cfg, quant, target, max_param_bytes=max_param_bytes)
-    prefill_mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
-    prefill_mod.update(_sampler_module(cfg.vocab_size))
-    decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(n="b")})
-    # decode1 runs b == 1 only but keeps b symbolic, so that dlight pads its GEMVs to one row
-    # (decode: to four) and they sum like decode's (lower.schedule_rules): one sequence's
-    # tokens do not change when others join. (Run with b > 1, these one-row kernels gave
-    # some rows wrong on lavapipe: the bound stays 1.)
-    decode1_mod, _ = module.export_tvm(spec={"decode1": module.forward_spec(n="b")})
+    module, modules, named = build_module(family, cfg, quant, max_param_bytes)
     with reading(source.path):
         _check_weights(named, converted, quant, max_param_bytes)
     report("build model", 1, 1)
-
-    report("lower (TVM)", 0, 3)
-    twins = {**module.cpu_twins(), **_sampler_cpu_twins(cfg.vocab_size)}
-    cuda_twins = module.gpu_twins(cuda_target())
-    bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
-    sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
-    lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
-                                  "process_logits": sampler_bounds, "logprobs": sampler_bounds},
-                    target, schedule="prefill", cpu_twins=twins, cuda_twins=cuda_twins)
-    report("lower (TVM)", 1, 3)
-    decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
-                   schedule="decode", cpu_twins=twins, cuda_twins=cuda_twins)
-    lowered = merge(lowered, decode, prefix="decode_")
-    report("lower (TVM)", 2, 3)
-    lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
-                                   schedule="decode1", cpu_twins=twins, cuda_twins=cuda_twins),
-                     prefix="decode1_")
-    report("lower (TVM)", 3, 3)
-    report("compile CPU kernels", 0, 2)
-    libraries = {"cpu": build_cpu_library(lowered.cpu_functions)}
-    report("compile CPU kernels", 1, 2)  # then the same functions for browsers without WebGPU
-    libraries.update(build_wasm_libraries(lowered.cpu_functions))
-    report("compile CPU kernels", 2, 2)
-    libraries["cuda"] = build_cuda_source(lowered.cuda)  # (source: NVRTC compiles it at load)
-
+    lowered, libraries = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
+                                      max_batch_size, report)
     names = [name for name, _ in named]
-    header = {
-        "model_id": source.name,
-        "quantization": quant.name,
-        "cache_key": key,
-        "model": _model_section(family.NAME, cfg, hf, loaded.tokenizer_config,
-                                context_window=window, prefill_chunk=prefill_chunk_size,
-                                max_batch=max_batch_size, quant=quant,
-                                kv_window=module.kv_window(),
-                                kv_window_pool=module.window_pool()),
-        "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},
-        "source": {"model": origin, "sha256": source_hash},
-        "compile_options": options,  # what `wick serve` reuses to build a sibling variant
-        "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION,
-                     "digest": compiler_digest(), "tvm": _tvm_version(),
-                     "target": TARGET},
-    }
+    header = artifact_header(
+        model_id=source.name, quant=quant, key=key,
+        model=_model_section(family.NAME, cfg, hf, loaded.tokenizer_config,
+                             context_window=window, prefill_chunk=prefill_chunk_size,
+                             max_batch=max_batch_size, quant=quant, kv_window=module.kv_window(),
+                             kv_window_pool=module.window_pool()),
+        source={"model": origin, "sha256": source_hash}, options=options)
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
                           shard_max_bytes=shard_max_bytes, libraries=libraries)

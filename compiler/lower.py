@@ -395,11 +395,14 @@ class Lowered:
 
 def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=None,
           schedule: str = "prefill", cpu_twins: dict[str, tirx.PrimFunc] | None = None,
-          cuda_twins: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
+          cuda_twins: dict[str, tirx.PrimFunc] | None = None,
+          extra_tir: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
     """Compile a Relax module exported by ``nn.Module.export_tvm``: its plans, its WebGPU
     kernels, and (given ``cpu_twins``: TIR function name -> CPU replacement for each function
     that only has a GPU form) its TIR functions for the CPU kernel set; given ``cuda_twins``
-    (the functions with a CUDA form of their own), its CUDA kernel set too."""
+    (the functions with a CUDA form of their own), its CUDA kernel set too. ``extra_tir``:
+    TIR functions no plan calls, compiled into every kernel set too (the engine calls them by
+    name: compiler/synthetic.py)."""
     from tvm.s_tir import dlight as dl
 
     target = target or webgpu_target()
@@ -408,6 +411,8 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
     with target:
         mod = relax_passes(target)(mod)
     tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)})
+    for name, f in (extra_tir or {}).items():
+        tir_mod[name] = f.with_attr("global_symbol", name)
     cpu_functions = {}
     if cpu_twins is not None:
         for gv, f in tir_mod.functions.items():

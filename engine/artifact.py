@@ -35,9 +35,10 @@ class ParamEntry:
     name: str
     shape: tuple[int, ...]
     dtype: str
-    shard: int
+    shard: int  # -1: no stored bytes, ``fill`` says how the device fills it
     offset: int  # bytes into the shard
     nbytes: int
+    fill: tuple[float, float, float] | None = None  # synthetic weights: seed, low, high
 
 
 class Artifact:
@@ -54,7 +55,9 @@ class Artifact:
         self.read = read
         self.location = location
         self.params = [
-            ParamEntry(p["name"], tuple(p["shape"]), p["dtype"], p["shard"], p["offset"], p["nbytes"])
+            ParamEntry(p["name"], tuple(p["shape"]), p["dtype"], p.get("shard", -1),
+                       p.get("offset", 0), p["nbytes"],
+                       tuple(p["fill"]) if "fill" in p else None)
             for p in manifest["params"]
         ]
 

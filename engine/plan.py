@@ -75,12 +75,17 @@ def bind_shapes(env: dict[str, int], declared: Sequence[Sequence[Any]],
 _SCALAR_CODES = {"float32": "f", "int32": "i", "uint32": "I", "int64": "q", "uint64": "Q"}
 
 
-def scalar_format(dtypes: Sequence[str], suffix: str = "") -> str:
-    """The ``struct`` format of a kernel's scalar parameters (little-endian, packed)."""
+def scalar_format(dtypes: Sequence[str], suffix: str = "", words: bool = False) -> str:
+    """The ``struct`` format of a kernel's scalar parameters (little-endian, packed). With
+    ``words`` every scalar is one 32-bit word (a WGSL uniform, whose codegen narrows 64-bit
+    index scalars to i32)."""
     try:
-        return "<" + "".join(_SCALAR_CODES[d] for d in dtypes) + suffix
+        codes = [_SCALAR_CODES[d] for d in dtypes]
     except KeyError as e:
         raise ArtifactError(f"kernel scalar of type {e} is not supported") from None
+    if words:
+        codes = ["i" if c == "q" else "I" if c == "Q" else c for c in codes]
+    return "<" + "".join(codes) + suffix
 
 
 class KernelTable:
@@ -90,7 +95,8 @@ class KernelTable:
 
     def __init__(self, kernels: Sequence[dict], backend: Backend) -> None:
         self.index = {k["name"]: i for i, k in enumerate(kernels)}
-        self.scalar_formats = [scalar_format(k["scalar_dtypes"], "I") for k in kernels]
+        self.scalar_formats = [scalar_format(k["scalar_dtypes"], "I", words=True)
+                               for k in kernels]
         specs = [
             KernelSpec(k["name"], k["wgsl"], k.get("entry_point", k["name"]),
                        tuple(k["storage_access"]), True)
@@ -188,26 +194,33 @@ class PlanFunction:
         return dispatches, [values[o] for o in self.plan["outputs"]]
 
     def _call(self, func: str, args: list[TensorRef], out: list) -> None:
-        if isinstance(self.kernels, LibraryTable):  # the function checks its shapes itself
-            out.append(Call(self.kernels.base + self.kernels.index[func], tuple(args)))
-            return
-        tf = self.tir[func]
-        env: dict[str, int] = {}
-        bind_shapes(env, [p["shape"] for p in tf["params"]], [t.shape for t in args],
-                    [f"{func} argument {i}" for i in range(len(args))])
-        for launch in tf["launches"]:
-            kid = self.kernels.index[launch["kernel"]]
-            x, y, z = (int(evaluate(g, env)) for g in launch["grid"])
-            if x <= 0 or y <= 0:
-                continue  # empty launch (no rows)
-            scalars = [evaluate(s, env) for s in launch["scalars"]]
-            if self.kernels.grid_word:
-                scalars.append(x)
-            uniform = struct.pack(self.kernels.scalar_formats[kid], *scalars)
-            storage = []
-            for p in launch["buffers"]:
-                t = args[p]
-                size = max(4, (t.nbytes + 3) // 4 * 4)
-                storage.append(BufferSlice(t.buffer, t.offset, size))
-            # the grid stays unfolded: backends fold x > 65535 into x * z (docs/kernel-abi.md)
-            out.append(Dispatch(self.kernels.base + kid, tuple(storage), uniform, (x, y, z)))
+        tir_call(func, args, self.tir, self.kernels, out)
+
+
+def tir_call(func: str, args: Sequence[TensorRef], tir: Mapping[str, dict],
+             kernels: KernelTable | LibraryTable | SourceKernelTable, out: list) -> None:
+    """Append to ``out`` what computes TIR function ``func`` on ``args``: one ``Call`` for a
+    library kernel set, else one ``Dispatch`` per launch of ``tir[func]``."""
+    if isinstance(kernels, LibraryTable):  # the function checks its shapes itself
+        out.append(Call(kernels.base + kernels.index[func], tuple(args)))
+        return
+    tf = tir[func]
+    env: dict[str, int] = {}
+    bind_shapes(env, [p["shape"] for p in tf["params"]], [t.shape for t in args],
+                [f"{func} argument {i}" for i in range(len(args))])
+    for launch in tf["launches"]:
+        kid = kernels.index[launch["kernel"]]
+        x, y, z = (int(evaluate(g, env)) for g in launch["grid"])
+        if x <= 0 or y <= 0:
+            continue  # empty launch (no rows)
+        scalars = [evaluate(s, env) for s in launch["scalars"]]
+        if kernels.grid_word:
+            scalars.append(x)
+        uniform = struct.pack(kernels.scalar_formats[kid], *scalars)
+        storage = []
+        for p in launch["buffers"]:
+            t = args[p]
+            size = max(4, (t.nbytes + 3) // 4 * 4)
+            storage.append(BufferSlice(t.buffer, t.offset, size))
+        # the grid stays unfolded: backends fold x > 65535 into x * z (docs/kernel-abi.md)
+        out.append(Dispatch(kernels.base + kid, tuple(storage), uniform, (x, y, z)))

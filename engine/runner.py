@@ -19,7 +19,7 @@ from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
 from .kv_cache import pages_for, window_pages
 from .plan import (DTYPE_BYTES, KernelTable, LibraryTable, PlanFunction, SourceKernelTable,
-                   TensorRef, evaluate)
+                   TensorRef, evaluate, tir_call)
 from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
 KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
@@ -165,10 +165,13 @@ class Runner:
         entries = [e for e in ("forward", "decode", "decode1", "sample", "process_logits",
                                "logprobs")
                    if e in plans and (batched_decode or e != "decode")]
-        self.kernels, tir = self._kernel_set(artifact, backend, entries)
+        fill_functions = artifact.manifest.get("synthetic", {}).get("fill_functions", {})
+        self.kernels, tir = self._kernel_set(artifact, backend, entries,
+                                             set(fill_functions.values()))
         params, self.weight_placements = self._alloc_params(artifact)
         if upload_weights:
             self._write_weights(artifact, report)
+        self._fill_weights(artifact, params, tir, fill_functions, report)
         self.num_window_pages = window_pages_for(artifact.manifest, num_pages,
                                                  backend.max_storage_binding)
         self.window_pool = m.get("kv_window_pool")  # the windowed layers' window, if a pool
@@ -212,16 +215,18 @@ class Runner:
     # ------------------------------------------------------------------ loading
 
     @staticmethod
-    def _kernel_set(artifact: Artifact, backend: Backend, entries: list[str]
-                    ) -> tuple[KernelTable | LibraryTable | SourceKernelTable, dict]:
+    def _kernel_set(artifact: Artifact, backend: Backend, entries: list[str],
+                    functions: set[str]) -> tuple[KernelTable | LibraryTable | SourceKernelTable, dict]:
         """The artifact's kernels for this backend's kind (engine/backend.py), loaded, and the
-        TIR functions' launches that go with them (WebGPU's or CUDA's)."""
+        TIR functions' launches that go with them (WebGPU's or CUDA's). The plan ``entries``
+        and the TIR ``functions`` called directly say which WGSL kernels to compile."""
         kind = getattr(backend, "kind", "webgpu")
         manifest = artifact.manifest
         if kind == "webgpu":
             tir, plans = manifest["tir_functions"], manifest["plans"]
-            used = {launch["kernel"] for e in entries for ins in plans[e]["instrs"]
-                    if ins["op"] == "call" for launch in tir[ins["func"]]["launches"]}
+            called = functions | {ins["func"] for e in entries for ins in plans[e]["instrs"]
+                                  if ins["op"] == "call"}
+            used = {launch["kernel"] for f in called for launch in tir[f]["launches"]}
             return KernelTable(artifact.kernels(used), backend), tir
         entry = manifest.get(f"{kind}_kernels")
         if entry is None:
@@ -247,8 +252,29 @@ class Runner:
                 )
             handle = self.backend.alloc(p.nbytes)
             params[p.name] = TensorRef(handle, 0, p.shape, p.dtype)
-            placements.append(WeightPlacement(p.shard, p.offset, p.nbytes, handle))
+            if p.fill is None:
+                placements.append(WeightPlacement(p.shard, p.offset, p.nbytes, handle))
         return params, placements
+
+    def _fill_weights(self, artifact: Artifact, params: dict[str, TensorRef], tir: dict,
+                      functions: dict[str, str], report) -> None:
+        """Fill the parameters a synthetic artifact stores no bytes for, on the device, with
+        their dtype's fill kernel (compiler/synthetic.py): one small step each."""
+        todo = [p for p in artifact.params if p.fill is not None]
+        if not todo:
+            return
+        spec = self.backend.alloc(16)
+        for i, p in enumerate(todo):
+            if p.dtype not in functions:
+                raise ArtifactError(f"parameter {p.name}: no fill kernel for {p.dtype}")
+            count = p.nbytes // DTYPE_BYTES[p.dtype]
+            flat = TensorRef(params[p.name].buffer, 0, (count,), p.dtype)
+            calls: list = []
+            tir_call(functions[p.dtype], [flat, TensorRef(spec, 0, (4,), "float32")], tir,
+                     self.kernels, calls)
+            self.backend.run([Write(spec, 0, array("f", [*p.fill, 0.0]).tobytes())], calls, [])
+            report("generate weights", i + 1, len(todo))
+        self.backend.free(spec)
 
     def _write_weights(self, artifact: Artifact, report) -> None:
         by_shard: dict[int, list[WeightPlacement]] = {}

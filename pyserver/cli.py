@@ -123,9 +123,11 @@ class ProgressBars:
 def cmd_compile(args: argparse.Namespace) -> int:
     from ..compiler.compile import compile_model
 
+    from ..compiler.synthetic import compile_synthetic
+
     bars = ProgressBars()
     try:
-        out = compile_model(
+        out = (compile_synthetic if args.synthetic else compile_model)(
             args.model, args.quantization, output=args.output,
             context_window=args.context_window, prefill_chunk_size=args.prefill_chunk_size,
             max_batch_size=args.max_batch_size, force=args.force, progress=bars,
@@ -337,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=_positive_int, default=32,
                    help="max sequences per step (default 32)")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument("--synthetic", action="store_true",
+                   help="MODEL is an HF config.json (or a directory holding one): compile its "
+                        "shapes with weights generated on the device at load, for benchmarks "
+                        "(a few MB whatever the size; the text it writes is noise)")
     p.set_defaults(run=cmd_compile)
 
     p = sub.add_parser("chat", help="chat with a model in the terminal",
