@@ -113,6 +113,11 @@ class CudaDriver:
         self._check(self.lib.cuMemcpyDtoHAsync_v2(host, ptr, nbytes, self.stream), "cuMemcpyDtoH")
         return out
 
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """Device-to-device copy on the stream (bench/gpu.py measures bandwidth with it)."""
+        self._check(self.lib.cuMemcpyDtoDAsync_v2(c_uint64(dst), c_uint64(src), c_size_t(nbytes),
+                                                  self.stream), "cuMemcpyDtoD")
+
     def synchronize(self) -> None:
         self._check(self.lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         self._keep = []

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run bench/gpu.py on the GPU machine with what bench/gpu_carry.sh put in build/gpu/: the
+# carried wheels installed into a scratch directory (no registry there), the Vulkan loader
+# unpacked, NVIDIA's Vulkan driver found (or its manifest written), wick imported from this
+# tree (bench/gpu.py falls back to it when wick is not installed).
+#
+#   bash bench/gpu_device.sh [bench/gpu.py options, e.g. --quant q4f16_1 --backends cuda]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+carry=${WICK_GPU_CARRY:-build/gpu}
+site=/tmp/wick-site
+vk=/tmp/wick-vulkan
+if [ ! -d "$site" ]; then
+  python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --target "$site" "$carry"/wheels/*.whl
+fi
+if [ ! -d "$vk" ]; then
+  dpkg-deb -x "$carry"/libvulkan1_*.deb "$vk"
+fi
+export LD_LIBRARY_PATH="$vk/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+icd=$(ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json 2>/dev/null | head -1 || true)
+if [ -z "$icd" ]; then  # a container without the ICD manifest: write one for the driver's library
+  lib=$(ldconfig -p 2>/dev/null | grep -o '/[^ ]*libGLX_nvidia.so.0' | head -1 || true)
+  if [ -n "$lib" ]; then
+    icd=/tmp/wick-nvidia-icd.json
+    printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3"}}\n' "$lib" > "$icd"
+  fi
+fi
+[ -n "$icd" ] && export VK_DRIVER_FILES="$icd"
+export PYTHONPATH="$site:${PYTHONPATH:-}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+exec python3 bench/gpu.py --artifacts "$carry" "$@"
