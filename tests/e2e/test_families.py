@@ -82,6 +82,19 @@ def test_manifest_names_the_family(family):
         assert sum(n.endswith("self_attn.q_norm.weight") for n in names) == 2
 
 
+def test_cuda_kernels_compile_with_nvrtc(family):
+    """Every family's kernels (windowed and soft-capped attention, q/k norms, longrope...)
+    lowered for CUDA: NVRTC compiles them for an H100, one entry per kernel named."""
+    from tests.native.test_cuda_backend import kernel_signatures
+    from wick.native import nvrtc
+
+    _, _, _, art_dir, _ = family
+    entry = load_artifact(art_dir).manifest["cuda_kernels"]
+    source = (art_dir / entry["file"]).read_text()
+    assert {k["name"] for k in entry["kernels"]} == set(kernel_signatures(source))
+    assert nvrtc.compile_cuda(source, "sm_90")[:4] == b"\x7fELF"
+
+
 def test_prefill_logits_match_transformers(family):
     name, core, hf, _, _ = family
     prompts = [ids_of(23, 1), ids_of(5, 2), ids_of(40, 3)]  # 40 tokens: three pages
