@@ -24,8 +24,8 @@ CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
 CUDA_ERROR_NO_DEVICE = 100
 
 
-def _load() -> ctypes.CDLL:
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+def _load(library: str | None = None) -> ctypes.CDLL:
+    for name in ([library] if library else ["libcuda.so.1", "libcuda.so", "nvcuda.dll"]):
         try:
             return ctypes.CDLL(name)
         except OSError:
@@ -37,8 +37,9 @@ def _load() -> ctypes.CDLL:
 class CudaDriver:
     """One device's primary context and one stream."""
 
-    def __init__(self, ordinal: int = 0) -> None:
-        self.lib = lib = _load()
+    def __init__(self, ordinal: int = 0, library: str | None = None) -> None:
+        """``library``: the driver library's path, when it is not on the loader's path."""
+        self.lib = lib = _load(library)
         self._keep: list = []  # host buffers of copies in flight
         lib.cuGetErrorString.argtypes = [c_int, POINTER(c_char_p)]
         status = lib.cuInit(0)
