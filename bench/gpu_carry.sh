@@ -7,7 +7,8 @@
 #   bash bench/gpu_carry.sh [CONFIG] [PYTHON_VERSION]    # defaults: Llama-3-8B shapes, 3.12
 #
 # then, on the GPU machine (the `run` tool, carrying build/gpu):
-#   bash bench/gpu_device.sh [bench/gpu.py options]
+#   bash bench/gpu_device.sh parity                  # CUDA and Vulkan against lavapipe's outputs
+#   bash bench/gpu_device.sh bench [bench/gpu.py options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${1:-bench/configs/llama-3-8b.json}
@@ -16,6 +17,8 @@ out=${WICK_GPU_CARRY:-build/gpu}
 py=.venv/bin/python
 
 "$py" bench/gpu.py --config "$config" --compile-only --artifacts "$out"
+# the parity references: tiny and SmolLM2-shaped artifacts, their outputs on lavapipe
+"$py" bench/gpu_parity.py record --artifacts "$out/parity"
 
 # the versions this checkout runs with (wgpu and xgrammar are pinned in pyproject/setup.sh)
 pins=$("$py" - <<'PY'

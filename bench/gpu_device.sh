@@ -4,7 +4,8 @@
 # unpacked, NVIDIA's Vulkan driver found (or its manifest written), wick imported from this
 # tree (bench/gpu.py falls back to it when wick is not installed).
 #
-#   bash bench/gpu_device.sh [bench/gpu.py options, e.g. --quant q4f16_1 --backends cuda]
+#   bash bench/gpu_device.sh parity [bench/gpu_parity.py check options]
+#   bash bench/gpu_device.sh bench [bench/gpu.py options, e.g. --quant q4f16_1 --backends cuda]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=${WICK_GPU_CARRY:-build/gpu}
@@ -28,4 +29,9 @@ fi
 [ -n "$icd" ] && export VK_DRIVER_FILES="$icd"
 export PYTHONPATH="$site:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+mode=${1:-bench}
+shift || true
+if [ "$mode" = parity ]; then
+  exec python3 bench/gpu_parity.py check --artifacts "$carry/parity" "$@"
+fi
 exec python3 bench/gpu.py --artifacts "$carry" "$@"

@@ -13,6 +13,7 @@ about a microsecond per call.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from typing import Sequence
@@ -40,8 +41,10 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
 def default_threads() -> int:
-    """One thread per core this process may run on."""
+    """One thread per core this process may run on: read once, before TVM's pool pins the
+    calling thread to one core (a second backend would otherwise see one core)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
