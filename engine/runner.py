@@ -176,8 +176,8 @@ class Runner:
                                                  backend.max_storage_binding)
         self.window_pool = m.get("kv_window_pool")  # the windowed layers' window, if a pool
         self.kv_pages = self._alloc_pages(artifact)
-        bounds = step_bounds(self.max_tokens, self.max_batch, num_pages,
-                             self.num_window_pages)
+        self.bounds = bounds = step_bounds(self.max_tokens, self.max_batch, num_pages,
+                                           self.num_window_pages)
         planned = {i["name"] for i in plans["forward"]["inputs"]}
         self.step_inputs = STEP_INPUTS + tuple(i for i in WINDOW_INPUTS if i.name in planned)
         self.inputs = {}
@@ -313,7 +313,7 @@ class Runner:
                                 f"({self.max_tokens} / {self.max_batch})")
         writes: list[Write] = []
         inputs: dict[str, TensorRef] = {}
-        for name, values in step_values(batch, self.step_inputs).items():
+        for name, values in step_values(batch, self.step_inputs, self.bounds).items():
             handle = self.inputs[name]
             if values:
                 writes.append(Write(handle, 0, array("i", values).tobytes()))

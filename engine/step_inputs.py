@@ -66,6 +66,28 @@ def step_bounds(max_tokens: int, max_batch: int, num_pages: int,
             "wp": num_window_pages}
 
 
-def step_values(batch: Batch, inputs: tuple[StepInput, ...] = STEP_INPUTS
-                ) -> dict[str, list[int]]:
-    return {i.name: i.values(batch) for i in inputs}
+def step_values(batch: Batch, inputs: tuple[StepInput, ...] = STEP_INPUTS,
+                bounds: dict[str, int] | None = None) -> dict[str, list[int]]:
+    """Each input's values for ``batch``. Given ``bounds``, the page lists are padded (with
+    page 0, which no index points into) to a power of two: the step's shapes then change a few
+    times over a sequence's life instead of at every new page, and so do the dispatch lists
+    and CUDA graphs cached per shape (kernels read the pages through ``page_indptr`` only)."""
+    values = {i.name: i.values(batch) for i in inputs}
+    if bounds:
+        for i in inputs:
+            if i.dims[0] in PADDED_DIMS:
+                pages = values[i.name]
+                values[i.name] = pages + [0] * (padded_pages(len(pages), bounds[i.dims[0]])
+                                                - len(pages))
+    return values
+
+
+PADDED_DIMS = ("p", "wp")
+
+
+def padded_pages(count: int, bound: int) -> int:
+    """``count`` rounded up to a power of two (at least 16), at most ``bound``."""
+    size = 16
+    while size < count:
+        size *= 2
+    return max(count, min(size, bound))

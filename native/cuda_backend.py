@@ -95,8 +95,9 @@ class CudaBackend:
         self._kernels: list[_Kernel] = []
         self._modules: list = []
         self._launches: dict[int, _Launch] = {}  # id(dispatch) -> its launch record
-        self._graphs: OrderedDict[tuple, tuple[int, list[_Launch]]] = OrderedDict()
-        self._runs: dict[tuple, int] = {}  # launch lists not yet captured -> runs so far
+        # (length, first, last dispatch ids) -> (graph, the dispatches it runs)
+        self._graphs: OrderedDict[tuple, tuple[int, list[Dispatch]]] = OrderedDict()
+        self._runs: dict[tuple, tuple[int, list[Dispatch]]] = {}  # not yet captured: runs so far
         self.graph_launches = 0  # steps replayed from a graph (benchmarks report it)
 
     @classmethod
@@ -198,26 +199,35 @@ class CudaBackend:
         for w in writes:
             drv.upload(self._address(w.buffer, w.offset, len(w.data)), w.data)
         if dispatches:
-            launches = [self._launch(d) for d in dispatches]
-            # (a record lives as long as its dispatch is cached: its id names one list)
-            key = tuple(map(id, launches))
-            graph = self._graphs.get(key)
-            if graph is not None:
-                self._graphs.move_to_end(key)
-                drv.launch_graph(graph[0])
-                self.graph_launches += 1
-            elif self.use_graphs and self._runs.get(key, 0) + 1 >= self.GRAPH_AFTER:
-                self._capture(key, launches)
-            else:
-                if len(self._runs) > 4096:  # (prefill steps of many lengths: forget them)
-                    self._runs.clear()
-                self._runs[key] = self._runs.get(key, 0) + 1
-                self._run_launches(launches)
+            self._dispatch(list(dispatches))
         outs = [drv.download(self._address(r.buffer, r.offset, r.size), r.size) for r in reads]
         drv.synchronize()
         return [bytes(o) for o in outs]
 
-    def _capture(self, key: tuple, launches: list[_Launch]) -> None:
+    def _dispatch(self, dispatches: list[Dispatch]) -> None:
+        """Launch a step's dispatches: its graph when this list ran before, else one by one
+        (capturing a graph on the GRAPH_AFTER-th run). The plan caches its dispatch lists, so
+        a repeated step brings the same Dispatch objects: a list is known by its length and
+        its ends' identities, then confirmed element by element (identity first, in C)."""
+        key = (len(dispatches), id(dispatches[0]), id(dispatches[-1]))
+        known = self._graphs.get(key)
+        if known is not None and known[1] == dispatches:
+            self._graphs.move_to_end(key)
+            self.driver.launch_graph(known[0])
+            self.graph_launches += 1
+            return
+        launches = [self._launch(d) for d in dispatches]
+        runs, seen = self._runs.get(key, (0, None))
+        runs = runs + 1 if seen == dispatches else 1
+        if self.use_graphs and runs >= self.GRAPH_AFTER:
+            self._capture(key, dispatches, launches)
+            return
+        if len(self._runs) > 4096:  # (prefill steps of many lengths: forget them)
+            self._runs.clear()
+        self._runs[key] = (runs, dispatches)  # (holding the dispatches keeps their ids theirs)
+        self._run_launches(launches)
+
+    def _capture(self, key: tuple, dispatches: list[Dispatch], launches: list[_Launch]) -> None:
         drv = self.driver
         drv.begin_capture()
         try:
@@ -225,9 +235,12 @@ class CudaBackend:
         finally:
             graph = drv.end_capture()  # (ends the capture even when a launch failed)
         self._runs.pop(key, None)
-        self._graphs[key] = (graph, launches)
+        old = self._graphs.pop(key, None)
+        if old is not None:
+            drv.destroy_graph(old[0])
+        self._graphs[key] = (graph, dispatches)
         while len(self._graphs) > self.MAX_GRAPHS:
-            old, _ = self._graphs.popitem(last=False)[1]
-            drv.destroy_graph(old)
+            evicted = self._graphs.popitem(last=False)[1]
+            drv.destroy_graph(evicted[0])
         drv.launch_graph(graph)
         self.graph_launches += 1
