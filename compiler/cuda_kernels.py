@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from .lower import TirFunction, _host_launches, _lower_tir, _scalar_dtype, schedule_rules
+from .lower import TirFunction, _host_launches, _scalar_dtype, lower_split, schedule_rules
 
 # The oldest GPU architecture the source targets (Ampere): TVM's codegen and dlight's rules
 # read it. The backend compiles for the device's own architecture, and refuses an older one.
@@ -53,15 +53,7 @@ def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimF
     funcs = {gv: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()}
     with target:
         scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(tvm.IRModule(funcs))
-    lowered = _lower_tir(scheduled, target)
-    devices, hosts = {}, []
-    for gv, f in lowered.functions.items():
-        if f.attrs.get("calling_conv") is not None and int(f.attrs["calling_conv"]) == 2:
-            devices[gv.name_hint] = f
-        else:
-            hosts.append(f)
-    _, _, device_passes = tvm.tirx.get_tir_pipeline("s_tir")
-    dmod = device_passes()(tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in devices.items()}))
+    devices, dmod, hosts = lower_split(scheduled, target)
     out = CudaSet()
     for f in hosts:
         tf = _host_launches(f, devices, block=True)

@@ -220,7 +220,10 @@ def _host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc],
     return TirFunction(name, params, launches)
 
 
-def build_kernels(tir_mod: tvm.IRModule, target) -> tuple[list[Kernel], dict[str, TirFunction]]:
+def lower_split(tir_mod: tvm.IRModule, target
+                ) -> tuple[dict[str, tirx.PrimFunc], tvm.IRModule, list[tirx.PrimFunc]]:
+    """Scheduled TIR lowered for ``target`` and split: the device functions as the host code
+    names them, the same after TVM's device passes (what codegen takes), the host functions."""
     lowered = _lower_tir(tir_mod, target)
     device_funcs: dict[str, tirx.PrimFunc] = {}
     host_funcs = []
@@ -230,9 +233,14 @@ def build_kernels(tir_mod: tvm.IRModule, target) -> tuple[list[Kernel], dict[str
         else:
             host_funcs.append(f)
     _, _, device_passes = tvm.tirx.get_tir_pipeline("s_tir")
+    dmod = device_passes()(tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()}))
+    return device_funcs, dmod, host_funcs
+
+
+def build_kernels(tir_mod: tvm.IRModule, target) -> tuple[list[Kernel], dict[str, TirFunction]]:
+    device_funcs, dmod, host_funcs = lower_split(tir_mod, target)
     codegen = tvm.get_global_func("target.build.webgpu")
     kernels = []
-    dmod = device_passes()(tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()}))
     for gv, f in dmod.functions.items():
             rt = codegen(tvm.IRModule({gv: f}), f.attrs["target"])
             wgsl = rt.inspect_source()
