@@ -11,8 +11,9 @@ model loads in the time its memory takes to write.
 The values are deterministic (a hash of the element's index and the parameter's seed) and
 scaled so that activations stay finite through any number of layers: dense weights uniform with
 variance 1/in (std 0.02 for embedding tables), quantized ones random codes whose scale and
-minimum give the same mean 0 and variance, norms 1, biases 0. The text such a model writes is
-noise; its speed is the real model's.
+minimum give the same mean 0 and variance, norms 1, biases 0. What such a model writes is noise
+(its tokenizer is 256 bytes and three ChatML specials, so most ids it samples print nothing);
+its speed is the real model's.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def read_config(config: str | Path) -> tuple[dict, str]:
 def compile_synthetic(config: str | Path, quantization: str | None = None, *,
                       output: Path | None = None, context_window: int | None = None,
                       prefill_chunk_size: int = 256, max_batch_size: int = 32,
-                      force: bool = False, progress=None) -> Path:
+                      max_param_bytes: int | None = None, force: bool = False,
+                      progress=None) -> Path:
     """Compile the model ``config`` describes, with weights generated at load."""
     from .compile import (DEFAULT_QUANTIZATION, _model_section, artifact_header, build_module,
                           compiler_digest, lower_module)
@@ -146,8 +148,9 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     if cfg.vocab_size < 256 + len(SPECIALS):
         raise ValueError(f"a synthetic model needs a vocabulary of at least "
                          f"{256 + len(SPECIALS)} tokens (its byte-level tokenizer)")
+    max_param_bytes = max_param_bytes or MAX_BINDING_BYTES
     options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
-               "max_batch_size": max_batch_size, "max_param_bytes": MAX_BINDING_BYTES,
+               "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes,
                "synthetic": True}
     key = hashlib.sha256(json.dumps([hf, quant.name, options, compiler_digest()],
                                     sort_keys=True).encode()).hexdigest()[:16]
@@ -160,7 +163,7 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
         pass
 
     report("build model", 0, 1)
-    module, modules, named = build_module(family, cfg, quant, MAX_BINDING_BYTES)
+    module, modules, named = build_module(family, cfg, quant, max_param_bytes)
     report("build model", 1, 1)
     dtypes = sorted({str(p.dtype) for _, p in named})
     lowered, libraries = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,

@@ -67,7 +67,12 @@ class BrowserVariants:
 
         try:
             with self._lock:
-                out = compile_model(source, quant, progress=progress, **options)
+                if options.pop("synthetic", False):  # (wick compile --synthetic CONFIG)
+                    from ..compiler.synthetic import compile_synthetic
+
+                    out = compile_synthetic(source, quant, progress=progress, **options)
+                else:
+                    out = compile_model(source, quant, progress=progress, **options)
         except Exception as err:  # noqa: BLE001 - reported to the log and to browsers
             message = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
             log.error("building the %s variant of %s for browsers failed: %s", quant, model,

@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic", action="store_true",
                    help="MODEL is an HF config.json (or a directory holding one): compile its "
                         "shapes with weights generated on the device at load, for benchmarks "
-                        "(a few MB whatever the size; the text it writes is noise)")
+                        "(a few MB whatever the size; what it writes is noise, mostly ids "
+                        "beyond its 259-token byte vocabulary, which print nothing)")
     p.set_defaults(run=cmd_compile)
 
     p = sub.add_parser("chat", help="chat with a model in the terminal",
