@@ -94,3 +94,47 @@ def test_no_twin_for_f32_models_or_when_disabled(f16_artifact, tiny_a):
             time.sleep(0.2)
             body = index(c)
             assert len(body["data"]) == 1 and body["preparing"] == []
+
+
+def test_a_synthetic_models_twin_is_compiled_from_its_config(tmp_path, monkeypatch):
+    """`wick serve` of a synthetic f16 artifact builds its f32 twin with compile_synthetic and
+    the same options (the config is its source; compile_model cannot read it)."""
+    import wick.compiler.synthetic as synthetic
+    from wick.server.browser_variants import BrowserVariants
+
+    calls = []
+    monkeypatch.setattr(synthetic, "compile_synthetic",
+                        lambda *a, **k: calls.append((a, k)) or tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / MANIFEST_NAME).write_text(json.dumps({
+        "model_id": "synthetic-x", "quantization": "q4f16_1",
+        "source": {"model": str(config), "synthetic": True},
+        "compile_options": {"context_window": None, "prefill_chunk_size": 64,
+                            "max_batch_size": 4, "max_param_bytes": 1 << 20,
+                            "synthetic": True}}))
+
+    class Host:
+        def __init__(self):
+            self.added, self.events = [], []
+
+        def set_preparing(self, *a, **k):
+            self.events.append(k)
+
+        def add(self, out):
+            self.added.append(out)
+
+        def done_preparing(self, *a):
+            pass
+
+    host = Host()
+    BrowserVariants(host).add_for(art).join(30)
+    assert [e for e in host.events if "error" in e] == []
+    ((args, kwargs),) = calls
+    assert args == (str(config), "q4f32_1")
+    assert {k: v for k, v in kwargs.items() if k != "progress"} == {
+        "context_window": None, "prefill_chunk_size": 64, "max_batch_size": 4,
+        "max_param_bytes": 1 << 20}
+    assert host.added == [tmp_path]
