@@ -152,6 +152,8 @@ def bench_backend(args, art: Path, device: str) -> dict:
                             max(1, run.decode_tokens // b),
                             **{part: run.mean_ms(part) for part in ("engine", "plan", "backend")}}
     out["graphs"] = getattr(backend, "graph_launches", None)
+    if hasattr(backend, "close"):  # (the next model, and the peer, get the GPU's memory)
+        backend.close()
     return out
 
 

@@ -187,5 +187,10 @@ def bench(hf: dict, batches: list[int], prompt: int, tokens: int, prefill: int, 
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
     except Exception as e:  # (no int4 kernel on this GPU / PyTorch, out of memory, ...)
-        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        if int4:  # the f16 peer then, said as such
+            out = bench(hf, batches, prompt, tokens, prefill, device, False, compile_decode)
+            out["error"] = f"int4 peer unavailable ({why}); the peer figures are float16's"
+        else:
+            out["error"] = why
     return out

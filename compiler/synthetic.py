@@ -28,6 +28,7 @@ from pathlib import Path
 from tvm.script import tirx as T
 
 from ..engine.artifact import MANIFEST_NAME
+from ..engine.errors import InvalidRequestError
 from . import paths
 from .artifact_writer import write_artifact
 from .quantization import GROUP_SIZE, Quantization, get_quantization
@@ -120,11 +121,13 @@ def read_config(config: str | Path) -> tuple[dict, str]:
     try:
         hf = json.loads(path.read_text())
     except OSError as e:
-        raise ValueError(f"--synthetic needs an HF config.json: {config} ({e.strerror})") from None
+        raise InvalidRequestError(f"--synthetic needs an HF config.json: {config} "
+                                  f"({e.strerror})", param="model") from None
     except ValueError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+        raise InvalidRequestError(f"{path} is not valid JSON: {e}", param="model") from None
     if not isinstance(hf, dict) or "model_type" not in hf:
-        raise ValueError(f"{path} is not an HF model config (no model_type)")
+        raise InvalidRequestError(f"{path} is not an HF model config (no model_type)",
+                                  param="model")
     name = path.parent.name if path.name == "config.json" else path.stem
     return hf, re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
@@ -146,8 +149,9 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     family = family_for(hf["model_type"])
     cfg = family.Config.from_hf(hf)
     if cfg.vocab_size < 256 + len(SPECIALS):
-        raise ValueError(f"a synthetic model needs a vocabulary of at least "
-                         f"{256 + len(SPECIALS)} tokens (its byte-level tokenizer)")
+        raise InvalidRequestError(f"a synthetic model needs a vocabulary of at least "
+                         f"{256 + len(SPECIALS)} tokens (its byte-level tokenizer)",
+                                  param="model")
     max_param_bytes = max_param_bytes or MAX_BINDING_BYTES
     options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
                "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes,

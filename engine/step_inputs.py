@@ -69,9 +69,10 @@ def step_bounds(max_tokens: int, max_batch: int, num_pages: int,
 def step_values(batch: Batch, inputs: tuple[StepInput, ...] = STEP_INPUTS,
                 bounds: dict[str, int] | None = None) -> dict[str, list[int]]:
     """Each input's values for ``batch``. Given ``bounds``, the page lists are padded (with
-    page 0, which no index points into) to a power of two: the step's shapes then change a few
-    times over a sequence's life instead of at every new page, and so do the dispatch lists
-    and CUDA graphs cached per shape (kernels read the pages through ``page_indptr`` only)."""
+    zeros) to a power of two: the step's shapes then change a few times over a sequence's
+    life instead of at every new page, and so do the dispatch lists and CUDA graphs cached per
+    shape. The padding is never read: kernels read a sequence's pages between its
+    ``page_indptr`` entries, which end before it."""
     values = {i.name: i.values(batch) for i in inputs}
     if bounds:
         for i in inputs:

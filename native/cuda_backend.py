@@ -106,6 +106,8 @@ class CudaBackend:
         from .cuda_driver import CudaDriver
 
         _, _, ordinal = device.partition(":")
+        if ordinal and not ordinal.isdigit():
+            raise DeviceError(f"unknown device {device!r}: say cuda or cuda:N (N = 0, 1, ...)")
         return cls(CudaDriver(int(ordinal or 0)))
 
     # -------------------------------------------------------------- kernels
@@ -113,6 +115,7 @@ class CudaBackend:
     def load_library(self, entry: dict, path: str, data: bytes) -> int:
         from . import nvrtc
 
+        self.driver.make_current()
         need = _arch_number(entry["arch"])
         if _arch_number(self.arch) < need:
             raise DeviceError(f"{self.name}: the artifact's CUDA kernels need sm_{need} or "
@@ -140,6 +143,7 @@ class CudaBackend:
 
     def alloc(self, nbytes: int) -> BufferHandle:
         size = max(256, -(-int(nbytes) // 256) * 256)
+        self.driver.make_current()
         address = self.driver.malloc(size)  # zero-filled, as WebGPU buffers are
         h = self._next_handle
         self._next_handle += 1
@@ -147,12 +151,28 @@ class CudaBackend:
         return h
 
     def free(self, buffer: BufferHandle) -> None:
+        self.driver.make_current()
         address, _ = self._buffers.pop(buffer)
         # launches and graphs naming it go (rare: a buffer the engine outgrew)
         self._launches = {k: v for k, v in self._launches.items()
                           if all(s.buffer != buffer for s in v.dispatch.storage)}
         self._drop_graphs()
         self.driver.free(address)
+
+    def close(self) -> None:
+        """Release everything on the device: buffers, graphs, modules, stream, context (a
+        benchmark measuring several models, or another library, in one process)."""
+        self.driver.make_current()
+        self._drop_graphs()
+        self._launches.clear()
+        for address, _ in self._buffers.values():
+            self.driver.free(address)
+        self._buffers.clear()
+        for module in self._modules:
+            self.driver.unload_module(module)
+        self._modules.clear()
+        self._kernels.clear()
+        self.driver.close()
 
     def _drop_graphs(self) -> None:
         for graph, _ in self._graphs.values():
@@ -167,6 +187,7 @@ class CudaBackend:
         return address + offset
 
     def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
+        self.driver.make_current()
         self.driver.upload(self._address(buffer, offset, memoryview(data).nbytes), data)
         self.driver.synchronize()
 
@@ -196,6 +217,7 @@ class CudaBackend:
     def run(self, writes: Sequence[Write], dispatches: Sequence[Dispatch],
             reads: Sequence[Read]) -> list[bytes]:
         drv = self.driver
+        drv.make_current()
         for w in writes:
             drv.upload(self._address(w.buffer, w.offset, len(w.data)), w.data)
         if dispatches:
@@ -232,8 +254,13 @@ class CudaBackend:
         drv.begin_capture()
         try:
             self._run_launches(launches)
-        finally:
-            graph = drv.end_capture()  # (ends the capture even when a launch failed)
+        except BaseException:
+            try:  # end the capture (the stream is unusable inside one) and drop its graph
+                drv.destroy_graph(drv.end_capture())
+            except Exception:  # noqa: BLE001 - the launch's error is the one to report
+                pass
+            raise
+        graph = drv.end_capture()
         self._runs.pop(key, None)
         old = self._graphs.pop(key, None)
         if old is not None:

@@ -12,6 +12,7 @@ The backend takes any object with these methods (the tests pass a fake one).
 from __future__ import annotations
 
 import ctypes
+import threading
 from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
 
 from ..engine.errors import DeviceError
@@ -67,7 +68,8 @@ class CudaDriver:
         self.context = c_void_p()
         self._check(lib.cuDevicePrimaryCtxRetain(byref(self.context), self.device),
                     "cuDevicePrimaryCtxRetain")
-        self._check(lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._thread = threading.local()  # where the context is current: per thread in CUDA
+        self.make_current()
         self.stream = c_void_p()
         self._check(lib.cuStreamCreate(byref(self.stream), CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         lib.cuMemcpyHtoDAsync_v2.argtypes = [c_uint64, c_void_p, c_size_t, c_void_p]
@@ -77,6 +79,13 @@ class CudaDriver:
         lib.cuLaunchKernel.argtypes = [c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
                                        c_uint, c_void_p, c_void_p, c_void_p]
         lib.cuGraphLaunch.argtypes = [c_void_p, c_void_p]
+
+    def make_current(self) -> None:
+        """Make the device's context current on the calling thread (CUDA keeps one per
+        thread: `wick serve` loads on one thread and steps on others); once per thread."""
+        if not getattr(self._thread, "current", False):
+            self._check(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+            self._thread.current = True
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:
@@ -129,6 +138,15 @@ class CudaDriver:
         module = c_void_p()
         self._check(self.lib.cuModuleLoadData(byref(module), image), "cuModuleLoadData")
         return module
+
+    def unload_module(self, module: c_void_p) -> None:
+        self._check(self.lib.cuModuleUnload(module), "cuModuleUnload")
+
+    def close(self) -> None:
+        """Destroy the stream and release the primary context (after freeing everything)."""
+        self.synchronize()
+        self._check(self.lib.cuStreamDestroy_v2(self.stream), "cuStreamDestroy")
+        self._check(self.lib.cuDevicePrimaryCtxRelease_v2(self.device), "cuDevicePrimaryCtxRelease")
 
     def function(self, module: c_void_p, name: str, shared: int = 0) -> int:
         f = c_void_p()

@@ -15,9 +15,19 @@
 from __future__ import annotations
 
 DEVICES = ("auto", "gpu", "cpu", "vulkan", "cuda")
+# "auto" minus CUDA: what "auto" falls back to when CUDA cannot run a model (pyserver/local.py)
+AUTO_WITHOUT_CUDA = "auto-no-cuda"
 DEVICE_HELP = ("auto: an NVIDIA GPU through CUDA, else a real GPU through Vulkan/Metal, else "
                "the CPU kernels; cuda, gpu, cpu: that one or an error; vulkan: wgpu on any "
                "adapter, software ones (lavapipe) included")
+
+
+def device(value: str) -> str:
+    """``--device``'s type: one of DEVICES, ``cuda:N`` or a wgpu adapter's name part."""
+    value = value.lower()
+    if value in (AUTO_WITHOUT_CUDA,) or (value.startswith("cuda:") and not value[5:].isdigit()):
+        raise ValueError(value)
+    return value
 
 
 def create_backend(device: str = "auto"):
@@ -33,11 +43,11 @@ def create_backend(device: str = "auto"):
         return CudaBackend.create(device)
     if device == "vulkan":
         return WgpuBackend.create("auto")
-    if device != "auto":
+    if device not in ("auto", AUTO_WITHOUT_CUDA):
         return WgpuBackend.create(device)
     from ..engine.errors import DeviceError
 
-    cuda = _cuda_if_present()
+    cuda = _cuda_if_present() if device == "auto" else None
     if cuda is not None:
         return cuda
     try:

@@ -28,6 +28,7 @@ from typing import Callable, TextIO
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..engine.errors import WickError
 from ..native.devices import DEVICE_HELP, DEVICES
+from ..native.devices import device as device_arg
 
 QUANTIZATIONS = tuple(_SCHEMES)
 DEFAULT_QUANTIZATION = "q4f16_1"  # best; devices without shader-f16 (some browsers) use q4f32_1
@@ -351,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help=model_help + " or compiled artifact dir")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
                    help="default: the best the device supports")
-    p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
+    p.add_argument("--device", type=device_arg, default="auto", metavar="|".join(DEVICES),
+                   help=DEVICE_HELP + "; cuda:N the N-th NVIDIA GPU")
     p.add_argument("--temperature", type=float, help="0 = greedy (default 1)")
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)

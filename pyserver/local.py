@@ -17,6 +17,7 @@ from ..engine.artifact import MANIFEST_NAME, VERIFY_MARKER, Artifact
 from ..engine.assembly import assemble_core
 from ..engine.errors import (
     ArtifactError,
+    DeviceError,
     InvalidRequestError,
     MissingFeatureError,
     ModelNotFoundError,
@@ -90,16 +91,30 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
                backend=None, **core_options: Any) -> tuple[EngineCore, Path]:
     """The engine core for ``model`` on this machine, and the artifact directory it runs.
     ``core_options``: ``batch_invariant``, ``prefix_cache`` (see ``EngineCore``)."""
-    from ..native.devices import create_backend
+    from ..native.devices import AUTO_WITHOUT_CUDA, create_backend
 
+    chosen = backend is None and (device or "auto").lower() == "auto"
     backend = backend or create_backend(device)
     art = load_artifact(model, quantization, backend.features, progress,
                         getattr(backend, "prefers_f32", False))
     options = {"kv_cache_bytes": kv_cache_bytes, "progress": progress, **core_options}
     try:
         return _core_for(art, backend, **options), Path(art.location)
-    except ArtifactError as err:
-        if err.code != "artifact_corrupt":
+    except (ArtifactError, DeviceError) as err:
+        if chosen and getattr(backend, "kind", "") == "cuda" and (
+                isinstance(err, DeviceError) or err.code == "artifact_stale"):
+            # "auto" picked CUDA and it cannot run this model here (an older GPU, an NVRTC
+            # without this GPU's architecture, an artifact without CUDA kernels): the next
+            # device "auto" would pick does
+            log.warning("CUDA cannot run %s here (%s); using the next device", model,
+                        err.message)
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+            return load_local(model, quantization=quantization, device=AUTO_WITHOUT_CUDA,
+                              kv_cache_bytes=kv_cache_bytes, progress=progress,
+                              **core_options)
+        if not isinstance(err, ArtifactError) or err.code != "artifact_corrupt":
             raise
         # A file changed since it was written (disk error, a stray edit): mark the artifact so
         # that the next compile checks every hash, and rebuild it now when we know its source.

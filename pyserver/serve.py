@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..native.devices import DEVICE_HELP, DEVICES
+from ..native.devices import device as device_arg
 from .shutdown import HEADER_TIMEOUT_S
 
 log = logging.getLogger("wick.server")
@@ -41,7 +42,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="MODEL", help="another model to serve (repeatable)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
                    help="default: the best the device supports")
-    p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
+    p.add_argument("--device", type=device_arg, default="auto", metavar="|".join(DEVICES),
+                   help=DEVICE_HELP + "; cuda:N the N-th NVIDIA GPU")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")

@@ -62,7 +62,11 @@ class FakeDriver:
         self.capturing: list | None = None
         self.graphs: dict[int, list] = {}
         self.graph_runs = 0
+        self.graphs_made = 0  # (handles are never reused, as the driver's)
         self.images: list[bytes] = []
+
+    def make_current(self) -> None:
+        pass
 
     def malloc(self, nbytes: int) -> int:
         address = self.next_address
@@ -95,6 +99,12 @@ class FakeDriver:
         self.images.append(image)
         return "module"
 
+    def unload_module(self, module) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
     def function(self, module, name: str, shared: int = 0) -> int:
         assert name in self.signatures, f"{name} is not a kernel of the source"
         handle = 1000 + len(self.functions)
@@ -123,7 +133,8 @@ class FakeDriver:
         self.capturing = []
 
     def end_capture(self) -> int:
-        handle = 5000 + len(self.graphs)
+        self.graphs_made += 1
+        handle = 5000 + self.graphs_made
         self.graphs[handle], self.capturing = self.capturing, None
         return handle
 
@@ -225,3 +236,22 @@ def test_engine_steps_on_the_cuda_backend(tiny_llama_dir, compiled):
             "tir_kv_cache_transpose_append_kernel"} <= launched
     assert any(n.startswith("decode_") for n in launched)  # the batched-GEMV plan ran
     assert be.graph_launches >= 3 and drv.graph_runs == be.graph_launches
+
+
+def test_auto_falls_back_when_cuda_cannot_run_the_model(tiny_llama_dir, compiled, monkeypatch,
+                                                         caplog):
+    """``device="auto"`` picked CUDA on a GPU older than the kernels' sm_80: the model loads on
+    the next device instead (here the CPU kernels), and the log says why."""
+    import wick.native.devices as devices
+    from wick.server.local import build_core
+
+    old_gpu = FakeDriver("")
+    old_gpu.compute_capability = (7, 5)
+    monkeypatch.setattr(devices, "_cuda_if_present", lambda: CudaBackend(old_gpu))
+    art = compiled(tiny_llama_dir, "q4f16_1", **TINY)
+    with caplog.at_level("WARNING", logger="wick.engine"):
+        core = build_core(str(art), device="auto", kv_cache_bytes=1 << 20)
+    assert core.runner.backend.kind == "cpu"
+    assert "CUDA cannot run" in caplog.text and "sm_80 or newer" in caplog.text
+    with pytest.raises(DeviceError, match="sm_80 or newer"):  # asked for by name: the error
+        build_core(str(art), backend=CudaBackend(old_gpu), kv_cache_bytes=1 << 20)

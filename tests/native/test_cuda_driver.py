@@ -67,6 +67,33 @@ def test_backend_runs_a_kernel_through_the_driver_api(fake_libcuda):
     drv.free(a)
     drv.free(b)
     be.free(buf)
+    be.close()
+
+
+def test_steps_run_from_other_threads(fake_libcuda):
+    """CUDA's context is current per thread: `wick serve` loads on one thread and steps on
+    worker threads. The stand-in refuses calls on a thread without it, as CUDA does."""
+    import threading
+
+    be = CudaBackend(CudaDriver(library=str(fake_libcuda)))
+    base = be.load_library(ENTRY, "art/kernels.cu", SOURCE.encode())
+    buf = be.alloc(64)
+    d = Dispatch(base, (BufferSlice(buf, 0, 8),), struct.pack("<qf", 2, 3.0), (1, 1, 1))
+    results, errors = [], []
+
+    def step():
+        try:
+            results.append(be.run([Write(buf, 0, struct.pack("<2f", 1.0, 2.0))], [d],
+                                  [Read(buf, 0, 8)]))
+        except Exception as e:  # (reported below)
+            errors.append(e)
+
+    for _ in range(3):  # eager, captured, replayed: each on a fresh thread
+        t = threading.Thread(target=step)
+        t.start()
+        t.join()
+    assert errors == []
+    assert [struct.unpack("<2f", r[0]) for r in results] == [(4.0, 7.0)] * 3
 
 
 def test_driver_errors_name_the_call(fake_libcuda):
@@ -78,3 +105,5 @@ def test_driver_errors_name_the_call(fake_libcuda):
         be.load_library(entry, "art/kernels.cu", source.encode())
     with pytest.raises(DeviceError, match="no CUDA driver"):
         CudaDriver(library="/nonexistent/libcuda.so")
+    with pytest.raises(DeviceError, match="say cuda or cuda:N"):
+        CudaBackend.create("cuda:x")
