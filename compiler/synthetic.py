@@ -27,7 +27,6 @@ from pathlib import Path
 
 from tvm.script import tirx as T
 
-from ..engine.artifact import MANIFEST_NAME
 from ..engine.errors import InvalidRequestError
 from . import paths
 from .artifact_writer import write_artifact
@@ -138,8 +137,8 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
                       max_param_bytes: int | None = None, force: bool = False,
                       progress=None) -> Path:
     """Compile the model ``config`` describes, with weights generated at load."""
-    from .compile import (DEFAULT_QUANTIZATION, _model_section, artifact_header, build_module,
-                          compiler_digest, lower_module)
+    from .compile import (DEFAULT_QUANTIZATION, _model_section, _reusable, artifact_header,
+                          build_module, compiler_digest, lower_module)
     from .models import family_for
     from .models.layers import MAX_BINDING_BYTES
 
@@ -159,12 +158,9 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     key = hashlib.sha256(json.dumps([hf, quant.name, options, compiler_digest()],
                                     sort_keys=True).encode()).hexdigest()[:16]
     out = Path(output) if output else paths.artifacts_dir() / f"synthetic-{name}-{quant.name}-{key}"
-    try:
-        if not force and json.loads((out / MANIFEST_NAME).read_text()).get("cache_key") == key:
-            report("cached", 1, 1)
-            return out
-    except (OSError, ValueError):
-        pass
+    if not force and _reusable(out, key):  # (an intact artifact of this config and compiler)
+        report("cached", 1, 1)
+        return out
 
     report("build model", 0, 1)
     module, modules, named = build_module(family, cfg, quant, max_param_bytes)

@@ -153,7 +153,7 @@ class CudaBackend:
     def free(self, buffer: BufferHandle) -> None:
         self.driver.make_current()
         address, _ = self._buffers.pop(buffer)
-        # launches and graphs naming it go (rare: a buffer the engine outgrew)
+        # its launches go, and every graph (rare: a buffer the engine outgrew, a fill's spec)
         self._launches = {k: v for k, v in self._launches.items()
                           if all(s.buffer != buffer for s in v.dispatch.storage)}
         self._drop_graphs()

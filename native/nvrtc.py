@@ -62,12 +62,6 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def version() -> tuple[int, int]:
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    _check(library().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
-    return major.value, minor.value
-
-
 def include_dirs() -> list[str]:
     """Directories holding the CUDA headers TVM's source includes beyond NVRTC's built-in
     ones: ``cuda_fp16.h`` (a toolkit, or the nvidia-cuda-runtime wheel) and
