@@ -73,10 +73,11 @@ def quantize(weight: np.ndarray, quant: Quantization) -> tuple[np.ndarray, np.nd
     (out, in / 32), the scale and minimum in ``quant``'s activation dtype.
 
     Asymmetric per-group quantization along the input dimension: a group's values span
-    [minimum, minimum + levels * scale] (levels = 15 for 4 bits, 255 for 8). For 4 bits this is
-    the shape of GGUF's Q4_1, so re-quantizing a Q4_1 source is (up to rounding of the scale)
-    lossless. Value ``k`` of word ``j`` (bits ``k*bits ..``) holds input column
-    ``j * values_per_word + k``.
+    [minimum, minimum + levels * scale] (levels = 15 for 4 bits, 255 for 8), except where they
+    already lie on an evenly spaced grid of at most ``levels`` steps (a block of a quantized
+    source: GGUF Q4_0, Q4_1 and Q4_K for 4 bits, also Q5_0 and Q8_0 for 8): then the scale is
+    that grid's step and the group is kept exactly (up to the rounding of a float16 scale).
+    Value ``k`` of word ``j`` (bits ``k*bits ..``) holds input column ``j * values_per_word + k``.
     """
     out_features, in_features = weight.shape
     if in_features % GROUP_SIZE:
@@ -85,7 +86,11 @@ def quantize(weight: np.ndarray, quant: Quantization) -> tuple[np.ndarray, np.nd
     per_word, levels = quant.values_per_word, quant.levels
     w = weight.astype(np.float32).reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
     low = w.min(axis=2, keepdims=True)
-    scale = (w.max(axis=2, keepdims=True) - low) / levels
+    span = w.max(axis=2, keepdims=True) - low
+    steps = np.concatenate([source_grid_steps(w[r:r + 4096], low[r:r + 4096], span[r:r + 4096],
+                                              levels)  # rows in chunks: bounded temporaries
+                            for r in range(0, out_features, 4096)])
+    scale = span / np.where(steps > 0, steps, levels)
     # quantize against the stored (possibly float16) scale and minimum
     low = low.astype(quant.dtype).astype(np.float32)
     scale = scale.astype(quant.dtype).astype(np.float32)
@@ -96,6 +101,44 @@ def quantize(weight: np.ndarray, quant: Quantization) -> tuple[np.ndarray, np.nd
     packed = np.bitwise_or.reduce(q << shifts, axis=2).astype(np.uint32)
     return (packed, scale.reshape(out_features, -1).astype(quant.dtype),
             low.reshape(out_features, -1).astype(quant.dtype))
+
+
+GRID_TOLERANCE = 1e-3  # in steps: how far a value may sit from a grid point and still be on it
+
+
+def source_grid_steps(w: np.ndarray, low: np.ndarray, span: np.ndarray, levels: int
+                      ) -> np.ndarray:
+    """For groups ``w`` (..., GROUP_SIZE) with their minimum and span: the number of steps n
+    (1..levels) of an evenly spaced grid from minimum to maximum that holds every value, or 0
+    where there is none.
+
+    Why: re-quantizing a block that already is ``d * q + m`` with min-max steps of span/levels
+    moves every value whose codes do not reach both ends (a Q4_0 block rarely uses code 15, a
+    Q4_K one often neither end) by up to half a step: rounding twice. The step ``d`` is found as
+    the smallest gap between sorted values, which is k·d: n = k·span/gap for k = 1, 2, …."""
+    ordered = np.sort(w, axis=-1)
+    gaps = np.diff(ordered, axis=-1)
+    tiny = span * (GRID_TOLERANCE / levels)
+    smallest = np.where(gaps > tiny, gaps, np.inf).min(axis=-1, keepdims=True)
+    found = np.zeros(span.shape, dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(np.isfinite(smallest), span / smallest, 0.0)  # n / k
+    todo = (ratio > 0.5) & (ratio <= levels + 0.5)
+    k = 1
+    while todo.any() and k <= levels:
+        n = np.rint(ratio * k).astype(np.int64)
+        todo &= n <= levels
+        idx = np.nonzero(todo[..., 0])
+        if not idx[0].size:
+            break
+        step = span[idx] / n[idx]
+        pos = (w[idx] - low[idx]) / step
+        on_grid = (np.abs(pos - np.rint(pos)) <= GRID_TOLERANCE).all(axis=-1)
+        hit = tuple(i[on_grid] for i in idx)
+        found[hit] = n[hit]
+        todo[hit] = False
+        k += 1
+    return found
 
 
 def dequantize(packed: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:

@@ -51,6 +51,54 @@ def test_a_q4_1_grid_requantizes_losslessly(dtype):
     assert np.abs(back - w).max() <= 1e-3 * np.abs(w).max()
 
 
+def _gguf_round_trip(w: np.ndarray, kind: str) -> np.ndarray:
+    """``w`` through the gguf package's own quantizer and dequantizer."""
+    from gguf import GGMLQuantizationType, quants
+
+    t = GGMLQuantizationType[kind]
+    return quants.dequantize(quants.quantize(w, t), t)
+
+
+@pytest.mark.parametrize("name,kinds", [("q4f32_1", ["Q4_0", "Q4_1"]),
+                                        ("q8f32_1", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])])
+def test_a_quantized_source_keeps_its_values(name, kinds):
+    """A GGUF block of at most 2^bits levels is re-quantized exactly, whichever codes it uses
+    (Q4_0 rarely reaches code 15, Q8_0 spans 254 steps, not 255): rounding once, not twice."""
+    w = np.random.default_rng(2).normal(size=(64, 256)).astype(np.float32)
+    quant = get_quantization(name)
+    for kind in kinds:
+        source = _gguf_round_trip(w, kind)
+        back = dequantize(*quantize(source, quant))
+        np.testing.assert_allclose(back, source, rtol=0, atol=1e-6 * np.abs(source).max(),
+                                   err_msg=kind)
+        f16 = dequantize(*quantize(source, get_quantization(name.replace("f32", "f16"))))
+        assert np.abs(f16 - source).max() <= 1e-3 * np.abs(source).max(), kind  # f16 scale
+
+
+def test_a_k_quant_block_keeps_its_values():
+    """Q4_K-shaped groups (d·q − m with codes that reach neither 0 nor 15) keep their values;
+    without the grid, min-max steps would move them by up to half a step."""
+    rng = np.random.default_rng(3)
+    groups = 6
+    d = rng.uniform(0.01, 0.05, size=(groups, 1)).astype(np.float32)
+    m = rng.uniform(0.0, 0.3, size=(groups, 1)).astype(np.float32)
+    q = rng.integers(2, 13, size=(groups, GROUP_SIZE)).astype(np.float32)
+    source = (d * q - m).reshape(1, groups * GROUP_SIZE)
+    back = dequantize(*quantize(source, Q4))
+    np.testing.assert_allclose(back, source, rtol=0, atol=1e-6)
+
+
+def test_values_off_any_grid_fall_back_to_min_max_steps():
+    row = np.array([[0.0, 1.0, 0.5, 0.3] + [0.25] * (GROUP_SIZE - 4)], dtype=np.float32)
+    _, scale, minimum = quantize(row, Q4)
+    assert minimum[0, 0] == 0.0 and scale[0, 0] == np.float32(1.0 / 15)
+    on_grid = row.copy()
+    on_grid[0, 3] = 0.75  # now every value is a multiple of 1/4: four steps
+    _, scale, _ = quantize(on_grid, Q4)
+    assert scale[0, 0] == 0.25
+    np.testing.assert_array_equal(dequantize(*quantize(on_grid, Q4)), on_grid)
+
+
 @pytest.mark.parametrize("name", ["q4f32_1", "q8f32_1"])
 def test_error_is_bounded_by_half_a_step(name):
     w = np.random.default_rng(1).normal(size=(16, 64)).astype(np.float32)
