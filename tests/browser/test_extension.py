@@ -307,17 +307,23 @@ def test_a_killed_shared_worker_fails_requests_typed_and_the_next_reloads(ctx, h
     flight with an EngineLostError and loads a new engine for the next one."""
     live, proxy = host
     tab = Page(ctx, proxy.url)
-    tab.run("""async (model) => {
-        window.engine = await wick.createEngine(model, {quantization: "q0f32", shared: true});
-        window.pending = engine.completions.create(
-            {prompt: "x", max_tokens: 120, temperature: 0, ignore_eos: true})
-            .then(() => "finished", (e) => e.name);
-    }""", native["model"])
     cdp = ctx.new_cdp_session(tab.page)
-    (worker,) = [t for t in cdp.send("Target.getTargets")["targetInfos"]
-                 if t["type"] == "shared_worker" and "wick-worker" in t["url"]]
-    assert cdp.send("Target.closeTarget", {"targetId": worker["targetId"]})["success"]
-    assert tab.run("async () => await window.pending") == "EngineLostError"
+    outcomes = []
+    # The tiny model writes its 120 tokens in well under a second: on a loaded machine the
+    # request can finish before the close arrives. That attempt proves nothing; try again.
+    while len(outcomes) < 3 and "EngineLostError" not in outcomes:
+        tab.run("""async (model) => {
+            window.engine = await wick.createEngine(model, {quantization: "q0f32", shared: true});
+            window.pending = engine.completions.create(
+                {prompt: "x", max_tokens: 120, temperature: 0, ignore_eos: true})
+                .then(() => "finished", (e) => e.name);
+        }""", native["model"])
+        (worker,) = [t for t in cdp.send("Target.getTargets")["targetInfos"]
+                     if t["type"] == "shared_worker" and "wick-worker" in t["url"]]
+        assert cdp.send("Target.closeTarget", {"targetId": worker["targetId"]})["success"]
+        outcomes.append(tab.run("async () => await window.pending"))
+    assert set(outcomes) <= {"finished", "EngineLostError"} and outcomes[-1] == "EngineLostError", \
+        outcomes
     out = tab.run("""async ([prompt, n]) => {
         const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
         return {text: comp.choices[0].text, attached: engine.info.attached};
