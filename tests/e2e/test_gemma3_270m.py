@@ -126,4 +126,6 @@ def test_perplexity_of_quantized_variants(gemma_core, gemma_hf, compiled, quant)
         if quant.startswith("q8"):
             if "q0f32" not in _ppl:
                 pytest.skip("needs the q0f32 perplexity (run the module)")
-            assert _ppl[quant] < 1.10 * _ppl["q0f32"]
+            # 8 bits keep the checkpoint's Q5_0 and Q8_0 blocks exactly (1.0013 x; min-max
+            # rounding of them gave 1.0083 x)
+            assert _ppl[quant] < 1.005 * _ppl["q0f32"]
