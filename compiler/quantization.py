@@ -87,9 +87,7 @@ def quantize(weight: np.ndarray, quant: Quantization) -> tuple[np.ndarray, np.nd
     w = weight.astype(np.float32).reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
     low = w.min(axis=2, keepdims=True)
     span = w.max(axis=2, keepdims=True) - low
-    steps = np.concatenate([source_grid_steps(w[r:r + 4096], low[r:r + 4096], span[r:r + 4096],
-                                              levels)  # rows in chunks: bounded temporaries
-                            for r in range(0, out_features, 4096)])
+    steps = source_grid_steps(w, low, span, levels)
     scale = span / np.where(steps > 0, steps, levels)
     # quantize against the stored (possibly float16) scale and minimum
     low = low.astype(quant.dtype).astype(np.float32)
@@ -116,6 +114,12 @@ def source_grid_steps(w: np.ndarray, low: np.ndarray, span: np.ndarray, levels: 
     moves every value whose codes do not reach both ends (a Q4_0 block rarely uses code 15, a
     Q4_K one often neither end) by up to half a step: rounding twice. The step ``d`` is found as
     the smallest gap between sorted values, which is k·d: n = k·span/gap for k = 1, 2, …."""
+    rows = 4096  # in chunks of rows: bounded temporaries for a 262k-row embedding
+    return np.concatenate([_grid_steps(w[r:r + rows], low[r:r + rows], span[r:r + rows], levels)
+                           for r in range(0, w.shape[0], rows)])
+
+
+def _grid_steps(w: np.ndarray, low: np.ndarray, span: np.ndarray, levels: int) -> np.ndarray:
     ordered = np.sort(w, axis=-1)
     gaps = np.diff(ordered, axis=-1)
     tiny = span * (GRID_TOLERANCE / levels)
