@@ -149,9 +149,14 @@ def test_f16_variant_without_shader_f16_names_the_working_variant(page, loaded, 
             missing: e instanceof wick.MissingFeatureError, device: e instanceof wick.DeviceError}; }
     }""", native["model"])
     assert out is not None and out["missing"] and out["device"], out
-    assert out["code"] == "missing_device_feature"
-    assert out["message"] == (f"'{native['model']} q4f16_1' needs the WebGPU feature 'shader-f16', "
-                              "which this device lacks; use q4f32_1 or q0f32 instead.")
+    from wick.engine.errors import MissingFeatureError
+
+    # the worker builds this error itself (web/src/errors.ts): it must read as Python's
+    want = MissingFeatureError("shader-f16", ["q4f32_1", "q0f32"],
+                               requested=f"{native['model']} q4f16_1")
+    assert out["code"] == want.code == "missing_device_feature"
+    assert out["message"] == want.message
+    assert "use q4f32_1 or q0f32 instead" in out["message"]
 
 
 def test_q4f32_1_variant_equals_native(page, loaded, tiny_q4_artifact):
