@@ -94,7 +94,8 @@ def test_perplexity_of_quantized_variants(gemma_core, gemma_hf, compiled, quant)
     rounding gives 4.52, per-group least squares 4.67, GPTQ on unrelated text 8.20, GGUF Q4_1
     6.10 and Q4_0 10.16; even Q5_0 2.62 (+20 %); Q8_0 2.21. The checkpoint itself keeps most of
     these weights in Q5_0, Q6_K and Q8_0. Over eight passages spread through the whole KJV
-    (transformers) q4f32_1 costs 1.74x, no passage less than 1.19x: see docs/quantization.md."""
+    (bench/perplexity.py, wick and transformers alike) q4f32_1 costs 1.74x, no passage less
+    than 1.19x: see docs/quantization.md."""
     core = gemma_core(quant)
     ids = core.prompt_ids(GENESIS)[:NUM_TOKENS]
     with forward_plan_only(core.runner):
