@@ -175,6 +175,9 @@ async function send(text) {
   const started = performance.now();
   let reply = "", usage = null, firstToken = null, thinking = null;
   try {
+    // a message sent while the page still asks what the server offers waits for the answer
+    // (else it would find no model chosen yet)
+    await ready;
     const body = {
       messages: history, stream: true, stream_options: { include_usage: true },
       temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value) || undefined,
@@ -269,4 +272,4 @@ async function serverHasModels() {
     return false;
   }
 }
-start();
+const ready = start();

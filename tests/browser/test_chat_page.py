@@ -15,12 +15,17 @@ from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page, open_chat_page
 pytestmark = pytest.mark.slow
 
 
-def ask(page, text: str) -> None:
-    """Send ``text`` from the chat page (greedy, 8 tokens) and wait for the answer's stats."""
+def send(page, text: str) -> None:
+    """Send ``text`` from the chat page, greedy, 8 tokens."""
     page.fill("#temperature", "0")
     page.fill("#max-tokens", "8")
     page.fill("#input", text)
     page.click("#send")
+
+
+def ask(page, text: str) -> None:
+    """``send`` and wait for the answer's stats."""
+    send(page, text)
     expect(page.locator("#status")).to_have_text(re.compile("tokens in"), timeout=240_000)
 
 
@@ -81,7 +86,8 @@ def test_chat_page_works_without_webgpu(playwright, web_server, tiny_artifact):
 
 
 def test_chat_page_switches_to_the_server_engine(browser, web_bundle, tiny_artifact):
-    """Switched to "server", the page streams the same answer from /v1/chat/completions."""
+    """Switched to "server", the page streams the same answer from /v1/chat/completions, also
+    for a message sent before the page knows the server's models."""
     from wick.server.app import ModelPool, create_app
     from wick.server.local import AsyncEngine, Engine
     from wick.server.serve import ServerThread
@@ -101,7 +107,22 @@ def test_chat_page_switches_to_the_server_engine(browser, web_bundle, tiny_artif
         expect(page.locator("#model option")).to_have_text(["tiny-llama0"])
         ask(page, messages[0]["content"])
         assert page.eval_on_selector(".msg.assistant", "e => e.textContent") == want
-        page.reload()  # the choice is remembered
+        # a message sent before the page has the server's model list waits for it (it used
+        # to fail at once: "No model is loaded on the server yet"): hold that list back
+        held, released = [], []
+        page.route("**/v1/models",
+                   lambda route: route.continue_() if released else held.append(route))
+        page.reload()  # (a new conversation: the same question gets the same answer)
+        send(page, messages[0]["content"])
+        while not held:
+            page.wait_for_timeout(50)
+        assert page.locator(".msg.error").count() == 0
+        released.append(True)
+        for route in held:
+            route.continue_()
+        expect(page.locator("#status")).to_have_text(re.compile("tokens in"), timeout=240_000)
+        assert page.eval_on_selector(".msg.assistant", "e => e.textContent") == want
+        # the engine choice is remembered
         expect(page.locator("#model option")).to_have_text(["tiny-llama0"])
         assert page.eval_on_selector("#engine", "e => e.value") == "server"
         assert errors == []
