@@ -134,7 +134,8 @@ def main() -> None:
         hf = (load_hf(src.parent, gguf_file=src.name) if src.suffix == ".gguf" else load_hf(src))
         results["transformers"] = [nll(hf_logits(hf, ids), ids) for ids in ids_of]
 
-    base = results.get("q0f32") or results.get("transformers")
+    # ratios against q0f32, else transformers, else the first variant
+    base = results.get("q0f32") or results.get("transformers") or next(iter(results.values()))
     names = list(results)
     print(f"\n{args.model}: perplexity of {len(ids_of)} passage(s), "
           f"{sum(len(i) for i in ids_of)} tokens" + ("" if args.text else " of the KJV"))
@@ -143,7 +144,7 @@ def main() -> None:
         row = []
         for n in names:
             p = math.exp(results[n][i][0] / results[n][i][1])
-            b = math.exp(base[i][0] / base[i][1]) if base else p
+            b = math.exp(base[i][0] / base[i][1])
             row.append(f"{p:8.3f} {p / b:4.2f}x")
         print(f"{i:7d} " + "".join(f"{c:>14}" for c in row))
     print("all     " + "".join(
