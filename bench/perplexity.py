@@ -52,8 +52,12 @@ def kjv_verses(cache: Path) -> list[str]:
                          f"package, and '{tool}' is not here; pass --text FILE instead")
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            subprocess.run(["apt-get", "download", *DEBIAN_PACKAGES], cwd=tmp, check=True,
-                           stdout=subprocess.DEVNULL)
+            got = subprocess.run(["apt-get", "download", *DEBIAN_PACKAGES], cwd=tmp,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if got.returncode:
+                sys.exit(f"perplexity: could not download {' and '.join(DEBIAN_PACKAGES)} "
+                         f"({(got.stderr.strip().splitlines() or ['no reason given'])[-1]}); "
+                         "pass --text FILE instead")
             root = Path(tmp) / "root"
             for deb in Path(tmp).glob("*.deb"):
                 subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
@@ -68,8 +72,8 @@ def kjv_verses(cache: Path) -> list[str]:
 
 
 def passages_of(verses: list[str], count: int) -> list[str]:
-    return [" ".join(verses[i * len(verses) // count:][:VERSES_PER_PASSAGE])
-            for i in range(count)]
+    starts = (i * len(verses) // count for i in range(count))
+    return [" ".join(verses[s:s + VERSES_PER_PASSAGE]) for s in starts]
 
 
 def text_passages(path: Path) -> list[str]:

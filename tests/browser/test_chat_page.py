@@ -114,8 +114,11 @@ def test_chat_page_switches_to_the_server_engine(browser, web_bundle, tiny_artif
                    lambda route: route.continue_() if released else held.append(route))
         page.reload()  # (a new conversation: the same question gets the same answer)
         send(page, messages[0]["content"])
-        while not held:
+        for _ in range(1200):  # (a minute at most: a page that never asks fails, not hangs)
+            if held:
+                break
             page.wait_for_timeout(50)
+        assert held, "the page never asked for /v1/models"
         assert page.locator(".msg.error").count() == 0
         released.append(True)
         for route in held:
