@@ -94,8 +94,8 @@ class _Prepared:
     prompt_param: str  # "messages" | "prompt": where a too-long prompt is blamed
     include_usage: bool
     stream: bool
-    grammar: CompiledGrammar | None = None
-    grammar_spec: GrammarSpec | None = None  # compiled later when the backend is async
+    grammar_spec: GrammarSpec | None = None  # what the output must follow ...
+    grammar: CompiledGrammar | None = None  # ... compiled by the facade, before _add
     tools: bool = False  # the output may hold tool calls (chat with tools, tool_choice != none)
     # a reasoning model's tags, and whether the prompt opened the think block (None: no split)
     reasoning: tuple[str, str, bool] | None = None
@@ -185,28 +185,37 @@ class _Frontend:
             top_logprobs=max(req.num_logprobs, 0),
         )
 
-    def _grammar(self, spec: GrammarSpec | None
-                 ) -> tuple[CompiledGrammar | None, GrammarSpec | None]:
-        """The request's grammar (response format or tool calls): compiled now (cached per
-        spec), or only its spec when the backend compiles asynchronously (``compile_async``:
-        the browser's wasm xgrammar, awaited by the async facade)."""
+    def _grammar_spec(self, req: SamplingFields, tools: bool) -> GrammarSpec | None:
+        """The grammar a request's output must follow (response format or tool calls), once
+        its inputs are within the engine's ``grammar_limits``; compiled later, by the facade
+        (the async one off its event loop)."""
+        spec = response_format_spec(req.response_format)
+        if tools and (req.tool_choice != "auto" or self.core.grammar is not None):
+            # ("auto" without a grammar backend: the reply is parsed, not constrained)
+            spec = GrammarSpec("tool_calls", tools_spec_source(
+                req.tools, req.tool_choice, req.parallel_tool_calls), param="tools")
         if spec is None:
-            return None, None
-        backend = self.core.grammar
-        if backend is None:
+            return None
+        if self.core.grammar is None:
             what = "Tool calls" if spec.kind == "tool_calls" else "Structured output"
             raise UnsupportedParameterError(
                 "tools" if spec.kind == "tool_calls" else "response_format",
                 f"{what} need a grammar backend, and this engine was created without one.")
-        if hasattr(backend, "compile_async"):
-            return None, spec
-        return backend.compile(spec), spec
+        return spec
+
+    def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        compile_now = getattr(self.core.grammar, "compile", None)
+        if compile_now is None:  # the browser's wasm xgrammar answers with promises
+            raise WickError("this engine's grammar backend compiles asynchronously (use "
+                            "AsyncEngineAPI)", code="runner_contract")
+        return compile_now(spec)
 
     def _prepare(self, kind: str, kwargs: dict[str, Any]) -> _Prepared:
         """Validate, render the chat template and tokenize. Reads the model's info and the
         tokenizer only, so it may run on another thread than the step loop."""
         self._check_size(kind, kwargs)
         tools, reasoning = False, None
+        limits = self.core.grammar_limits
         if kind == "chat":
             req: SamplingFields = ChatCompletionRequest.from_dict(kwargs)
             self._check_model(req.model)
@@ -219,13 +228,10 @@ class _Frontend:
             # Token ids are used as given (no BOS added): the caller chose them.
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
-        spec = response_format_spec(req.response_format)
-        if tools and (req.tool_choice != "auto" or self.core.grammar is not None):
-            # ("auto" without a grammar backend: the reply is parsed, not constrained)
-            spec = GrammarSpec("tool_calls", tools_spec_source(
-                req.tools, req.tool_choice, req.parallel_tool_calls), param="tools")
+        limits.check_request(req.response_format, req.tools if tools else [])
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
-                         req.stream, *self._grammar(spec), tools=tools, reasoning=reasoning)
+                         req.stream, grammar_spec=self._grammar_spec(req, tools), tools=tools,
+                         reasoning=reasoning)
 
     def _chat_prompt(self, req: ChatCompletionRequest
                      ) -> tuple[list[int], bool, tuple[str, str, bool] | None]:
@@ -339,8 +345,7 @@ class _Frontend:
     def _add(self, prep: _Prepared) -> _Submitted:
         """Queue a prepared request in the core (on the step loop's thread)."""
         if prep.grammar_spec is not None and prep.grammar is None:
-            raise WickError("this request's grammar must be compiled with compile_async "
-                            "first (use AsyncEngineAPI)", code="runner_contract")
+            raise WickError("this request's grammar was not compiled", code="runner_contract")
         rid = self.core.add_request(prep.prompt_ids, prep.params, n=prep.n,
                                     prompt_param=prep.prompt_param, grammar=prep.grammar)
         return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage,
@@ -612,6 +617,8 @@ class EngineAPI(_Frontend):
 
     def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
         prep = self._prepare(kind, kwargs)
+        if prep.grammar_spec is not None:
+            prep.grammar = self._compile(prep.grammar_spec)
         sub = self._add(prep)
         self._inbox[sub.request_id] = deque()
         if prep.stream:
@@ -726,10 +733,20 @@ class AsyncEngineAPI(_Frontend):
         threads. A host with threads overrides this to keep its event loop free."""
         return prepare()
 
+    async def _compile_async(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compile off the event loop: the backend's ``compile_async`` (the native one runs
+        it in a child process, then on threads of its own; the browser's awaits wasm), else
+        its ``compile`` where requests are prepared. Cancelling the caller (its client left)
+        abandons the compile."""
+        compile_async = getattr(self.core.grammar, "compile_async", None)
+        if compile_async is not None:
+            return await compile_async(spec)
+        return await self.prepare_off_loop(lambda: self._compile(spec))
+
     async def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
         prep = await self.prepare_off_loop(lambda: self._prepare(kind, kwargs))
-        if prep.grammar_spec is not None and prep.grammar is None:
-            prep.grammar = await self.core.grammar.compile_async(prep.grammar_spec)
+        if prep.grammar_spec is not None:
+            prep.grammar = await self._compile_async(prep.grammar_spec)
         sub = self._add(prep)
         self._queues[sub.request_id] = asyncio.Queue()
         self._ensure_loop()
@@ -821,8 +838,11 @@ class AsyncEngineAPI(_Frontend):
             self._wakeup.set()  # the loop applies the aborts (frees pages) on its next step
 
     async def aclose(self) -> None:
-        """Stop the step loop; unfinished requests are aborted."""
+        """Stop the step loop; unfinished requests are aborted (and grammar compiles)."""
         self.abort_all(EngineAbortedError("the engine was closed"))
+        close_grammar = getattr(self.core.grammar, "close", None)
+        if close_grammar is not None:  # the native backend's compile children
+            close_grammar()
         if self._loop_task is not None:
             self._loop_task.cancel()
             try:

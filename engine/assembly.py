@@ -13,6 +13,7 @@ from typing import Any, Callable
 from .artifact import Artifact
 from .core import EngineCore
 from .grammar import VocabInfo
+from .grammar_limits import GrammarLimits
 from .model_info import ModelInfo
 from .runner import DEFAULT_KV_BUDGET, Runner, kv_pages_for
 from .tokenizer import Tokenizer
@@ -34,9 +35,11 @@ def assemble_core(art: Artifact, backend: Any, *,
                   runner_class: type[Runner] = Runner,
                   batch_invariant: bool = True,
                   prefix_cache: bool = True,
+                  grammar_limits: GrammarLimits = GrammarLimits(),
                   **runner_options: Any) -> EngineCore:
     """The engine core for ``art`` on ``backend``. ``tokenizer(tokenizer_json)`` builds the
-    host's tokenizer; ``grammar`` its structured-output backend; ``runner_options`` go to the
+    host's tokenizer; ``grammar`` its structured-output backend (which ``grammar_limits`` bound);
+    ``runner_options`` go to the
     runner (``progress``, ``batched_decode``, ``upload_weights``)."""
     pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
                          backend.max_storage_binding)
@@ -46,4 +49,4 @@ def assemble_core(art: Artifact, backend: Any, *,
     grammar_backend, vocab = grammar(tokenizer_json, info)
     return EngineCore(runner, tokenizer(tokenizer_json), info, num_pages=pages,
                       batch_invariant=batch_invariant, prefix_cache=prefix_cache,
-                      grammar=grammar_backend, vocab=vocab)
+                      grammar=grammar_backend, vocab=vocab, grammar_limits=grammar_limits)

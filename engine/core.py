@@ -22,6 +22,7 @@ from .chat_template import render_chat_template
 from .detokenize import IncrementalDetokenizer
 from .errors import ContextLengthExceededError, InvalidRequestError, WickError
 from .grammar import CompiledGrammar, GrammarBackend, VocabInfo
+from .grammar_limits import GrammarLimits
 from .kv_cache import kv_cache_for
 from .model_info import ModelInfo
 from .scheduler import Scheduler
@@ -135,6 +136,7 @@ class EngineCore:
         prefix_cache: bool = True,
         grammar: GrammarBackend | None = None,
         vocab: VocabInfo | None = None,
+        grammar_limits: GrammarLimits = GrammarLimits(),
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``batch_invariant`` (the default): never mix prompt and decode work in a step, so
@@ -142,8 +144,8 @@ class EngineCore:
         them (chunked prefill beside decodes: more throughput while prompts arrive, at the
         price of rounding that depends on the batch). ``prefix_cache`` (the default): reuse
         the KV of prompt pages computed before (``kv_cache``). ``grammar`` compiles response formats
-        (None: requests that need one are refused); ``vocab`` gives each token's bytes for
-        logprobs."""
+        (None: requests that need one are refused), within ``grammar_limits`` (checked before
+        it sees a grammar); ``vocab`` gives each token's bytes for logprobs."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
         for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),
                                    ("prefill_chunk_size", prefill_chunk_size,
@@ -154,6 +156,7 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.info = info
         self.grammar = grammar
+        self.grammar_limits = grammar_limits
         self.vocab = vocab
         self.kv = kv_cache_for(info.page_size, num_pages, window=info.kv_window,
                                window_pool=info.kv_window_pool,

@@ -121,16 +121,22 @@ def compile_error(spec: GrammarSpec, detail: str) -> InvalidRequestError:
 
 
 class GrammarCache:
-    """Compiled grammars by spec, least recently used dropped past ``capacity`` (and handed to
-    ``on_evict``, e.g. to free wasm memory). Both backends put this in front of their
-    compiler: compiling a schema costs milliseconds to seconds, matching microseconds."""
+    """Compiled grammars by spec, least recently used dropped past ``capacity`` entries or
+    ``max_bytes`` of their memory (as ``put`` is told it; the newest entry always stays), and
+    handed to ``on_evict``, e.g. to free wasm memory. Both backends put this in front of
+    their compiler: compiling a schema costs milliseconds to seconds, matching microseconds."""
 
-    def __init__(self, capacity: int = 64, on_evict=None) -> None:
+    def __init__(self, capacity: int = 64, on_evict=None, max_bytes: int | None = None) -> None:
         self._capacity = capacity
+        self._max_bytes = max_bytes
         self._on_evict = on_evict
-        self._items: dict[tuple[str, str], CompiledGrammar] = {}
+        self._items: dict[tuple[str, str], tuple[CompiledGrammar, int]] = {}
+        self.bytes = 0  # what the entries' sizes add up to
         self.hits = 0
         self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, spec: GrammarSpec) -> CompiledGrammar | None:
         hit = self._items.pop((spec.kind, spec.source), None)
@@ -139,12 +145,19 @@ class GrammarCache:
             return None
         self.hits += 1
         self._items[(spec.kind, spec.source)] = hit  # most recent last
-        return hit
+        return hit[0]
 
-    def put(self, spec: GrammarSpec, compiled: CompiledGrammar) -> CompiledGrammar:
-        self._items[(spec.kind, spec.source)] = compiled
-        while len(self._items) > self._capacity:
-            evicted = self._items.pop(next(iter(self._items)))
+    def put(self, spec: GrammarSpec, compiled: CompiledGrammar, size: int = 0
+            ) -> CompiledGrammar:
+        old = self._items.pop((spec.kind, spec.source), None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._items[(spec.kind, spec.source)] = (compiled, size)
+        self.bytes += size
+        while len(self._items) > 1 and (len(self._items) > self._capacity or (
+                self._max_bytes is not None and self.bytes > self._max_bytes)):
+            evicted, evicted_size = self._items.pop(next(iter(self._items)))
+            self.bytes -= evicted_size
             if self._on_evict is not None:
                 self._on_evict(evicted)
         return compiled

@@ -7,10 +7,12 @@ installs xgrammar with ``--no-deps``). The bitmask is a numpy int32 row, xgramma
 
 from __future__ import annotations
 
+import asyncio
 import importlib.machinery
 import importlib.util
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +27,13 @@ from ..engine.grammar import (
     json_schema_of,
     patch_json_ebnf,
 )
+from ..engine.grammar_limits import GrammarLimits
 from ..engine.tools import structural_tag, tool_parameter_schemas
+from .grammar_pool import GrammarPool, WorkerVocab
 
 XGRAMMAR_VERSION = "0.1.27"
+# threads of one compile in this process: it shares the machine with the engine's steps
+COMPILE_THREADS = 1
 
 
 def xgrammar_bindings():
@@ -76,56 +82,107 @@ class XGrammarCompiled:
         return XGrammarMatcher(self._core, self._compiled, self._words)
 
 
-class XGrammarBackend:
-    """``engine.grammar.GrammarBackend`` for one model's vocabulary."""
+def compile_spec(core, compiler, spec: GrammarSpec):
+    """xgrammar's compiled grammar for ``spec`` (the one recipe of the server process and of
+    its compile children, ``grammar_worker``); raises ``compile_error`` for a spec xgrammar
+    refuses."""
+    try:
+        if spec.kind == "ebnf":
+            return compiler.compile_grammar(spec.source, "root")
+        if spec.kind == "tool_calls":
+            arguments = [schema_ebnf(core, s, True) for s in tool_parameter_schemas(spec.source)]
+            return compiler.compile_grammar(core.Grammar.from_structural_tag(
+                structural_tag(spec.source, arguments)))
+        return compiler.compile_grammar(schema_ebnf(core, *json_schema_of(spec)), "root")
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise compile_error(spec, str(e)) from None
 
-    def __init__(self, vocab: VocabInfo, vocab_size: int, stop_token_ids: list[int]) -> None:
+
+def schema_ebnf(core, schema: str, strict: bool) -> str:
+    """The (patched) EBNF of a JSON schema given as text."""
+    grammar = core.Grammar.from_json_schema(schema, JSON_ANY_WHITESPACE, JSON_INDENT, None,
+                                            strict, None, False)
+    return patch_json_ebnf(grammar.to_string())
+
+
+class XGrammarBackend:
+    """``engine.grammar.GrammarBackend`` for one model's vocabulary.
+
+    A grammar this process has not compiled yet is first compiled in a child process
+    (``GrammarPool``), within ``limits.compile_timeout_s`` and a memory bound: a grammar that
+    crashes xgrammar, or takes too long, costs that child, and its request gets a 400. What
+    the child compiled is then compiled here, on a thread of this backend's own (never the
+    threads that prepare requests), and kept in a cache bounded by the memory the child
+    measured. xgrammar's own cache is off: it has no bound but its memory."""
+
+    def __init__(self, vocab: VocabInfo, vocab_size: int, stop_token_ids: list[int],
+                 limits: GrammarLimits = GrammarLimits()) -> None:
         self._core = core = xgrammar_bindings()
         self.vocab = vocab
         self.vocab_size = vocab_size
-        info = core.TokenizerInfo(vocab.for_grammar()[:vocab_size], vocab.vocab_type, vocab_size,
-                                  list(stop_token_ids), vocab.add_prefix_space)
-        self._compiler = core.GrammarCompiler(info, 8, True, -1)
+        self.limits = limits
+        tokens = vocab.for_grammar()[:vocab_size]
+        info = core.TokenizerInfo(tokens, vocab.vocab_type, vocab_size, list(stop_token_ids),
+                                  vocab.add_prefix_space)
+        self._compiler = core.GrammarCompiler(info, COMPILE_THREADS, False, -1)
         self._words = (vocab_size + 31) // 32
-        self._cache = GrammarCache()
-        self._lock = threading.Lock()  # requests are prepared on worker threads
+        self._cache = GrammarCache(capacity=4096, max_bytes=limits.cache_bytes)
+        self._cache_lock = threading.Lock()
+        self.pool = GrammarPool(WorkerVocab(tokens, vocab.vocab_type, vocab_size,
+                                            list(stop_token_ids), vocab.add_prefix_space),
+                                limits)
+        self._threads = ThreadPoolExecutor(limits.workers, thread_name_prefix="wick-grammar")
+
+    @property
+    def cache(self) -> GrammarCache:
+        return self._cache
+
+    def _cached(self, spec: GrammarSpec) -> XGrammarCompiled | None:
+        with self._cache_lock:
+            return self._cache.get(spec)
+
+    def _compile_here(self, spec: GrammarSpec, size: int) -> XGrammarCompiled:
+        compiled = XGrammarCompiled(self._core, compile_spec(self._core, self._compiler, spec),
+                                    self._words)
+        with self._cache_lock:
+            return self._cache.put(spec, compiled, size)
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
-        with self._lock:
-            return self._cache.get(spec) or self._cache.put(spec, self._compile(spec))
+        """Compile (or fetch from the cache), blocking."""
+        hit = self._cached(spec)
+        if hit is not None:
+            return hit
+        report = self.pool.run(spec)
+        return self._compile_here(spec, report.bytes)
 
-    def _compile(self, spec: GrammarSpec) -> XGrammarCompiled:
-        try:
-            if spec.kind == "ebnf":
-                compiled = self._compiler.compile_grammar(spec.source, "root")
-            elif spec.kind == "tool_calls":
-                arguments = [self.schema_ebnf(s, True) for s in tool_parameter_schemas(spec.source)]
-                grammar = self._core.Grammar.from_structural_tag(
-                    structural_tag(spec.source, arguments))
-                compiled = self._compiler.compile_grammar(grammar)
-            else:
-                compiled = self._compiler.compile_grammar(self.json_ebnf(spec), "root")
-        except (RuntimeError, ValueError, TypeError) as e:
-            raise compile_error(spec, str(e)) from None
-        return XGrammarCompiled(self._core, compiled, self._words)
+    async def compile_async(self, spec: GrammarSpec) -> XGrammarCompiled:
+        """Compile (or fetch from the cache) without blocking the event loop; a caller that is
+        cancelled (its client left) abandons the child's compile when nobody else waits."""
+        hit = self._cached(spec)
+        if hit is not None:
+            return hit
+        report = await self.pool.run_async(spec)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, self._compile_here, spec, report.bytes)
 
     def json_ebnf(self, spec: GrammarSpec) -> str:
         """The (patched) EBNF of a "json" or "json_schema" spec."""
-        return self.schema_ebnf(*json_schema_of(spec))
+        return schema_ebnf(self._core, *json_schema_of(spec))
 
-    def schema_ebnf(self, schema: str, strict: bool) -> str:
-        grammar = self._core.Grammar.from_json_schema(schema, JSON_ANY_WHITESPACE, JSON_INDENT,
-                                                      None, strict, None, False)
-        return patch_json_ebnf(grammar.to_string())
+    def close(self) -> None:
+        """Stop the compile children (also done when this process exits)."""
+        self.pool.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
 
-def grammar_for(tokenizer_json: str, vocab_size: int,
-                stop_token_ids) -> tuple[XGrammarBackend | None, VocabInfo]:
+def grammar_for(tokenizer_json: str, vocab_size: int, stop_token_ids,
+                limits: GrammarLimits = GrammarLimits()
+                ) -> tuple[XGrammarBackend | None, VocabInfo]:
     """The model's vocabulary and its grammar backend (None, and a log line, when xgrammar is
     not installed: requests asking for structured output are then refused with a 400)."""
     vocab = VocabInfo.from_tokenizer_json(tokenizer_json, vocab_size)
     try:
-        return XGrammarBackend(vocab, vocab_size, list(stop_token_ids)), vocab
+        return XGrammarBackend(vocab, vocab_size, list(stop_token_ids), limits), vocab
     except ImportError as e:
         import logging
 

@@ -284,12 +284,14 @@ def create_app(
             body = {**body, "stream_options": {"include_usage": True}}
         record = RequestLog(kind, engine.core.info.model_id, stream)
         create = engine.chat.completions.create if kind == "chat" else engine.completions.create
-        if stream:  # create() validates, then returns the stream at once
-            return EventStreamResponse(await create(**body), record, drop_usage)
-        result = await unless_disconnected(request, create(**body))  # the engine validates
+        # the engine validates, compiles the request's grammar (a client that leaves
+        # meanwhile abandons it), then returns the stream at once or runs to the end
+        result = await unless_disconnected(request, create(**body))
         if result is None:
             record.write("client disconnected")
             return Response(status_code=499)  # nobody is listening
+        if stream:
+            return EventStreamResponse(result, record, drop_usage)
         record.request_id = result.id
         record.prompt_tokens = result.usage.prompt_tokens
         record.completion_tokens = result.usage.completion_tokens

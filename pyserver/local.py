@@ -22,6 +22,7 @@ from ..engine.errors import (
     MissingFeatureError,
     ModelNotFoundError,
 )
+from ..engine.grammar_limits import GrammarLimits
 from ..engine.runner import Runner
 
 Progress = Callable[[str, int, int], None]
@@ -90,7 +91,8 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
                kv_cache_bytes: int | None = None, progress: Progress | None = None,
                backend=None, **core_options: Any) -> tuple[EngineCore, Path]:
     """The engine core for ``model`` on this machine, and the artifact directory it runs.
-    ``core_options``: ``batch_invariant``, ``prefix_cache`` (see ``EngineCore``)."""
+    ``core_options``: ``batch_invariant``, ``prefix_cache``, ``grammar_limits`` (see
+    ``EngineCore``)."""
     from ..native.devices import AUTO_WITHOUT_CUDA, create_backend
 
     chosen = backend is None and (device or "auto").lower() == "auto"
@@ -128,14 +130,16 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
 
 
 def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: Progress | None,
-              **core_options: Any) -> EngineCore:
+              grammar_limits: GrammarLimits | None = None, **core_options: Any) -> EngineCore:
     from ..native.grammar import grammar_for
     from ..native.tokenizer import HFTokenizer
 
+    limits = grammar_limits or GrammarLimits()
     return assemble_core(
         art, backend, tokenizer=HFTokenizer, kv_cache_bytes=kv_cache_bytes,
-        grammar=lambda tok_json, info: grammar_for(tok_json, info.vocab_size, info.eos_token_ids),
-        runner_class=NativeRunner, progress=progress, **core_options)
+        grammar=lambda tok_json, info: grammar_for(tok_json, info.vocab_size, info.eos_token_ids,
+                                                   limits),
+        runner_class=NativeRunner, progress=progress, grammar_limits=limits, **core_options)
 
 
 def software_adapter_notice(backend) -> str | None:
@@ -164,14 +168,18 @@ class Engine(_Local, EngineAPI):
     True): a request's tokens never depend on what else runs (see ``Runner``); False mixes
     prompt and decode work in a step, for throughput while prompts arrive. ``prefix_cache``
     (default True): a prompt's pages computed before (an earlier turn, a shared system prompt)
-    are reused, not recomputed; ``usage.prompt_tokens_details.cached_tokens`` counts them."""
+    are reused, not recomputed; ``usage.prompt_tokens_details.cached_tokens`` counts them.
+    ``grammar_limits``: how large a response format or tool schema may be, and how long its
+    compile may take (``wick.engine.grammar_limits.GrammarLimits``; defaults otherwise)."""
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 batch_invariant: bool = True, prefix_cache: bool = True) -> None:
+                 batch_invariant: bool = True, prefix_cache: bool = True,
+                 grammar_limits: GrammarLimits | None = None) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
-            progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache)))
+            progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache,
+            grammar_limits=grammar_limits)))
 
 
 class AsyncEngine(_Local, AsyncEngineAPI):
@@ -181,10 +189,12 @@ class AsyncEngine(_Local, AsyncEngineAPI):
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
-                 batch_invariant: bool = True, prefix_cache: bool = True) -> None:
+                 batch_invariant: bool = True, prefix_cache: bool = True,
+                 grammar_limits: GrammarLimits | None = None) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
-            progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache)))
+            progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache,
+            grammar_limits=grammar_limits)))
 
     async def prepare_off_loop(self, prepare):
         return await asyncio.to_thread(prepare)

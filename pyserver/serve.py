@@ -80,12 +80,59 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-browser-variants", action="store_false", dest="browser_variants",
                    help="do not compile the f32 twin of an f16 model for browsers without "
                         "shader-f16")
+    add_grammar_arguments(p)
     p.add_argument("--kv-cache-mib", type=int,
                    help="KV cache budget per model in MiB (default 256)")
     p.add_argument("--max-body-mib", type=float, default=MAX_BODY_MIB,
                    help=f"largest request body accepted (default {MAX_BODY_MIB})")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default="info")
+
+
+def add_grammar_arguments(p: argparse.ArgumentParser) -> None:
+    """Bounds on response formats and tool schemas (``GrammarLimits``: its defaults)."""
+    from ..engine.grammar_limits import GrammarLimits
+
+    d = GrammarLimits()
+    g = p.add_argument_group(
+        "structured output", "what one request's response_format or tools may ask of the "
+        "grammar compiler; larger ones get a 400 naming the bound (README: Structured output)")
+    g.add_argument("--grammar-max-bytes", type=int, default=d.max_bytes, metavar="N",
+                   help=f"a schema or grammar's size (a request's tools together; default "
+                        f"{d.max_bytes})")
+    g.add_argument("--grammar-max-depth", type=int, default=d.max_depth, metavar="N",
+                   help=f"nesting of a schema (through $ref) or of an EBNF's parentheses "
+                        f"(default {d.max_depth})")
+    g.add_argument("--grammar-max-properties", type=int, default=d.max_properties, metavar="N",
+                   help=f"object properties in a schema (default {d.max_properties})")
+    g.add_argument("--grammar-max-rules", type=int, default=d.max_rules, metavar="N",
+                   help=f"rules of an EBNF grammar (default {d.max_rules})")
+    g.add_argument("--grammar-timeout", type=float, default=d.compile_timeout_s,
+                   metavar="SECONDS", help="a grammar's compile is stopped past this (default "
+                                           f"{d.compile_timeout_s:g})")
+    g.add_argument("--grammar-cache-mib", type=int, default=d.cache_bytes >> 20, metavar="MIB",
+                   help=f"compiled grammars kept for reuse, per model (default "
+                        f"{d.cache_bytes >> 20})")
+    g.add_argument("--grammar-workers", type=int, default=d.workers, metavar="N",
+                   help=f"grammars compiled at once, each in a child process (default "
+                        f"{d.workers})")
+
+
+def grammar_limits_of(args: argparse.Namespace):
+    """The ``GrammarLimits`` the flags of ``add_grammar_arguments`` ask for; a bad value is
+    one ``error:`` line."""
+    from ..engine.errors import InvalidRequestError
+    from ..engine.grammar_limits import GrammarLimits
+
+    try:
+        return GrammarLimits(
+            max_bytes=args.grammar_max_bytes, max_depth=args.grammar_max_depth,
+            max_properties=args.grammar_max_properties, max_rules=args.grammar_max_rules,
+            compile_timeout_s=args.grammar_timeout, cache_bytes=args.grammar_cache_mib << 20,
+            workers=args.grammar_workers)
+    except ValueError as e:
+        flag = str(e).split()[0].replace("GrammarLimits.", "--grammar-").replace("_", "-")
+        raise InvalidRequestError(f"{flag}: {str(e).split(' ', 1)[1]}") from None
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -103,7 +150,7 @@ def serve_main(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace, header_timeout=args.header_timeout,
         browser_variants=args.browser_variants,
         batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
-        body_timeout=args.body_timeout,
+        body_timeout=args.body_timeout, grammar_limits=grammar_limits_of(args),
     )
 
 
@@ -162,6 +209,7 @@ def serving_app(
     browser_variants: bool = True,
     batch_invariant: bool = True,
     prefix_cache: bool = True,
+    grammar_limits=None,
     on_failed=None,
 ):
     """The app ``wick serve`` runs: ``models`` load in the background (compiling when needed),
@@ -184,7 +232,8 @@ def serving_app(
             try:
                 return AsyncEngine(model, quantization=quantization, device=device,
                                    kv_cache_bytes=kv_cache_bytes, progress=bars,
-                                   batch_invariant=batch_invariant, prefix_cache=prefix_cache)
+                                   batch_invariant=batch_invariant, prefix_cache=prefix_cache,
+                                   grammar_limits=grammar_limits)
             finally:
                 bars.close()
         return model, load

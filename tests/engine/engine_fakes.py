@@ -222,15 +222,17 @@ class AsyncFakeRunner(FakeRunner):
 class LiteralGrammar:
     """A fake grammar backend for ``root ::= "<text>"``: the matcher allows the next byte of
     the text, then only ``eos_id``. ``asynchronous=True`` gives it the wasm build's shape
-    (``compile_async``, ``next_token_bitmask_async``)."""
+    (``compile_async`` only, ``next_token_bitmask_async``)."""
 
     def __init__(self, vocab_size: int, eos_id: int, asynchronous: bool = False) -> None:
         self.vocab_size, self.eos_id = vocab_size, eos_id
         self.compiled: list[str] = []
         if asynchronous:
             self.compile_async = self._compile_async
+        else:
+            self.compile = self._compile
 
-    def compile(self, spec):
+    def _compile(self, spec):
         from wick.engine.grammar import compile_error
 
         prefix = 'root ::= "'
@@ -245,7 +247,7 @@ class LiteralGrammar:
         import asyncio
 
         await asyncio.sleep(0)
-        return self.compile(spec)
+        return self._compile(spec)
 
 
 class _LiteralCompiled:
