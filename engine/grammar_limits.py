@@ -83,6 +83,10 @@ class GrammarLimits:
             except RecursionError:  # a value (an enum, a default) nested past Python's limit
                 raise self._error(where, "holds values nested too deeply to measure",
                                   "max_depth", self.max_depth) from None
+            except ValueError:  # a Python object that contains itself
+                raise InvalidRequestError(f"The schema in '{where}' contains itself; it "
+                                          "cannot be written as JSON.", param=where,
+                                          code="invalid_json_schema") from None
         if size > self.max_bytes:
             raise self._error(param, f"is {size} bytes as JSON", "max_bytes", self.max_bytes)
         if properties > self.max_properties:
@@ -154,16 +158,17 @@ def _subschemas(node: dict) -> list[Any]:
 class _SchemaMeasure:
     """A schema's depth (the longest chain of nested subschemas, through local ``$ref``) and
     its properties, in one walk without recursion: a schema nested deeper than Python's own
-    recursion limit is measured, not crashed on. Each ``$ref`` target is measured once
-    (remembered), so a schema whose references fan out is measured in linear time; the depth
-    walk stops once it exceeds ``cap``."""
+    recursion limit is measured, not crashed on. Each subschema is measured once (by
+    identity, remembered), so a schema whose references fan out, or a Python object that
+    shares subschemas, is measured in linear time; a reference back into its own chain (or a
+    Python object that contains itself) adds nothing. The depth walk stops past ``cap``."""
 
     def __init__(self, root: Any, cap: int) -> None:
         self.root = root
         self.properties = 0
         self.depth = 0
         self._cap = cap
-        self._refs: dict[int, int] = {}  # id(target) -> its depth
+        self._depths: dict[int, int] = {}  # id(subschema) -> its depth
         self._count_properties(root)
         if isinstance(root, dict):
             roots = [root] + [d for key in _DEFS if isinstance(root.get(key), dict)
@@ -176,11 +181,12 @@ class _SchemaMeasure:
     def _count_properties(self, root: Any) -> None:
         """Named and required properties of every object schema in the document (each schema
         counted once, wherever references lead)."""
-        stack = [root]
+        stack, seen = [root], set()
         while stack:
             node = stack.pop()
-            if not isinstance(node, dict):
+            if not isinstance(node, dict) or id(node) in seen:
                 continue
+            seen.add(id(node))
             names = set(node["properties"]) if isinstance(node.get("properties"), dict) else set()
             if isinstance(node.get("required"), list):
                 names.update(r for r in node["required"] if isinstance(r, str))
@@ -190,46 +196,41 @@ class _SchemaMeasure:
                 if isinstance(node.get(key), dict):
                     stack.extend(node[key].values())
 
-    def _children(self, node: dict) -> list[Any]:
-        """A node's subschemas, and its own ``$ref`` target as ``(id, target)``."""
-        out: list[Any] = _subschemas(node)
+    def _children(self, node: dict) -> list[dict]:
+        """A node's subschemas, and its own ``$ref`` target (one level further in)."""
+        out = _subschemas(node)
         ref = node.get("$ref")
         target = _resolve(self.root, ref) if isinstance(ref, str) else None
         if target is not None:
-            out.append((id(target), target))
+            out.append(target)
         return out
 
     def _depth(self, start: dict) -> int:
-        # frames: [children not yet visited, deepest child so far, id of the $ref target or None]
-        stack: list[list[Any]] = [[self._children(start), 0, None]]
-        on_path: set[int] = set()
+        # frames: [id of the node, its children not yet visited, deepest child so far]
+        stack: list[list[Any]] = [[id(start), self._children(start), 0]]
+        on_path = {id(start)}
         while True:
             frame = stack[-1]
             if len(stack) > self._cap:
                 return len(stack)
-            if frame[0]:
-                child = frame[0].pop()
-                if isinstance(child, tuple):  # a $ref: its target nests one level further
-                    key, child = child
-                    known = self._refs.get(key)
-                    if known is None and key in on_path:
-                        known = 0  # recursion: finite in the grammar
-                    if known is not None:
-                        frame[1] = max(frame[1], known)
-                        continue
-                    on_path.add(key)
-                    stack.append([self._children(child), 0, key])
+            if frame[1]:
+                child = frame[1].pop()
+                known = self._depths.get(id(child))
+                if known is None and id(child) in on_path:
+                    known = 0  # recursion: finite in the grammar
+                if known is not None:
+                    frame[2] = max(frame[2], known)
                 else:
-                    stack.append([self._children(child), 0, None])
+                    on_path.add(id(child))
+                    stack.append([id(child), self._children(child), 0])
                 continue
-            depth = 1 + frame[1]
+            depth = 1 + frame[2]
             stack.pop()
-            if frame[2] is not None:
-                self._refs[frame[2]] = depth
-                on_path.discard(frame[2])
+            self._depths[frame[0]] = depth
+            on_path.discard(frame[0])
             if not stack:
                 return depth
-            stack[-1][1] = max(stack[-1][1], depth)
+            stack[-1][2] = max(stack[-1][2], depth)
 
 
 def _resolve(root: Any, ref: str) -> dict | None:

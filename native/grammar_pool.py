@@ -215,6 +215,12 @@ class GrammarPool:
         self._children: list[_Child] = []
         self._closed = False
 
+    @property
+    def pids(self) -> list[int]:
+        """The compile children alive now."""
+        with self._lock:
+            return [c.proc.pid for c in self._children if c.proc.poll() is None]
+
     # -- asking ----------------------------------------------------------------------------
 
     def run(self, spec: GrammarSpec) -> CompileReport:
