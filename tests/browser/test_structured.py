@@ -35,6 +35,25 @@ BAD = {"response_format": {"type": "json_schema", "json_schema": {
     "name": "x", "schema": {"type": "objectx"}}}, "messages": MESSAGES, "max_tokens": 4}
 
 
+def _ref_chain(k: int) -> dict:
+    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(k)}
+    defs[f"d{k}"] = {"type": "integer"}
+    return {"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}}
+
+
+# beyond the engine's grammar bounds (web-xgrammar would abort the worker's wasm on them):
+# refused before either xgrammar sees them, with the same error
+TOO_LARGE = [
+    {"messages": MESSAGES, "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "deep", "schema": _ref_chain(4000)}}},
+    {"messages": MESSAGES, "max_tokens": 4, "tool_choice": "required", "tools": [{
+        "type": "function", "function": {"name": "f", "parameters": _ref_chain(50)}}]},
+    {"messages": MESSAGES, "max_tokens": 4, "response_format": {"type": "grammar", "grammar": (
+        "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(3000))
+        + 'r3000 ::= "b"\n')}},
+]
+
+
 @pytest.fixture(scope="module")
 def native(tiny_artifact):
     from wick.engine.errors import WickError
@@ -47,14 +66,20 @@ def native(tiny_artifact):
         out.append(create(**body).to_dict())
     with pytest.raises(WickError) as e:
         eng.chat.completions.create(**BAD)
+    too_large = []
+    for body in TOO_LARGE:
+        with pytest.raises(WickError) as big:
+            eng.chat.completions.create(**body)
+        too_large.append(big.value.to_dict()["error"])
     stats = eng.core.stats
     return {"results": out, "masks": stats.grammar_masks, "digest": stats.grammar_mask_digest,
-            "error": e.value.to_dict()["error"], "model": eng.core.info.model_id}
+            "error": e.value.to_dict()["error"], "too_large": too_large,
+            "model": eng.core.info.model_id}
 
 
 @pytest.fixture(scope="module")
 def in_browser(page, native):
-    return page.run("""async ([model, requests, bad]) => {
+    return page.run("""async ([model, requests, bad, tooLarge]) => {
         const engine = await wick.createEngine(model, {quantization: "q0f32"});
         const results = [];
         for (const [kind, body] of requests) {
@@ -69,12 +94,18 @@ def in_browser(page, native):
             catch (e) { error = {message: e.message, param: e.param, code: e.code, type: e.type,
                                  invalid: e instanceof wick.InvalidRequestError}; }
         }
+        const refused = [];
+        for (const body of tooLarge) {
+            try { await engine.chat.completions.create(body); refused.push(null); }
+            catch (e) { refused.push({message: e.message, param: e.param, code: e.code,
+                                      type: e.type}); }
+        }
         const stats = await engine.stats();
         // xgrammar's wasm aborts on a bad schema: the engine must stay usable after it
         const after = await engine.chat.completions.create(requests[0][1]);
         await engine.unload();
-        return {results, error, grammar: stats.grammar, after};
-    }""", [native["model"], REQUESTS, BAD])
+        return {results, error, refused, grammar: stats.grammar, after};
+    }""", [native["model"], REQUESTS, BAD, TOO_LARGE])
 
 
 def _texts(result: dict) -> list[str]:
@@ -118,6 +149,15 @@ def test_bad_schema_is_the_same_error(native, in_browser):
         k: native["error"][k] for k in ("message", "param", "code", "type")}
     assert err["code"] == "invalid_json_schema" and "objectx" in err["message"]
     assert _texts(in_browser["after"]) == _texts(native["results"][0])
+
+
+def test_grammars_beyond_the_bounds_are_the_same_error(native, in_browser):
+    assert in_browser["refused"] == native["too_large"]
+    assert [e["param"] for e in in_browser["refused"]] == [
+        "response_format.json_schema.schema", "tools[0].function.parameters",
+        "response_format.grammar"]
+    assert {e["code"] for e in in_browser["refused"]} == {"grammar_too_large"}
+    assert "3002 rules" in in_browser["refused"][2]["message"]
 
 
 WEATHER = {"type": "function", "function": {
