@@ -328,7 +328,10 @@ class _Frontend:
                     f"'messages' holds {len(messages)} messages; this model's context window of "
                     f"{window} tokens cannot take more than {window}.", param="messages",
                     context_window=window)
-            chars = sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+            # every string that reaches the template: contents, names, earlier calls'
+            # arguments; tool definitions and template variables with their keys
+            chars = _text_chars(messages) + _text_chars(
+                [kwargs.get("tools"), kwargs.get("chat_template_kwargs")], keys=True)
         else:
             prompt, param = kwargs.get("prompt"), "prompt"
             chars = len(prompt) if isinstance(prompt, str) else 0
@@ -514,15 +517,21 @@ def _object_body(body: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-def _content_chars(content: Any) -> int:
-    """Characters of a message's content (a string or a list of text parts); 0 for anything
-    else (validation names it later)."""
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        return sum(len(p["text"]) for p in content
-                   if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return 0
+def _text_chars(value: Any, keys: bool = False) -> int:
+    """Characters of every string in a JSON value (and of its object keys), without
+    recursion."""
+    chars, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            chars += len(item)
+        elif isinstance(item, dict):
+            if keys:
+                chars += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return chars
 
 
 def _template_message(m: ChatMessage) -> dict[str, Any]:

@@ -35,3 +35,36 @@ def test_unigram():
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     assert check(tok) == 6
+
+
+def test_a_long_text_is_tokenized_without_holding_the_gil():
+    """3.9 MB (the outside probe's tool-call arguments): the ids of tokenizers' own encode,
+    while another thread keeps running (encode holds the GIL for seconds; wick's does not)."""
+    import threading
+    import time
+
+    from tests.tiny_models import byte_level_tokenizer
+
+    tok = byte_level_tokenizer([("t", "h"), ("th", "e"), ("Ġ", "q")])
+    wick = HFTokenizer(tok.to_str())
+    text = ('the quick {"brown": [1, 2]} fox ' * 130_000)[:3_900_000]
+    gaps: list[float] = []
+    stop = threading.Event()
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            time.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        ids = wick.encode(text)
+    finally:
+        stop.set()
+        ticker.join()
+    assert ids == tok.encode(text, add_special_tokens=False).ids
+    assert max(gaps) < 0.5, f"another thread waited {max(gaps):.2f} s"
