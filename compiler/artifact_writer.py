@@ -184,7 +184,7 @@ def sweep_stale_builds(root: Path) -> list[Path]:
         return removed
     for entry in entries:
         name, _, pid = entry.name.rpartition(TMP_INFIX)
-        if not name or not pid.isdigit() or not entry.is_dir() or _alive(int(pid)):
+        if not name or not (pid.isascii() and pid.isdigit()) or not entry.is_dir() or _alive(int(pid)):
             continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)

@@ -244,7 +244,8 @@ def _check_logit_bias(value: Any) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for key, bias in value.items():
         token = str(key)
-        if not token.isdigit() or len(token) > 10:
+        # ASCII digits only: "²" and "①" are digits to str.isdigit, and int("٣") is 3
+        if not (token.isascii() and token.isdigit()) or len(token) > 9:
             raise InvalidRequestError(
                 f"Invalid key in 'logit_bias': {key!r} is not a token id.",
                 param="logit_bias", code="invalid_value")

@@ -106,7 +106,7 @@ class CudaBackend:
         from .cuda_driver import CudaDriver
 
         _, _, ordinal = device.partition(":")
-        if ordinal and not ordinal.isdigit():
+        if ordinal and not (ordinal.isascii() and ordinal.isdigit()):
             raise DeviceError(f"unknown device {device!r}: say cuda or cuda:N (N = 0, 1, ...)")
         return cls(CudaDriver(int(ordinal or 0)))
 

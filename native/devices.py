@@ -25,7 +25,7 @@ DEVICE_HELP = ("auto: an NVIDIA GPU through CUDA, else a real GPU through Vulkan
 def device(value: str) -> str:
     """``--device``'s type: one of DEVICES, ``cuda:N`` or a wgpu adapter's name part."""
     value = value.lower()
-    if value == AUTO_WITHOUT_CUDA or (value.startswith("cuda:") and not value[5:].isdigit()):
+    if value == AUTO_WITHOUT_CUDA or (value.startswith("cuda:") and not (value[5:].isascii() and value[5:].isdigit())):
         raise ValueError(value)
     return value
 

@@ -40,7 +40,8 @@ CONTENT_TYPES = {
     ".bin": "application/octet-stream",
 }
 _ENCODED_SEPARATOR = re.compile(rb"%(2f|5c|2e|00)", re.IGNORECASE)
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")  # ASCII digits only ("٣" is no offset)
+MAX_OFFSET_DIGITS = 18  # past any file's size (and int()'s 4,300-digit limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,13 +242,16 @@ def etag_matches(if_none_match: str, etag: str) -> bool:
 
 def parse_range(header: str, size: int) -> ByteRange | None:
     """One byte range, or None to send the whole file (absent, malformed, or several ranges).
-    Raises ``RangeNotSatisfiable`` for a well-formed range outside the file."""
+    Raises ``RangeNotSatisfiable`` for a well-formed range outside the file, or with a number
+    of more digits than any offset has."""
     m = _RANGE.match(header.strip())
     if m is None:
         return None
     first, last = m.groups()
     if first == "" and last == "":
         return None
+    if max(len(first), len(last)) > MAX_OFFSET_DIGITS:
+        raise RangeNotSatisfiable
     if first == "":  # the last N bytes
         n = int(last)
         if n == 0 or size == 0:

@@ -47,7 +47,7 @@ async def read_json_body(request: Request, limit: int, timeout: float = BODY_TIM
     client that disconnects meanwhile -> ``ClientGone``."""
     too_large = RequestTooLargeError(f"The request body exceeds the limit of {limit} bytes.")
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
     deadline = time.monotonic() + timeout

@@ -57,6 +57,11 @@ def chat(**kw):
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
         ({"logit_bias": {"5": 101}}, "logit_bias.5", "invalid_value"),
         ({"logit_bias": {"x": 1}}, "logit_bias", "invalid_value"),
+        # digits to str.isdigit, not token ids (the first two were 500s, the last token 3)
+        ({"logit_bias": {"\u00b2": 1}}, "logit_bias", "invalid_value"),
+        ({"logit_bias": {"\u2460": 1}}, "logit_bias", "invalid_value"),
+        ({"logit_bias": {"\u0663": 1}}, "logit_bias", "invalid_value"),
+        ({"logit_bias": {"1234567890": 1}}, "logit_bias", "invalid_value"),
         ({"logit_bias": [1]}, "logit_bias", "invalid_type"),
         ({"tools": [{"type": "function"}]}, "tools[0]", "invalid_value"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]},

@@ -148,6 +148,8 @@ def test_unsatisfiable_and_ignored_ranges(server):
     assert status == 416 and headers["content-range"] == f"bytes */{len(SHARD)}"
     assert json.loads(body)["error"]["code"] == "range_not_satisfiable"
     assert get(server, path, {"Range": "bytes=-0"})[0] == 416
+    status, _, body = get(server, path, {"Range": "bytes=-" + "7" * 4301})  # was a 500
+    assert status == 416 and json.loads(body)["error"]["code"] == "range_not_satisfiable"
     for ignored in ("bytes=0-1,5-6", "items=0-1", "bytes=9-3"):
         status, _, body = get(server, path, {"Range": ignored})
         assert status == 200 and body == SHARD
@@ -227,4 +229,11 @@ def test_parse_range_and_etags():
         parse_range("bytes=10-", 10)
     with pytest.raises(RangeNotSatisfiable):
         parse_range("bytes=-5", 0)
+    # strictly ASCII digits, and no more of them than an offset can have (the outside probe:
+    # "bytes=-" + 4,301 digits was a 500, int() refusing them)
+    for huge in ("bytes=-" + "9" * 4301, "bytes=" + "1" * 19 + "-", "bytes=0-" + "9" * 30):
+        with pytest.raises(RangeNotSatisfiable):
+            parse_range(huge, 10)
+    assert parse_range("bytes=-" + "9" * 18, 10) == ByteRange(0, 9)
+    assert parse_range("bytes=\u0663-", 10) is None and parse_range("bytes=-\u00b2", 10) is None
     assert etag_matches('W/"abc"', '"abc"') and not etag_matches('"ab"', '"abc"')
