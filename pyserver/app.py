@@ -42,7 +42,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -61,6 +61,7 @@ from .http_io import (
     BODY_TIMEOUT_S,
     ClientGone,
     EventStreamResponse,
+    FileStreamResponse,
     RequestLog,
     internal_error,
     read_json_body,
@@ -369,8 +370,13 @@ def create_app(
     async def artifact_file(artifact_id: str, path: str, request: Request) -> Response:
         return serve_artifact(artifacts, artifact_id, path, request)
 
-    app.add_api_route("/artifacts/{artifact_id}/{path:path}", artifact_file, methods=["HEAD"],
-                      dependencies=v1, include_in_schema=False)
+    # HEAD wherever GET is (uvicorn sends no body for it), outside the OpenAPI document
+    for path, endpoint, deps in (("/artifacts/{artifact_id}/{path:path}", artifact_file, v1),
+                                 ("/v1/models", list_models, v1),
+                                 ("/v1/models/{model:path}", retrieve_model, v1),
+                                 ("/health", health, [])):
+        app.add_api_route(path, endpoint, methods=["HEAD"], dependencies=deps,
+                          include_in_schema=False)
 
     # cross-origin isolated (COOP + COEP): the page may share memory with workers, so the
     # browser engine's WebAssembly kernels run on every core (web/src/wasm_executor.ts); the
@@ -382,11 +388,12 @@ def create_app(
                     "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache",
                     **isolation}
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def index() -> Response:
         return FileResponse(STATIC / "index.html", headers=page_headers)
 
-    @app.get("/web/models.json", dependencies=v1, include_in_schema=False)
+    @app.api_route("/web/models.json", methods=["GET", "HEAD"], dependencies=v1,
+                   include_in_schema=False)
     async def web_models() -> JSONResponse:
         """The browser engine's index: artifacts this server hosts, by model and quantization;
         ``preparing``: variants being compiled for browsers (``{model, quantization,
@@ -410,7 +417,7 @@ def create_app(
         return serve_bundle
 
     for bundle in ("wick.js", "wick-worker.js", "wick.js.map", "wick-worker.js.map"):
-        app.add_api_route(f"/static/{bundle}", bundle_route(bundle), methods=["GET"],
+        app.add_api_route(f"/static/{bundle}", bundle_route(bundle), methods=["GET", "HEAD"],
                           include_in_schema=False)
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -424,7 +431,8 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.get("/openapi.json", dependencies=v1, include_in_schema=False)
+    @app.api_route("/openapi.json", methods=["GET", "HEAD"], dependencies=v1,
+                   include_in_schema=False)
     async def openapi_json() -> JSONResponse:
         return JSONResponse(app.openapi())
 
@@ -468,8 +476,8 @@ def serve_artifact(host: ArtifactHost, artifact_id: str, path: str, request: Req
     headers["Content-Length"] = str(length)
     if request.method == "HEAD":
         return Response(status_code=status, headers=headers, media_type=found.content_type)
-    return StreamingResponse(found.chunks(start, length), status_code=status,
-                             headers=headers, media_type=found.content_type)
+    return FileStreamResponse(found.chunks(start, length), status_code=status,
+                              headers=headers, media_type=found.content_type)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

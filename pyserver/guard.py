@@ -105,13 +105,24 @@ class RequestGuard:
 
 
 def _hostname(host: str) -> str:
-    """``Host`` header -> the bare lower-case name or address (no port, no brackets)."""
+    """``Host`` header -> the bare lower-case name or address (no port, no brackets). A value
+    that is not ``name``, ``name:port``, ``[address]`` or ``[address]:port`` comes back whole,
+    which names no server (``[::1]evil.example`` is not ``::1``)."""
     host = host.strip().lower()
     if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host[1:]
+        end = host.find("]")
+        rest = host[end + 1:]
+        if end > 0 and (rest == "" or (rest[0] == ":" and _port(rest[1:]))):
+            return host[1:end]
+        return host
     if host.count(":") == 1:
-        host = host.split(":")[0]
+        name, port = host.split(":")
+        return name.rstrip(".") if _port(port) else host
     return host.rstrip(".")
+
+
+def _port(text: str) -> bool:
+    return text == "" or (text.isascii() and text.isdigit() and len(text) <= 5)
 
 
 def _with_port(netloc: str, scheme: str) -> str:

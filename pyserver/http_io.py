@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,32 @@ async def unless_disconnected(request: Request, work: Any) -> Any:
     except asyncio.CancelledError:
         pass
     return None
+
+
+class FileStreamResponse(StreamingResponse):
+    """A file's bytes from a blocking iterator (read on worker threads), closed as soon as the
+    response ends in any way (a client gone or dropped included), not when the garbage
+    collector gets to it."""
+
+    def __init__(self, chunks: Iterator[bytes], **kwargs: Any) -> None:
+        super().__init__(_read_off_loop(chunks), **kwargs)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _read_off_loop(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        while (chunk := await anyio.to_thread.run_sync(next, chunks, None)) is not None:
+            yield chunk
+    finally:
+        close = getattr(chunks, "close", None)  # a generator holding the open file
+        if close is not None:
+            close()
 
 
 def internal_error() -> WickError:

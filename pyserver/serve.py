@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..native.devices import DEVICE_HELP, DEVICES
 from ..native.devices import device as device_arg
-from .shutdown import HEADER_TIMEOUT_S
+from .connection import HEADER_TIMEOUT_S, WRITE_TIMEOUT_S
 
 log = logging.getLogger("wick.server")
 QUANTIZATIONS = tuple(_SCHEMES)
@@ -65,6 +65,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="a connection must send each request's headers within this (default "
                         f"{HEADER_TIMEOUT_S:.0f}); connections that trickle or send nothing "
                         "are closed")
+    p.add_argument("--write-timeout", type=float, default=WRITE_TIMEOUT_S, metavar="SECONDS",
+                   help="a client that reads none of its response for this long (a model file, "
+                        f"a stream) is disconnected (default {WRITE_TIMEOUT_S:.0f})")
     p.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="SECONDS",
                    help="on SIGTERM/Ctrl-C, how long running requests may finish before they "
                         f"are ended with an error (default {SHUTDOWN_GRACE_S:.0f})")
@@ -148,6 +151,7 @@ def serve_main(args: argparse.Namespace) -> int:
         kv_cache_bytes=args.kv_cache_mib << 20 if args.kv_cache_mib else None,
         max_body_bytes=int(args.max_body_mib * (1 << 20)), log_level=args.log_level,
         shutdown_grace=args.shutdown_grace, header_timeout=args.header_timeout,
+        write_timeout=args.write_timeout,
         browser_variants=args.browser_variants,
         batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
         body_timeout=args.body_timeout, grammar_limits=grammar_limits_of(args),
@@ -162,6 +166,7 @@ def run_server(
     log_level: str = "info",
     shutdown_grace: float = SHUTDOWN_GRACE_S,
     header_timeout: float = HEADER_TIMEOUT_S,
+    write_timeout: float = WRITE_TIMEOUT_S,
     sock: socket.socket | None = None,
     **options,
 ) -> int:
@@ -188,7 +193,7 @@ def run_server(
 
     app = serving_app(models, url=_url(sock), on_failed=stop, **options)
     server = GracefulServer(app, app.state.shutdown, shutdown_grace, log_level=log_level,
-                            header_timeout=header_timeout)
+                            header_timeout=header_timeout, write_timeout=write_timeout)
     _after_shutdown_ignore_signals()
     server.run(sockets=[sock])
     return 1 if app.state.pool.state == "failed" else 0
@@ -278,7 +283,8 @@ class ServerThread:
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0,
                  log_level: str = "warning", grace: float = 1.0,
-                 header_timeout: float = HEADER_TIMEOUT_S) -> None:
+                 header_timeout: float = HEADER_TIMEOUT_S,
+                 write_timeout: float = WRITE_TIMEOUT_S) -> None:
         import threading
 
         from .app import GracefulServer
@@ -286,7 +292,8 @@ class ServerThread:
         self.app = app
         self.sock = bind_socket(host, port)
         self.url = _url(self.sock)
-        self.server = GracefulServer(app, app.state.shutdown, grace, log_level, header_timeout)
+        self.server = GracefulServer(app, app.state.shutdown, grace, log_level, header_timeout,
+                                     write_timeout)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="wick-serve", daemon=True)
         self.thread.start()

@@ -231,6 +231,17 @@ def test_routes_methods_and_limits(server):
     assert_openai_error(r, 405, code="method_not_allowed")
     assert r.headers["allow"] == "POST"
     assert_openai_error(httpx.delete(f"{server.url}/v1/models"), 405)
+    # HEAD wherever GET answers (they were 405s): GET's status and headers, no body
+    model = next(iter(server.pool.engines))
+    for path in ("/", "/health", "/v1/models", f"/v1/models/{model}", "/web/models.json",
+                 "/openapi.json", "/static/chat.js"):
+        got, head = httpx.get(f"{server.url}{path}"), httpx.head(f"{server.url}{path}")
+        assert got.status_code == head.status_code == 200, path
+        assert head.content == b"" and got.content, path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        if "content-length" in got.headers:
+            assert head.headers["content-length"] == got.headers["content-length"], path
+    assert httpx.head(f"{server.url}/v1/models/nope").status_code == 404
     big = json.dumps({"messages": [{"role": "user", "content": "x" * (5 << 20)}]})
     assert_openai_error(post(server, "/v1/chat/completions", big), 413,
                         code="request_too_large")

@@ -123,14 +123,75 @@ def test_rebinding_host_is_refused(bare):
         assert "--allowed-host" in r.json()["error"]["message"]
         assert_openai_error(bare.post("/v1/chat/completions", content=b"{}", headers={
             "Host": host, "Content-Type": "application/json"}), 403, code="host_not_allowed")
-    for host in ("localhost", "localhost:8000", "127.0.0.1:8000", "[::1]:8000", "10.1.2.3",
-                 "app.localhost", socket.gethostname()):
+    # an address with something after it is not that address (was let through as ::1)
+    for host in ("[::1]evil.example", "[::1]:80evil.example", "[::1", "127.0.0.1:80x",
+                 "127.0.0.1:\u00b2".encode("latin-1")):
+        assert_openai_error(bare.get("/health", headers={"Host": host}), 403,
+                            code="host_not_allowed")
+    for host in ("localhost", "localhost:8000", "127.0.0.1:8000", "[::1]:8000", "[::1]",
+                 "10.1.2.3", "app.localhost", socket.gethostname()):
         assert bare.get("/health", headers={"Host": host}).status_code == 200, host
     app = create_app(ModelPool.of(), allowed_hosts=["models.example", ".corp.example"])
     with TestClient(app, base_url="http://models.example") as c:
         assert c.get("/health").status_code == 200
         assert c.get("/health", headers={"Host": "a.corp.example"}).status_code == 200
         assert c.get("/health", headers={"Host": "evil.example"}).status_code == 403
+
+
+def raw_exchange(server, request: bytes) -> bytes:
+    """Send raw bytes; everything the server answers before it closes."""
+    with socket.create_connection(server.sock.getsockname()[:2], timeout=10) as s:
+        s.sendall(request)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_requests_h11_cannot_parse_get_openai_errors(server):
+    for request in (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n",
+                    b"GET /health HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n"):
+        head, _, body = raw_exchange(server, request).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ") and b"application/json" in head.lower()
+        err = json.loads(body)["error"]
+        assert err["code"] == "invalid_http_request" and err["type"] == "invalid_request_error"
+        assert err["message"].startswith("Invalid HTTP request: ")
+
+
+def test_a_client_that_stops_reading_is_dropped(tmp_path, caplog):
+    """A client that never reads a 48 MB file held its socket and the file forever; past the
+    write timeout the connection is dropped and the file closed."""
+    import os
+
+    from wick.server.serve import ServerThread
+
+    art = tmp_path / "big-artifact"
+    (art / "params").mkdir(parents=True)
+    (art / "wick-artifact.json").write_text("{}")
+    shard = art / "params" / "shard-00000.bin"
+    shard.write_bytes(os.urandom(48 << 20))
+    live = ServerThread(create_app(ModelPool.of(), artifacts=ArtifactHost(None, {
+        "big": art})), write_timeout=1.0)
+    try:
+        with socket.create_connection(live.sock.getsockname()[:2], timeout=30) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            s.sendall(b"GET /artifacts/big/params/shard-00000.bin HTTP/1.1\r\n"
+                      b"Host: 127.0.0.1\r\n\r\n")
+            time.sleep(3.0)  # read nothing: the server's buffer fills, then its deadline
+            got = 0
+            try:
+                while chunk := s.recv(1 << 20):
+                    got += len(chunk)
+            except ConnectionResetError:
+                pass
+        assert got < 40 << 20, f"{got} bytes arrived: the connection was kept"
+        deadline = time.monotonic() + 5
+        while any(os.path.realpath(f"/proc/self/fd/{fd}") == str(shard)
+                  for fd in os.listdir("/proc/self/fd")):
+            assert time.monotonic() < deadline, "the file is still open"
+            time.sleep(0.05)
+    finally:
+        live.stop()
 
 
 def test_cross_origin_requests_are_refused_without_cors(bare):
