@@ -19,6 +19,7 @@ import numpy as np
 from safetensors import safe_open
 
 from ..engine.errors import WickError
+from .model_config import check_config
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -65,6 +66,7 @@ def check_files(path: Path) -> None:
 def load_config(path: Path) -> dict[str, Any]:
     """config.json with the keys wick relies on filled in and normalized (others kept)."""
     raw = _read_json(path / "config.json")
+    check_config(raw, str(path / "config.json"))
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])

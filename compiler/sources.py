@@ -32,6 +32,7 @@ import numpy as np
 from ..engine.errors import ModelNotFoundError, WickError
 from . import hf_source
 from .gguf_source import NOT_WEIGHTS, GGUFModel
+from .model_config import check_config
 from .paths import sources_dir, wick_home
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -119,6 +120,7 @@ class GGUFSource(ModelSource):
     def load(self, progress: Progress | None = None) -> LoadedModel:
         gguf = GGUFModel(self.path)
         config = gguf.config()
+        check_config(config, f"{self.path} (its metadata)")
         tokenizer = gguf.tokenizer()
         weights = gguf.weights(config, progress)
         dtypes = {gguf.hf_name(name): kind for name, kind in gguf.tensor_types.items()

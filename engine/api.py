@@ -71,6 +71,7 @@ from .protocol import (
     SamplingFields,
     TokenLogprob,
     TopLogprob,
+    token_ids_of,
 )
 from .reasoning import ReasoningParser, reasoning_tags
 from .sequence import SamplingParams
@@ -296,6 +297,8 @@ class _Frontend:
         body = _object_body(body, ("model", "tokens"))
         self._check_model(body.get("model"))
         tokens = body.get("tokens")
+        if isinstance(tokens, list):
+            tokens = token_ids_of(tokens)
         vocab = self.core.info.vocab_size
         if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in tokens):

@@ -49,6 +49,22 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _integral(v: Any) -> Any:
+    """``v`` as an int when it is a float with no fractional part (JSON Schema, and so the
+    OpenAPI document, counts 9042.0 as an integer); anything else unchanged."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def token_ids_of(values: list[Any]) -> list[Any]:
+    """A list of token ids with integral floats made ints (other items left to validation)."""
+    return [_integral(v) for v in values]
+
+
+# request fields that are integers (validation refuses other types)
+_INTEGER_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "top_k", "seed", "n",
+                             "top_logprobs", "best_of"})
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -244,8 +260,10 @@ def _check_logit_bias(value: Any) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for key, bias in value.items():
         token = str(key)
-        # ASCII digits only: "²" and "①" are digits to str.isdigit, and int("٣") is 3
-        if not (token.isascii() and token.isdigit()) or len(token) > 9:
+        # ASCII digits only ("²" and "①" are digits to str.isdigit, and int("٣") is 3),
+        # written as a token id is (no leading zeros)
+        if not (token.isascii() and token.isdigit()) or len(token) > 9 or (
+                token[0] == "0" and token != "0"):
             raise InvalidRequestError(
                 f"Invalid key in 'logit_bias': {key!r} is not a token id.",
                 param="logit_bias", code="invalid_value")
@@ -300,17 +318,25 @@ def _check_response_format(value: Any) -> dict[str, Any] | None:
             raise _type_error(f"{where}.schema", "an object (a JSON schema)", spec["schema"])
         if spec.get("strict") is not None:
             _check_bool(f"{where}.strict", spec["strict"])
+        if spec.get("description") is not None and not isinstance(spec["description"], str):
+            raise _type_error(f"{where}.description", "a string", spec["description"])
     if kind == "grammar":
         grammar = value.get("grammar")
-        if not isinstance(grammar, str) or not grammar.strip():
+        if not isinstance(grammar, str):
             raise _type_error("response_format.grammar", "a non-empty EBNF string", grammar)
+        if not grammar.strip():
+            raise InvalidRequestError(
+                "Invalid grammar in 'response_format.grammar': it is empty.",
+                param="response_format.grammar", code="invalid_grammar")
     return value
 
 
 def _split_fields(
-    d: Any, own: tuple[str, ...], default_only: dict[str, tuple[Any, ...]]
+    d: Any, own: tuple[str, ...], default_only: dict[str, tuple[Any, ...]],
+    integers: frozenset[str] = _INTEGER_FIELDS,
 ) -> dict[str, Any]:
-    """Check a request dict's keys; return the ones that become dataclass fields."""
+    """Check a request dict's keys; return the ones that become dataclass fields (integer
+    fields given as integral floats made ints)."""
     if not isinstance(d, dict):
         raise InvalidRequestError("The request body must be a JSON object.", code="invalid_type")
     kwargs: dict[str, Any] = {}
@@ -318,10 +344,10 @@ def _split_fields(
         if key in own or key in _SAMPLING_KEYS:
             # JSON null means "default" for every optional OpenAI field.
             if value is not None:
-                kwargs[key] = value
+                kwargs[key] = _integral(value) if key in integers else value
         elif key in default_only:
             accepted = default_only[key]
-            if not any(value == a and type(value) is not bool or value is a for a in accepted):
+            if not any(type(value) is type(a) and value == a for a in accepted):
                 raise UnsupportedParameterError(key)
         elif key in _IGNORED:
             continue
@@ -566,7 +592,7 @@ class CompletionRequest(SamplingFields):
                 raise _range_error("prompt", "non-negative token ids", p)
         elif isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
             # A batch of one: unwrap (OpenAI clients often send [prompt]).
-            self.prompt = p[0]
+            self.prompt = token_ids_of(p[0]) if isinstance(p[0], list) else p[0]
             self.__post_init__()
         elif isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p):
             raise UnsupportedParameterError(
@@ -577,7 +603,11 @@ class CompletionRequest(SamplingFields):
 
     @classmethod
     def from_dict(cls, d: Any) -> CompletionRequest:
-        kwargs = _split_fields(d, ("prompt", "best_of"), _DEFAULT_ONLY_COMPLETION)
+        # (a completion's logprobs is a count; a chat's a boolean)
+        kwargs = _split_fields(d, ("prompt", "best_of"), _DEFAULT_ONLY_COMPLETION,
+                               _INTEGER_FIELDS | {"logprobs"})
+        if isinstance(kwargs.get("prompt"), list):
+            kwargs["prompt"] = token_ids_of(kwargs["prompt"])
         if "prompt" not in kwargs:
             raise InvalidRequestError(
                 "Missing required parameter: 'prompt'.", param="prompt",

@@ -30,7 +30,8 @@ from .errors import InvalidRequestError
 
 CALL_BEGIN = "<tool_call>"
 CALL_END = "</tool_call>"
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOOL_NAME_PATTERN = "^[A-Za-z0-9_-]{1,64}$"  # (the OpenAPI document says the same)
+_NAME = re.compile(TOOL_NAME_PATTERN[1:-1])
 MAX_TOOLS = 128  # OpenAI's bound
 
 
@@ -76,15 +77,18 @@ def parse_tools(value: Any) -> list[Tool]:
                 raise _bad(f"{where}.function.{key}", "Unrecognized request argument supplied: "
                            f"'{where}.function.{key}'.", "unknown_parameter")
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise _bad(f"{where}.function.name", f"Invalid value for '{where}.function.name': "
                        f"{name!r}; it must be 1 to 64 letters, digits, '_' or '-'.")
         if any(other.name == name for other in tools):
             raise _bad(f"{where}.function.name", f"Duplicate function name {name!r} in 'tools'.")
-        description = fn.get("description") or ""
-        if not isinstance(description, str):
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
             raise _bad(f"{where}.function.description", f"Invalid type for "
                        f"'{where}.function.description': expected a string.", "invalid_type")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise _bad(f"{where}.function.strict", f"Invalid type for "
+                       f"'{where}.function.strict': expected a boolean.", "invalid_type")
         parameters = fn.get("parameters")
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
@@ -92,7 +96,7 @@ def parse_tools(value: Any) -> list[Tool]:
             raise _bad(f"{where}.function.parameters", f"Invalid type for "
                        f"'{where}.function.parameters': expected an object (a JSON schema).",
                        "invalid_type")
-        tools.append(Tool(name, description, parameters))
+        tools.append(Tool(name, description or "", parameters))
     return tools
 
 

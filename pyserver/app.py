@@ -49,7 +49,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from ..engine import AsyncEngineAPI
 from ..engine.errors import InvalidRequestError, ModelNotFoundError, WickError
-from ..engine.protocol import ChatCompletionRequest, CompletionRequest
+from ..engine.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from .artifact_host import (
     ArtifactHost,
     RangeNotSatisfiable,
@@ -245,7 +245,7 @@ def create_app(
     app.state.pool = pool
     app.state.artifacts = artifacts
     app.state.shutdown = shutdown
-    components, extra = protocol_schemas()
+    extra = protocol_schemas()[1]  # the routes' parts; openapi() fills in the served models'
 
     async def check_key(request: Request) -> None:
         if api_key is None:
@@ -422,12 +422,24 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
+    documents: dict[tuple[int | None, int], dict[str, Any]] = {}  # by what the models allow
+
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
+        """The document, with token ids and choices bounded by the served models once they
+        are loaded (by the largest, when they differ)."""
+        engines = pool.engines.values()
+        vocab = max((e.core.info.vocab_size for e in engines), default=None)
+        max_n = min(MAX_N, max((e.core.scheduler.max_batch_size for e in engines),
+                               default=MAX_N))
+        if (vocab, max_n) not in documents:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
-            app.openapi_schema = schema
-        return app.openapi_schema
+            served, routes = protocol_schemas(vocab, max_n)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(served)
+            for path, key in (("/v1/chat/completions", "chat"), ("/v1/completions", "completion"),
+                              ("/tokenize", "tokenize"), ("/detokenize", "detokenize")):
+                schema["paths"][path]["post"].update(routes[key])
+            documents[vocab, max_n] = schema
+        return documents[vocab, max_n]
 
     app.openapi = openapi  # type: ignore[method-assign]
 

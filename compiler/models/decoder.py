@@ -20,6 +20,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from ...engine.errors import WickError
 from ...engine.step_inputs import STEP_INPUTS, WINDOW_INPUTS, WINDOW_PREFIX
 from ..hf_source import rope_settings
+from ..model_config import check_config
 from ..quantization import Quantization
 from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear, take_rows
 from .paged_attention import AttentionSpec, PagedAttention
@@ -62,6 +63,7 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> "DecoderConfig":
+        check_config(hf)
         heads = int(hf["num_attention_heads"])
         head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)
         theta, scaling = rope_settings(hf)

@@ -91,7 +91,7 @@ def chat(**kw):
         ({"response_format": {"type": "json_object", "schema": {}}},
          "response_format.schema", "unknown_parameter"),
         ({"response_format": {"type": "grammar", "grammar": ""}}, "response_format.grammar",
-         "invalid_type"),
+         "invalid_grammar"),
         ({"max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens",
          "invalid_value"),
     ],

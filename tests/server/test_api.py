@@ -460,8 +460,13 @@ def test_openapi_schemas_come_from_the_engine_protocol():
     with TestClient(create_app(ModelPool.of()), base_url="http://localhost") as c:
         spec = c.get("/openapi.json").json()
     schemas = spec["components"]["schemas"]
-    for cls in (ChatCompletionRequest, CompletionRequest):
-        assert set(schemas[cls.__name__]["properties"]) == {f.name for f in fields(cls)}
+    from wick.engine.protocol import _DEFAULT_ONLY_CHAT, _DEFAULT_ONLY_COMPLETION, _IGNORED
+
+    # the dataclass's fields, and the keys from_dict takes besides
+    for cls, more in ((ChatCompletionRequest, {"max_completion_tokens", *_DEFAULT_ONLY_CHAT}),
+                      (CompletionRequest, {"best_of", *_DEFAULT_ONLY_COMPLETION})):
+        assert set(schemas[cls.__name__]["properties"]) == \
+            {f.name for f in fields(cls)} | more | set(_IGNORED)
     chat = spec["paths"]["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ChatCompletionRequest")
@@ -491,38 +496,68 @@ def fuzz_schema(tiny_a):
     def map_body(context, body):
         # Bound the work of each generated request (the window is 128 tokens; lavapipe is slow)
         # and name the served model (random names would all stop at 404).
+        completion = context.operation is not None and context.operation.path in (
+            "/v1/chat/completions", "/v1/completions")
         if isinstance(body, dict):
             if isinstance(body.get("model"), str):
                 body["model"] = name
-            if body.get("max_tokens") is None or (isinstance(body["max_tokens"], int)
+            if not completion:
+                return body
+            if body.get("max_tokens") is None or (isinstance(body["max_tokens"], (int, float))
                                                   and body["max_tokens"] > 4):
                 body["max_tokens"] = 4
-            if isinstance(body.get("n"), int) and body["n"] > 2:
+            if isinstance(body.get("n"), (int, float)) and body["n"] > 2:
                 body["n"] = 2
         return body
 
     return schema
 
 
+def beyond_any_schema(err: dict) -> bool:
+    """A refusal the OpenAPI document cannot announce (``request_schemas``' docstring): how
+    many tokens a prompt makes, whether a grammar compiles, names repeated or missing across
+    fields, two fields that must be equal."""
+    return err["code"] in ("context_length_exceeded", "invalid_grammar", "invalid_json_schema",
+                           "grammar_too_large") \
+        or err["param"] in ("best_of", "max_completion_tokens") \
+        or "Duplicate function name" in err["message"] or "is not in 'tools'" in err["message"]
+
+
 def test_fuzz_openapi_no_5xx_and_openai_errors(fuzz_schema):
-    """Every operation, valid and invalid inputs: no 5xx, every 4xx an OpenAI error body.
+    """Every operation, valid and invalid inputs: no 5xx, every 4xx an OpenAI error body, and
+    the schema and validation agree (schemathesis' positive_data_acceptance and
+    negative_data_rejection: what the schema allows is answered, what it forbids refused),
+    but for what no schema can say: how many tokens a prompt makes.
     (Driven with hypothesis directly: schemathesis' lazy pytest fixture breaks on pytest 9.)"""
+    import os
+
     from hypothesis import HealthCheck, given, settings
     from hypothesis.errors import Unsatisfiable
     from schemathesis import GenerationMode
+    from schemathesis.specs.openapi.checks import (
+        negative_data_rejection,
+        positive_data_acceptance,
+    )
 
     seen: dict[str, set[int]] = {}
+    examples = int(os.environ.get("WICK_FUZZ_EXAMPLES", "30"))
 
     def check(case) -> None:
         response = case.call()
         seen.setdefault(f"{case.method} {case.path}", set()).add(response.status_code)
+        err = response.json()["error"] if response.status_code >= 400 and \
+            response.headers.get("content-type", [""])[0] == "application/json" else None
+        if err is None or not beyond_any_schema(err):
+            case.validate_response(response, checks=[positive_data_acceptance,
+                                                     negative_data_rejection])
         assert response.status_code < 500, (case.method, case.path, case.body, response.text)
         if response.status_code >= 400:
             body = response.json()
             assert set(body) == {"error"}, body
             assert {"message", "type", "param", "code"} <= set(body["error"]), body
         ctype = response.headers.get("content-type", [""])[0]
-        if response.status_code == 200 and case.method == "POST":
+        if response.status_code == 200 and case.path in ("/v1/chat/completions",
+                                                          "/v1/completions"):
             if ctype.startswith("text/event-stream"):
                 assert response.text.rstrip().endswith("data: [DONE]")
             else:
@@ -532,7 +567,7 @@ def test_fuzz_openapi_no_5xx_and_openai_errors(fuzz_schema):
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             @given(operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=30, deadline=None, database=None, derandomize=True,
+            @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
                       suppress_health_check=list(HealthCheck))
             def run(case) -> None:
                 check(case)
