@@ -12,6 +12,20 @@
    half-sent requests; every answer must be a 4xx OpenAI error object, the server still up.
 4. Slowloris: ``--slowloris`` connections that send nothing or half a request head; the
    server must close every one (``--header-timeout 2``).
+5. Grammars: a battery of hostile and heavy response formats and tools (deep ``$ref``, ``items``,
+   ``anyOf``, ``properties`` and ``prefixItems`` nesting, a 40k-rule EBNF chain, 100k required
+   and 4k optional properties, tools with a deep schema, nested repetitions that compile for
+   minutes, 16 different small schemas at once) sent while 8 streams run: per input the
+   answer and its time, the streams' largest gap between chunks, the server's RSS (and its
+   compile children's) before and after. Then the same crashers against a server whose
+   bounds are opened (``--grammar-max-* huge``): each must cost one compile child, not the
+   server.
+6. Schemathesis for ``--schemathesis`` seconds (default 300) over every operation, valid and
+   invalid inputs: 5xx answers, and the requests where the OpenAPI document and the server
+   disagree (a valid request refused, an invalid one answered), leaving out the refusals no
+   schema can announce (``request_schemas.refused_beyond_any_schema``), counted apart.
+
+``--parts grammar,schemathesis`` runs some of them.
 
 The server runs in a child process (``wick serve`` with ``--body-timeout 2``
 ``--header-timeout 2``) on a free port;
@@ -22,11 +36,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -34,6 +51,7 @@ import httpx
 from serve import start_server  # bench/serve.py: `wick serve` in a child process
 
 ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("streaming", "disconnects", "hostile", "slowloris", "grammar", "schemathesis")
 
 
 def tiny_artifact() -> str:
@@ -198,6 +216,224 @@ def _openai_error(body: bytes) -> bool:
         return False
 
 
+# ---------------------------------------------------------------------------------------------
+# 5. Grammars
+
+
+def ref_chain(k: int) -> dict:
+    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(k)}
+    defs[f"d{k}"] = {"type": "integer"}
+    return {"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}},
+            "required": ["a"]}
+
+
+def nested(k: int, wrap) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(k):
+        schema = wrap(schema)
+    return schema
+
+
+def fmt(schema: dict) -> dict:
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "s", "schema": schema}}}
+
+
+def tools(parameters: dict, choice: str) -> dict:
+    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+            "tool_choice": choice}
+
+
+def ebnf(text: str) -> dict:
+    return {"response_format": {"type": "grammar", "grammar": text}}
+
+
+CHAIN = "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(40_000)) + \
+    'r40000 ::= "b"\n'
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+    "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+    "$ref": "#/$defs/node"}
+# (name, request fields); what crashed or stalled the server before, and what must pass
+GRAMMARS = [
+    ("$ref chain 4000 (318 KB)", fmt(ref_chain(4000))),
+    # (4000 deep, tools exceed the tiny model's context window before any grammar bound)
+    ("tools auto, $ref chain 30", tools(ref_chain(30), "auto")),
+    ("tools required, $ref chain 30", tools(ref_chain(30), "required")),
+    ("EBNF chain 40k rules (977 KB)", ebnf(CHAIN)),
+    ("100k required properties", fmt({"type": "object", "properties": {
+        f"p{i}": {"type": "integer"} for i in range(100_000)},
+        "required": [f"p{i}" for i in range(100_000)]})),
+    ("4k optional properties (115 KB)", fmt({"type": "object", "properties": {
+        f"p{i}": {"type": "integer"} for i in range(4000)}})),
+    # (deeper than ~490 levels, the body itself is refused as JSON nested too deeply)
+    ("items nested 480", fmt(nested(480, lambda s: {"type": "array", "items": s}))),
+    ("anyOf nested 320", fmt(nested(320, lambda s: {"anyOf": [s, {"type": "null"}]}))),
+    ("properties nested 320", fmt(nested(320, lambda s: {"type": "object",
+                                                          "properties": {"x": s}}))),
+    ("prefixItems nested 320", fmt(nested(320, lambda s: {"type": "array",
+                                                           "prefixItems": [s]}))),
+    ("EBNF parentheses 10k deep", ebnf("root ::= " + "(" * 10_000 + '"a"' + ")" * 10_000)),
+    ("nested repetition (minutes)", ebnf('root ::= ((("a"{0,9}){0,9}){0,9}){0,9}')),
+    ("recursive tree schema (allowed)", fmt(TREE)),
+    ("1000 optional properties (allowed)", fmt({"type": "object", "properties": {
+        f"q{i}": {"type": "integer"} for i in range(1000)}})),
+]
+CRASHERS = [GRAMMARS[i] for i in (0, 3, 4, 6)]  # with the bounds opened
+
+
+def process_rss_mib(pid: int) -> tuple[float, float]:
+    """(the server's RSS, its child processes' RSS together) in MiB."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return rss_mib(pid), sum(rss_mib(c) for c in children if Path(f"/proc/{c}").exists())
+
+
+def ask(url: str, extra: dict, timeout: float = 300) -> tuple[int, str, float]:
+    body = {"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 8,
+            "temperature": 0, **extra}
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout)
+    code = r.json().get("error", {}).get("code") if r.status_code != 200 else "ok"
+    return r.status_code, code or "", time.perf_counter() - t0
+
+
+def stream_gaps(url: str, out: list, done: threading.Event) -> None:
+    """Streams (ignore_eos) one after another until ``done``: chunk arrival times into
+    ``out``, and "error" there when a stream failed."""
+    body = {"messages": [{"role": "user", "content": "tell me a long story"}], "max_tokens": 200,
+            "ignore_eos": True, "stream": True, "temperature": 0}
+    while not done.is_set():
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as r:
+            last = None
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    out.append(time.monotonic())
+                    last = line
+                    if '"error"' in line:
+                        out.append("error")
+            if last != "data: [DONE]":
+                out.append("error")
+
+
+def grammar_battery(url: str, pid: int, inputs: list, streams: int = 8) -> dict:
+    rss_before = process_rss_mib(pid)
+    outs: list[list] = [[] for _ in range(streams)]
+    done = threading.Event()
+    threads = [threading.Thread(target=stream_gaps, args=(url, out, done)) for out in outs]
+    for t in threads:
+        t.start()
+    while not all(outs):
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    answers = [(name, *ask(url, extra)) for name, extra in inputs]
+    if inputs is GRAMMARS:  # 16 different small schemas at once
+        with ThreadPoolExecutor(16) as pool:
+            started = time.perf_counter()
+            small = list(pool.map(lambda i: ask(url, fmt({"type": "object", "properties": {
+                f"k{i}": {"type": "string"}}, "required": [f"k{i}"]})), range(16)))
+            wall = time.perf_counter() - started
+        statuses = sorted({s for s, _, _ in small})
+        answers.append((f"16 different small schemas at once ({wall:.2f} s in all)",
+                        statuses[0] if len(statuses) == 1 else -1, "ok",
+                        max(t for _, _, t in small)))
+    t1 = time.monotonic()
+    done.set()
+    for t in threads:
+        t.join()
+    times = [[x for x in out if x != "error"] for out in outs]
+    gaps = [b - a for out in times for a, b in zip(out, out[1:]) if b > t0 and a < t1]
+    return {"answers": answers, "gap_s": max(gaps, default=float("nan")),
+            "stream_errors": sum(out.count("error") for out in outs),
+            "rss_before": rss_before, "rss_after": process_rss_mib(pid),
+            "alive": httpx.get(f"{url}/health").status_code == 200}
+
+
+def print_battery(title: str, result: dict) -> None:
+    print(f"\n{title}")
+    for name, status, code, seconds in result["answers"]:
+        print(f"  {status}  {code:<22} {seconds:7.2f} s  {name}")
+    (s0, c0), (s1, c1) = result["rss_before"], result["rss_after"]
+    print(f"  8 streams meanwhile: largest gap between chunks {result['gap_s']:.2f} s, "
+          f"{result['stream_errors']} failed; server RSS {s0:.0f} -> {s1:.0f} MiB (compile "
+          f"children {c0:.0f} -> {c1:.0f} MiB); server {'up' if result['alive'] else 'DOWN'}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Schemathesis
+
+
+def schemathesis_run(url: str, seconds: float) -> dict:
+    """Every operation, valid and invalid inputs, round after round until ``seconds`` pass."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+    from schemathesis.specs.openapi.checks import (
+        negative_data_rejection,
+        positive_data_acceptance,
+    )
+
+    from wick.server.request_schemas import refused_beyond_any_schema
+
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    tally = {"requests": 0, "5xx": 0, "rejected_valid": 0, "accepted_invalid": 0,
+             "beyond_schema": 0}
+    failures: dict[str, str] = {}
+    deadline = time.monotonic() + seconds
+
+    def check(case) -> None:
+        if time.monotonic() > deadline:
+            return
+        if isinstance(case.body, dict):  # bound each request's work; name the served model
+            if isinstance(case.body.get("model"), str):
+                case.body["model"] = model
+            if case.path.startswith("/v1/") and isinstance(case.body.get("max_tokens"),
+                                                           (int, float)):
+                case.body["max_tokens"] = min(case.body["max_tokens"], 4)
+        response = case.call(base_url=url, timeout=120)
+        tally["requests"] += 1
+        if response.status_code >= 500:
+            tally["5xx"] += 1
+            failures.setdefault(f"5xx {case.path}", response.text[:200])
+            return
+        error = None
+        if response.status_code >= 400 and \
+                response.headers.get("content-type", [""])[0] == "application/json":
+            error = response.json().get("error", {})
+        if error is not None and refused_beyond_any_schema(error):
+            tally["beyond_schema"] += 1
+            return
+        try:
+            case.validate_response(response, checks=[positive_data_acceptance,
+                                                     negative_data_rejection])
+        except Exception as e:  # noqa: BLE001 - a schemathesis failure group
+            key = "rejected_valid" if response.status_code >= 400 else "accepted_invalid"
+            tally[key] += 1
+            failures.setdefault(f"{key} {case.path}", f"{case.body!r:.300} -> "
+                                                      f"{response.text[:200]} ({e!s:.100})")
+
+    seed = 0
+    while time.monotonic() < deadline:
+        for result in schema.get_all_operations():
+            operation = result.ok()
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                @given(operation.as_strategy(generation_mode=mode))
+                @settings(max_examples=100, deadline=None, database=None,
+                          suppress_health_check=list(HealthCheck))
+                def run(case) -> None:
+                    check(case)
+
+                try:
+                    run()
+                except Unsatisfiable:
+                    pass
+        seed += 1
+    return {**tally, "rounds": seed, "failures": failures}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=64)
@@ -206,32 +442,76 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=24)
     p.add_argument("--slowloris", type=int, default=200,
                    help="connections that never send a whole request head")
+    p.add_argument("--schemathesis", type=float, default=300, metavar="SECONDS")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"which to run, comma-separated (default all: {','.join(PARTS)})")
     args = p.parse_args()
-    proc, url = start_server(tiny_artifact(), "--body-timeout", "2", "--header-timeout", "2")
+    sys.setrecursionlimit(20_000)  # (json.dumps of the nested schemas, in pure Python)
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        p.error(f"unknown parts: {', '.join(sorted(parts - set(PARTS)))}")
+    artifact = tiny_artifact()
+    proc, url = start_server(artifact, "--body-timeout", "2", "--header-timeout", "2")
     try:
-        streams = asyncio.run(streaming_rounds(url, args.clients, args.rounds, args.tokens))
-        drops = asyncio.run(disconnect_rounds(url, proc.pid, args.disconnects, args.rounds))
-        battery = hostile(url)
-        loris = slowloris(url, args.slowloris, 2.0)
+        streams = drops = battery = loris = grammars = fuzz = None
+        if "streaming" in parts:
+            streams = asyncio.run(streaming_rounds(url, args.clients, args.rounds, args.tokens))
+        if "disconnects" in parts:
+            drops = asyncio.run(disconnect_rounds(url, proc.pid, args.disconnects, args.rounds))
+        if "hostile" in parts:
+            battery = hostile(url)
+        if "slowloris" in parts:
+            loris = slowloris(url, args.slowloris, 2.0)
+        if "grammar" in parts:
+            grammars = grammar_battery(url, proc.pid, GRAMMARS)
+        if "schemathesis" in parts:
+            fuzz = schemathesis_run(url, args.schemathesis)
         alive = httpx.get(f"{url}/health").status_code == 200
     finally:
         proc.terminate()
         proc.wait(60)
+    opened = None
+    if "grammar" in parts:
+        proc, open_url = start_server(artifact, "--grammar-max-bytes", "100000000",
+                                      "--grammar-max-depth", "1000000",
+                                      "--grammar-max-properties", "10000000",
+                                      "--grammar-max-rules", "10000000",
+                                      "--grammar-timeout", "60")
+        try:
+            opened = grammar_battery(open_url, proc.pid, CRASHERS)
+        finally:
+            proc.terminate()
+            proc.wait(60)
     print(f"\nwick serve reliability (tiny random Llama q0f32, {url})")
-    print(f"streaming: {streams['streams']} streams in {args.rounds} rounds of {args.clients}, "
-          f"{streams['equal_solo']}/{streams['streams']} equal to the solo answer, "
-          f"{streams['tok_s']:.0f} tok/s")
-    print(f"disconnects: {drops['dropped']} dropped mid-stream, KV pool whole again after "
-          f"{drops['pool_whole_after']}, server RSS {drops['rss_mib']} MiB")
-    ok = sum(400 <= s < 500 and e for _, s, e in battery)
-    print(f"hostile battery: {ok}/{len(battery)} answered with a 4xx OpenAI error; server "
-          f"{'still up' if alive else 'DOWN'}")
-    for name, status, is_error in battery:
-        flag = "" if 400 <= status < 500 and is_error else "   <-- not a 4xx OpenAI error"
-        print(f"  {status}  {name}{flag}")
-    print(f"slowloris: {loris['closed']}/{loris['opened']} connections without a whole request "
-          f"head closed by the server (--header-timeout 2), the last after "
-          f"{loris['last_s']:.1f} s")
+    if grammars is not None:
+        print_battery("grammar battery, default bounds (status, code, time):", grammars)
+    if opened is not None:
+        print_battery("the crashers with the bounds opened (a compile child each):", opened)
+    if fuzz is not None:
+        print(f"\nschemathesis, {args.schemathesis:.0f} s ({fuzz['rounds']} rounds): "
+              f"{fuzz['requests']} requests, {fuzz['5xx']} 5xx, {fuzz['rejected_valid']} valid "
+              f"requests refused, {fuzz['accepted_invalid']} invalid ones answered "
+              f"({fuzz['beyond_schema']} refusals no schema can announce left out)")
+        for key, detail in fuzz["failures"].items():
+            print(f"  {key}: {detail}")
+    if streams is not None:
+        print(f"streaming: {streams['streams']} streams in {args.rounds} rounds of "
+              f"{args.clients}, {streams['equal_solo']}/{streams['streams']} equal to the solo "
+              f"answer, {streams['tok_s']:.0f} tok/s")
+    if drops is not None:
+        print(f"disconnects: {drops['dropped']} dropped mid-stream, KV pool whole again after "
+              f"{drops['pool_whole_after']}, server RSS {drops['rss_mib']} MiB")
+    if battery is not None:
+        ok = sum(400 <= s < 500 and e for _, s, e in battery)
+        print(f"hostile battery: {ok}/{len(battery)} answered with a 4xx OpenAI error")
+        for name, status, is_error in battery:
+            flag = "" if 400 <= status < 500 and is_error else "   <-- not a 4xx OpenAI error"
+            print(f"  {status}  {name}{flag}")
+    if loris is not None:
+        print(f"slowloris: {loris['closed']}/{loris['opened']} connections without a whole "
+              f"request head closed by the server (--header-timeout 2), the last after "
+              f"{loris['last_s']:.1f} s")
+    print(f"server {'still up' if alive else 'DOWN'}")
     return 0
 
 

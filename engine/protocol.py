@@ -614,7 +614,7 @@ class CompletionRequest(SamplingFields):
                 code="missing_required_parameter",
             )
         best_of = kwargs.pop("best_of", None)
-        if best_of is not None and best_of != kwargs.get("n", 1):
+        if best_of is not None and (not _is_int(best_of) or best_of != kwargs.get("n", 1)):
             raise UnsupportedParameterError("best_of")
         return cls(**kwargs)
 

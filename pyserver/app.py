@@ -68,6 +68,7 @@ from .http_io import (
     unless_disconnected,
 )
 from .openapi import protocol_schemas
+from .request_schemas import Served
 from .shutdown import GracefulServer, Shutdown
 
 __all__ = ["GracefulServer", "ModelPool", "Shutdown", "create_app"]
@@ -422,24 +423,25 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    documents: dict[tuple[int | None, int], dict[str, Any]] = {}  # by what the models allow
+    documents: dict[Served, dict[str, Any]] = {}  # by what the served models allow
 
     def openapi() -> dict[str, Any]:
-        """The document, with token ids and choices bounded by the served models once they
-        are loaded (by the largest, when they differ)."""
-        engines = pool.engines.values()
-        vocab = max((e.core.info.vocab_size for e in engines), default=None)
-        max_n = min(MAX_N, max((e.core.scheduler.max_batch_size for e in engines),
-                               default=MAX_N))
-        if (vocab, max_n) not in documents:
+        """The document, with token ids, choices and max_tokens bounded by the served models
+        once they are loaded (by the largest, when they differ)."""
+        engines = [e.core for e in pool.engines.values()]
+        served = Served() if not engines else Served(
+            vocab_size=max(c.info.vocab_size for c in engines),
+            max_n=min(MAX_N, max(c.scheduler.max_batch_size for c in engines)),
+            context_window=max(c.max_total_tokens for c in engines))
+        if served not in documents:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            served, routes = protocol_schemas(vocab, max_n)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(served)
+            components, routes = protocol_schemas(served)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
             for path, key in (("/v1/chat/completions", "chat"), ("/v1/completions", "completion"),
                               ("/tokenize", "tokenize"), ("/detokenize", "detokenize")):
                 schema["paths"][path]["post"].update(routes[key])
-            documents[vocab, max_n] = schema
-        return documents[vocab, max_n]
+            documents[served] = schema
+        return documents[served]
 
     app.openapi = openapi  # type: ignore[method-assign]
 

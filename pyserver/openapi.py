@@ -8,26 +8,21 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from ..engine.protocol import MAX_N, ChatCompletion, ChatCompletionChunk, Completion
+from ..engine.protocol import ChatCompletion, ChatCompletionChunk, Completion
 from .request_schemas import (
     CHAT_REQUEST_MESSAGE,
+    Served,
     chat_request,
     completion_request,
-    integer_below,
+    detokenize_request,
     tokenize_request,
 )
 
 
-def protocol_schemas(vocab_size: int | None = None, max_n: int = MAX_N
-                     ) -> tuple[dict[str, dict], dict[str, Any]]:
-    """(component schemas, per-route ``openapi_extra``); token ids below ``vocab_size`` and
-    at most ``max_n`` choices (the served models' largest) once they are known."""
+def protocol_schemas(served: Served = Served()) -> tuple[dict[str, dict], dict[str, Any]]:
+    """(component schemas, per-route ``openapi_extra``), bounded by what the ``served``
+    models allow."""
     components: dict[str, dict] = {}
-    token_id: dict[str, Any] = {"type": "integer", "minimum": 0}
-    if vocab_size is not None:
-        token_id["maximum"] = vocab_size - 1
-    token_key = integer_below(vocab_size) if vocab_size is not None else \
-        "^(0|[1-9][0-9]{0,8})$"
 
     def ref(cls: type) -> dict[str, str]:
         schema = TypeAdapter(cls).json_schema(ref_template="#/components/schemas/{model}")
@@ -68,11 +63,10 @@ def protocol_schemas(vocab_size: int | None = None, max_n: int = MAX_N
 
     named("ChatRequestMessage", CHAT_REQUEST_MESSAGE)
     extras = {
-        "chat": route(named("ChatCompletionRequest", chat_request(token_key, max_n)), ChatCompletion,
+        "chat": route(named("ChatCompletionRequest", chat_request(served)), ChatCompletion,
                       ChatCompletionChunk,
                       {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}),
-        "completion": route(named("CompletionRequest",
-                                         completion_request(token_key, token_id, max_n)),
+        "completion": route(named("CompletionRequest", completion_request(served)),
                             Completion, Completion,
                             {"prompt": "Once upon a time", "max_tokens": 16}),
         "errors": errors,
@@ -82,10 +76,7 @@ def protocol_schemas(vocab_size: int | None = None, max_n: int = MAX_N
                 "tokens": {"type": "array", "items": {"type": "integer"}},
                 "count": {"type": "integer"}, "max_model_len": {"type": "integer"}}},
             {"prompt": "Hello!"}, errors),
-        "detokenize": _token_route({
-            "type": "object", "additionalProperties": False, "required": ["tokens"],
-            "properties": {"model": {"type": ["string", "null"]},
-                           "tokens": {"type": "array", "items": token_id}}},
+        "detokenize": _token_route(detokenize_request(served),
             {"type": "object", "required": ["prompt"],
              "properties": {"prompt": {"type": "string"}}},
             {"tokens": [1, 2, 3]}, errors),

@@ -13,6 +13,7 @@ unequal to ``n``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine.protocol import (
@@ -30,6 +31,35 @@ from ..engine.protocol import (
 from ..engine.tools import MAX_TOOLS, TOOL_NAME_PATTERN
 
 NULL = {"type": "null"}
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the served models allow (the largest of each, when they differ), or the
+    protocol's own bounds before they are loaded."""
+
+    vocab_size: int | None = None
+    max_n: int = MAX_N
+    context_window: int | None = None
+
+    @property
+    def token_id(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "integer", "minimum": 0}
+        if self.vocab_size is not None:
+            out["maximum"] = self.vocab_size - 1
+        return out
+
+    @property
+    def token_key(self) -> str:
+        """``logit_bias`` keys: token ids as decimal strings."""
+        if self.vocab_size is None:
+            return "^(0|[1-9][0-9]{0,8})$"
+        return integer_below(self.vocab_size)
+
+    @property
+    def max_tokens(self) -> int:
+        """At least one prompt token and the output fit the context window."""
+        return INT32_MAX if self.context_window is None else self.context_window - 1
 
 RESPONSE_FORMAT = {"oneOf": [
     {"type": "object", "additionalProperties": False, "required": ["type"],
@@ -108,14 +138,14 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, NULL]}
 
 
-def sampling_rules(token_key: str, max_n: int) -> dict[str, dict[str, Any]]:
+def sampling_rules(served: Served) -> dict[str, dict[str, Any]]:
     """The fields chat and text completions share (``SamplingFields``)."""
     def integer(low: int, high: int = INT32_MAX) -> dict[str, Any]:
         return {"type": "integer", "minimum": low, "maximum": high}
 
     return {
         "model": {"type": "string"},
-        "max_tokens": integer(1),
+        "max_tokens": integer(1, served.max_tokens),
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "top_k": integer(0),
@@ -123,7 +153,7 @@ def sampling_rules(token_key: str, max_n: int) -> dict[str, dict[str, Any]]:
         "stop": {"anyOf": [{"type": "string", "minLength": 1},
                            {"type": "array", "maxItems": MAX_STOP_SEQUENCES,
                             "items": {"type": "string", "minLength": 1}}]},
-        "n": integer(1, max_n),
+        "n": integer(1, served.max_n),
         "stream": {"type": "boolean"},
         "stream_options": {"type": "object", "additionalProperties": False,
                            "properties": {"include_usage": {"type": "boolean"}}},
@@ -131,7 +161,7 @@ def sampling_rules(token_key: str, max_n: int) -> dict[str, dict[str, Any]]:
         "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
         "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
         "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
-                       "propertyNames": {"pattern": token_key},
+                       "propertyNames": {"pattern": served.token_key},
                        "additionalProperties": {"type": "number", "minimum": -100,
                                                 "maximum": 100},
                        "description": "token id -> bias added to its logit"},
@@ -146,12 +176,13 @@ STREAM_OPTIONS_NEED_STREAM = {
     "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 
 
-def chat_request(token_key: str, max_n: int = MAX_N) -> dict[str, Any]:
+def chat_request(served: Served) -> dict[str, Any]:
     props = {
-        **sampling_rules(token_key, max_n),
+        **sampling_rules(served),
         "messages": {"type": "array", "minItems": 1,
                      "items": {"$ref": "#/components/schemas/ChatRequestMessage"}},
-        "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
+        "max_completion_tokens": {"type": "integer", "minimum": 1,
+                                  "maximum": served.max_tokens},
         "logprobs": {"type": "boolean"},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                          "description": "needs logprobs: true"},
@@ -184,11 +215,10 @@ def chat_request(token_key: str, max_n: int = MAX_N) -> dict[str, Any]:
     ])
 
 
-def completion_request(token_key: str, token_id: dict[str, Any],
-                       max_n: int = MAX_N) -> dict[str, Any]:
-    tokens = {"type": "array", "items": token_id, "minItems": 1}
+def completion_request(served: Served) -> dict[str, Any]:
+    tokens = {"type": "array", "items": served.token_id, "minItems": 1}
     props = {
-        **sampling_rules(token_key, max_n),
+        **sampling_rules(served),
         "prompt": {"anyOf": [{"type": "string", "minLength": 1}, tokens,
                              {"type": "array", "minItems": 1, "maxItems": 1,  # unwrapped
                               "items": {"anyOf": [{"type": "string", "minLength": 1}, tokens]}}],
@@ -210,6 +240,23 @@ def _request(props: dict[str, Any], required: str, default_only: dict[str, tuple
         properties[name] = {}
     return {"type": "object", "additionalProperties": False, "required": [required],
             "properties": properties, "allOf": rules}
+
+
+def detokenize_request(served: Served) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "required": ["tokens"],
+            "properties": {"model": {"type": ["string", "null"]},
+                           "tokens": {"type": "array", "items": served.token_id}}}
+
+
+def refused_beyond_any_schema(error: dict[str, Any]) -> bool:
+    """Whether an error body is a refusal the document cannot announce (the module
+    docstring's list): how many tokens a prompt makes, whether a grammar compiles, names
+    repeated or missing across fields, two fields that must be equal."""
+    return error.get("code") in ("context_length_exceeded", "invalid_grammar",
+                                 "invalid_json_schema", "grammar_too_large") \
+        or error.get("param") in ("best_of", "max_completion_tokens") \
+        or "Duplicate function name" in error.get("message", "") \
+        or "is not in 'tools'" in error.get("message", "")
 
 
 def tokenize_request() -> dict[str, Any]:
