@@ -499,3 +499,31 @@ def test_hftokenizer_from_path_and_string(tmp_path, smol_loaded):
     assert a.encode_batch([sample, "x"]) == [a.encode(sample), a.encode("x")]
     assert a.id_to_token(1) == "<|im_start|>"
 
+
+
+def test_configs_no_model_has_are_named():
+    """Values a damaged or mistyped config.json has, each named with its field, before any
+    weight is read; every real config of the registry's families passes."""
+    from transformers import AutoConfig
+
+    from wick.compiler.model_config import InvalidConfig, check_config
+
+    good = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0}
+    check_config(good)
+    for family in ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text"):
+        check_config(AutoConfig.for_model(family).to_dict())  # transformers' defaults
+    for field, value, rule in (
+            ("num_hidden_layers", 1e9, "a whole number from 1 to 1024"),
+            ("hidden_size", -4, "a whole number from 1 to 65536"),
+            ("vocab_size", 1.5, "a whole number"), ("intermediate_size", "big", "whole number"),
+            ("num_attention_heads", True, "a whole number"),
+            ("num_key_value_heads", 4, "a divisor of num_attention_heads (9)"),
+            ("rms_norm_eps", -1e-6, "a positive number"), ("rope_theta", "x", "positive"),
+            ("hidden_size", 8, "at least num_attention_heads (9)")):
+        with pytest.raises(InvalidConfig) as e:
+            check_config({**good, field: value}, "dir/config.json")
+        assert e.value.message.startswith(f"dir/config.json: '{field}' is {value!r}; it must "
+                                          "be "), e.value.message
+        assert rule in e.value.message and e.value.code == "invalid_model_config"
