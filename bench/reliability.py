@@ -51,11 +51,13 @@ import httpx
 from serve import start_server  # bench/serve.py: `wick serve` in a child process
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.hostile_grammars import ebnf_chain, nested, properties, ref_chain  # noqa: E402
+
 PARTS = ("streaming", "disconnects", "hostile", "slowloris", "grammar", "schemathesis")
 
 
 def tiny_artifact() -> str:
-    sys.path.insert(0, str(ROOT))
     from tests.tiny_models import make_tiny_llama
     from wick.compiler.compile import compile_model
 
@@ -220,18 +222,6 @@ def _openai_error(body: bytes) -> bool:
 # 5. Grammars
 
 
-def ref_chain(k: int) -> dict:
-    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(k)}
-    defs[f"d{k}"] = {"type": "integer"}
-    return {"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}},
-            "required": ["a"]}
-
-
-def nested(k: int, wrap) -> dict:
-    schema: dict = {"type": "integer"}
-    for _ in range(k):
-        schema = wrap(schema)
-    return schema
 
 
 def fmt(schema: dict) -> dict:
@@ -248,8 +238,6 @@ def ebnf(text: str) -> dict:
     return {"response_format": {"type": "grammar", "grammar": text}}
 
 
-CHAIN = "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(40_000)) + \
-    'r40000 ::= "b"\n'
 TREE = {"$defs": {"node": {"type": "object", "properties": {
     "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
     "$ref": "#/$defs/node"}
@@ -259,12 +247,9 @@ GRAMMARS = [
     # (4000 deep, tools exceed the tiny model's context window before any grammar bound)
     ("tools auto, $ref chain 30", tools(ref_chain(30), "auto")),
     ("tools required, $ref chain 30", tools(ref_chain(30), "required")),
-    ("EBNF chain 40k rules (977 KB)", ebnf(CHAIN)),
-    ("100k required properties", fmt({"type": "object", "properties": {
-        f"p{i}": {"type": "integer"} for i in range(100_000)},
-        "required": [f"p{i}" for i in range(100_000)]})),
-    ("4k optional properties (115 KB)", fmt({"type": "object", "properties": {
-        f"p{i}": {"type": "integer"} for i in range(4000)}})),
+    ("EBNF chain 40k rules (977 KB)", ebnf(ebnf_chain(40_000))),
+    ("100k required properties", fmt(properties(100_000, required=True))),
+    ("4k optional properties (115 KB)", fmt(properties(4_000, required=False))),
     # (deeper than ~490 levels, the body itself is refused as JSON nested too deeply)
     ("items nested 480", fmt(nested(480, lambda s: {"type": "array", "items": s}))),
     ("anyOf nested 320", fmt(nested(320, lambda s: {"anyOf": [s, {"type": "null"}]}))),
@@ -275,8 +260,7 @@ GRAMMARS = [
     ("EBNF parentheses 10k deep", ebnf("root ::= " + "(" * 10_000 + '"a"' + ")" * 10_000)),
     ("nested repetition (minutes)", ebnf('root ::= ((("a"{0,9}){0,9}){0,9}){0,9}')),
     ("recursive tree schema (allowed)", fmt(TREE)),
-    ("1000 optional properties (allowed)", fmt({"type": "object", "properties": {
-        f"q{i}": {"type": "integer"} for i in range(1000)}})),
+    ("1000 optional properties (allowed)", fmt(properties(1_000, required=False))),
 ]
 CRASHERS = [GRAMMARS[i] for i in (0, 3, 4, 6)]  # with the bounds opened
 

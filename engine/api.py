@@ -333,8 +333,12 @@ class _Frontend:
                     context_window=window)
             # every string that reaches the template: contents, names, earlier calls'
             # arguments; tool definitions and template variables with their keys
-            chars = _text_chars(messages) + _text_chars(
-                [kwargs.get("tools"), kwargs.get("chat_template_kwargs")], keys=True)
+            chars = _text_chars(messages)
+            definitions = _text_chars([kwargs.get("tools"), kwargs.get("chat_template_kwargs")],
+                                      keys=True)
+            if definitions > chars:  # blame the larger part
+                param = "tools" if kwargs.get("tools") else "chat_template_kwargs"
+            chars += definitions
         else:
             prompt, param = kwargs.get("prompt"), "prompt"
             chars = len(prompt) if isinstance(prompt, str) else 0
@@ -343,8 +347,9 @@ class _Frontend:
                     f"The prompt holds {len(prompt)} tokens; this model's context window is "
                     f"{window} tokens.", param="prompt", context_window=window)
         if max_chars is not None and chars > max_chars:
+            what = "messages" if param == "messages" else f"messages and {param}"
             raise ContextLengthExceededError.before_tokenizing(
-                f"The {param} hold {chars} characters, more than this model's context window "
+                f"The {what} hold {chars} characters, more than this model's context window "
                 f"of {window} tokens can take (at most {max_chars} characters); shorten them.",
                 param=param, context_window=window)
 

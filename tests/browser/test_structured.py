@@ -10,6 +10,8 @@ import json
 import jsonschema
 import pytest
 
+from tests.hostile_grammars import ebnf_chain, ref_chain
+
 pytestmark = pytest.mark.slow
 
 SCHEMA = {"type": "object", "properties": {
@@ -35,22 +37,16 @@ BAD = {"response_format": {"type": "json_schema", "json_schema": {
     "name": "x", "schema": {"type": "objectx"}}}, "messages": MESSAGES, "max_tokens": 4}
 
 
-def _ref_chain(k: int) -> dict:
-    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(k)}
-    defs[f"d{k}"] = {"type": "integer"}
-    return {"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}}
-
 
 # beyond the engine's grammar bounds (web-xgrammar would abort the worker's wasm on them):
 # refused before either xgrammar sees them, with the same error
 TOO_LARGE = [
     {"messages": MESSAGES, "max_tokens": 4, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "deep", "schema": _ref_chain(4000)}}},
+        "type": "json_schema", "json_schema": {"name": "deep", "schema": ref_chain(4000)}}},
     {"messages": MESSAGES, "max_tokens": 4, "tool_choice": "required", "tools": [{
-        "type": "function", "function": {"name": "f", "parameters": _ref_chain(50)}}]},
-    {"messages": MESSAGES, "max_tokens": 4, "response_format": {"type": "grammar", "grammar": (
-        "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(3000))
-        + 'r3000 ::= "b"\n')}},
+        "type": "function", "function": {"name": "f", "parameters": ref_chain(50)}}]},
+    {"messages": MESSAGES, "max_tokens": 4, "response_format": {"type": "grammar",
+                                                               "grammar": ebnf_chain(3000)}},
 ]
 
 

@@ -11,25 +11,15 @@ import time
 
 import pytest
 
+from tests.hostile_grammars import ebnf_chain, nested, properties, ref_chain
 from wick.engine.errors import InvalidRequestError
 from wick.engine.grammar_limits import GrammarLimits, _SchemaMeasure, ebnf_rules_and_depth
 
 SCHEMA = "response_format.json_schema.schema"
 
 
-def ref_chain(k: int) -> dict:
-    """The issue's reproducer: ``$defs`` d0 -> items -> $ref d1 -> ... -> dk."""
-    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(k)}
-    defs[f"d{k}"] = {"type": "integer"}
-    return {"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}},
-            "required": ["a"]}
 
 
-def nested(k: int, wrap) -> dict:
-    schema: dict = {"type": "integer"}
-    for _ in range(k):
-        schema = wrap(schema)
-    return schema
 
 
 def depth(schema) -> int:
@@ -111,13 +101,9 @@ def test_issue_reproducers_are_refused_with_the_bound_named():
     err = refused(limits.check_schema, wide, SCHEMA)
     assert f"is {len(json.dumps(wide))} bytes as JSON" in err.message
     assert "--grammar-max-bytes" in err.message
-    many = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1001)},
-            "required": [f"p{i}" for i in range(1001)]}
-    err = refused(limits.check_schema, many, SCHEMA)
+    err = refused(limits.check_schema, properties(1001, required=True), SCHEMA)
     assert "1001 object properties" in err.message and "the bound is 1000" in err.message
-    chain = "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(1001)) + \
-        'r1001 ::= "b"\n'
-    err = refused(limits.check_ebnf, chain, "response_format.grammar")
+    err = refused(limits.check_ebnf, ebnf_chain(1001), "response_format.grammar")
     assert "1003 rules" in err.message and err.param == "response_format.grammar"
     err = refused(limits.check_ebnf, "root ::= " + "(" * 40 + '"a"' + ")" * 40, "g")
     assert "parentheses 40 deep" in err.message
@@ -187,8 +173,7 @@ def _apis(limits: GrammarLimits):
       "tool_choice": "required"}, "tools[0].function.parameters"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ref_chain(40)}}],
       "tool_choice": "auto"}, "tools[0].function.parameters"),
-    ({"response_format": {"type": "grammar", "grammar": "root ::= r0\n" + "".join(
-        f'r{i} ::= "a" r{i + 1}\n' for i in range(40_000)) + 'r40000 ::= "b"\n'}},
+    ({"response_format": {"type": "grammar", "grammar": ebnf_chain(40_000)}},
      "response_format.grammar"),
 ])
 def test_engine_refuses_before_compiling(body, param):

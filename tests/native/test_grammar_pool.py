@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests.hostile_grammars import ref_chain
 from tests.tiny_models import byte_level_tokenizer
 from wick.engine.errors import InvalidRequestError
 from wick.engine.grammar import GrammarSpec, VocabInfo
@@ -28,12 +29,6 @@ OPEN = dict(max_bytes=1 << 30, max_depth=1 << 30, max_properties=1 << 30, max_ru
 SLOW = 'root ::= (("a"{0,12}){0,12}){0,12}'
 MEDIUM = 'root ::= (("a"{0,8}){0,8}){0,8}'  # ~0.4 s
 
-
-def ref_chain(k: int) -> str:
-    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(k)}
-    defs[f"d{k}"] = {"type": "integer"}
-    return json.dumps({"$defs": defs, "type": "object",
-                       "properties": {"a": {"$ref": "#/$defs/d0"}}, "required": ["a"]})
 
 
 def small_schema(i: int) -> GrammarSpec:
@@ -84,8 +79,8 @@ def wait_until(check, timeout: float = 5.0) -> None:
 def test_a_crash_costs_a_child_not_this_process(backend_of):
     """The issue's $ref chain segfaults xgrammar (shown in a process of its own); through the
     backend it is a 400, and the backend compiles the next grammar."""
-    source = ref_chain(5000)
-    direct = textwrap.dedent(f"""
+    source = json.dumps(ref_chain(5000))
+    direct = textwrap.dedent("""
         import json, sys
         sys.setrecursionlimit(100000)
         from tests.tiny_models import byte_level_tokenizer

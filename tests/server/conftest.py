@@ -5,7 +5,9 @@ and helpers to post raw bodies and check OpenAI-shaped errors."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -104,3 +106,50 @@ def assert_openai_error(resp: httpx.Response, status: int, *, param=..., code=..
     return err
 
 
+# ---------------------------------------------------------------------------------------------
+# Streams running beside something else
+
+
+def stream_times(url: str, body: dict, out: list, started: threading.Event | None = None) -> None:
+    """POST a streaming request; append (arrival time, data) of every event to ``out``."""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append((time.monotonic(), line[6:]))
+                if started is not None and len(out) >= 3:
+                    started.set()
+
+
+def events(raw: list) -> list:
+    return [json.loads(d) if d != "[DONE]" else d for _, d in raw]
+
+
+def start_streams(url: str, model: str, count: int, max_tokens: int = 80):
+    """``count`` greedy streams (ignore_eos), returned once the first has chunks:
+    (executor, futures, the (time, data) events of each)."""
+    body = {"model": model, "messages": HELLO, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True, "temperature": 0}
+    outs: list[list] = [[] for _ in range(count)]
+    started = threading.Event()
+    pool = ThreadPoolExecutor(count)
+    futures = [pool.submit(stream_times, url, body, out, started if i == 0 else None)
+               for i, out in enumerate(outs)]
+    assert started.wait(60), "no stream started"
+    return pool, futures, outs
+
+
+def finish_streams(pool, futures, outs, since: float, until: float) -> float:
+    """Every stream ends whole ("length", then [DONE], no error event); the longest wait for
+    a chunk between ``since`` and ``until``."""
+    for f in futures:
+        f.result(timeout=120)
+    pool.shutdown()
+    for out in outs:
+        evs = events(out)
+        assert evs[-1] == "[DONE]" and not any("error" in e for e in evs[:-1])
+        assert evs[-2]["choices"][0]["finish_reason"] == "length"
+    gaps = [b[0] - a[0] for out in outs for a, b in zip(out, out[1:])
+            if b[0] > since and a[0] < until]
+    assert gaps, "no stream was running meanwhile"
+    return max(gaps)

@@ -491,11 +491,16 @@ def fuzz_schema(tiny_a):
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
     name = next(iter(app.state.pool.engines))
+    core = app.state.pool.engines[name].core
+    bounds = {"max_tokens": (4, core.max_total_tokens - 1),
+              "max_completion_tokens": (4, core.max_total_tokens - 1),
+              "n": (2, core.scheduler.max_batch_size)}
 
     @schema.hook
     def map_body(context, body):
         # Bound the work of each generated request (the window is 128 tokens; lavapipe is slow)
-        # and name the served model (random names would all stop at 404).
+        # and name the served model (random names would all stop at 404). A value is lowered
+        # only from within its range to within it: an invalid request stays invalid.
         completion = context.operation is not None and context.operation.path in (
             "/v1/chat/completions", "/v1/completions")
         if isinstance(body, dict):
@@ -503,11 +508,13 @@ def fuzz_schema(tiny_a):
                 body["model"] = name
             if not completion:
                 return body
-            if body.get("max_tokens") is None or (isinstance(body["max_tokens"], (int, float))
-                                                  and body["max_tokens"] > 4):
+            if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
                 body["max_tokens"] = 4
-            if isinstance(body.get("n"), (int, float)) and body["n"] > 2:
-                body["n"] = 2
+            for key, (low, most) in bounds.items():
+                value = body.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                        float(value).is_integer() and low < value <= most:
+                    body[key] = low
         return body
 
     return schema

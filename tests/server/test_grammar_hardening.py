@@ -15,26 +15,26 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.server.conftest import HELLO, LiveServer, assert_openai_error, post
-from tests.server.test_hardening import events, stream_times
+from tests.hostile_grammars import ebnf_chain, properties, ref_chain
+from tests.server.conftest import (
+    HELLO,
+    LiveServer,
+    assert_openai_error,
+    finish_streams,
+    post,
+    start_streams,
+)
 from wick.engine.grammar_limits import GrammarLimits
 from wick.server.app import ModelPool, create_app
 
 SLOW = 'root ::= (("a"{0,12}){0,12}){0,12}'  # ~7 s in xgrammar 0.1.27, 35 bytes
 
-
-def ref_chain(k: int) -> dict:
-    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(k)}
-    defs[f"d{k}"] = {"type": "integer"}
-    return {"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}},
-            "required": ["a"]}
 
 
 def schema_format(schema: dict) -> dict:
@@ -45,51 +45,26 @@ def tool(parameters: dict) -> list:
     return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
 
 
-REPRODUCERS = {  # the outside probe's inputs, each once crashed or stalled the server
-    "ref chain": ({"response_format": schema_format(ref_chain(4000))},
-                  "response_format.json_schema.schema"),
-    "tools auto": ({"tools": tool(ref_chain(4000)), "tool_choice": "auto"},
-                   "tools[0].function.parameters"),
-    "tools required": ({"tools": tool(ref_chain(4000)), "tool_choice": "required"},
-                       "tools[0].function.parameters"),
-    "ebnf chain": ({"response_format": {"type": "grammar", "grammar": "root ::= r0\n" + "".join(
-        f'r{i} ::= "a" r{i + 1}\n' for i in range(40_000)) + 'r40000 ::= "b"\n'}},
-        "response_format.grammar"),
-    "required": ({"response_format": schema_format({
-        "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(100_000)},
-        "required": [f"p{i}" for i in range(100_000)]})}, "response_format.json_schema.schema"),
-    "optional": ({"response_format": schema_format({
-        "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(4_000)}})},
-        "response_format.json_schema.schema"),
+SCHEMA = "response_format.json_schema.schema"
+TOO_LARGE = "grammar_too_large"
+# the outside probe's inputs, each once crashed or stalled the server: (fields, param, code)
+REPRODUCERS = {
+    "ref chain": ({"response_format": schema_format(ref_chain(4000))}, SCHEMA, TOO_LARGE),
+    # 4,000 deep, tool definitions outgrow the (tiny) model's context first
+    "tools auto": ({"tools": tool(ref_chain(4000)), "tool_choice": "auto"}, "tools",
+                   "context_length_exceeded"),
+    "tools auto, 40 deep": ({"tools": tool(ref_chain(40)), "tool_choice": "auto"},
+                            "tools[0].function.parameters", TOO_LARGE),
+    "tools required, 40 deep": ({"tools": tool(ref_chain(40)), "tool_choice": "required"},
+                                "tools[0].function.parameters", TOO_LARGE),
+    "ebnf chain": ({"response_format": {"type": "grammar", "grammar": ebnf_chain(40_000)}},
+                   "response_format.grammar", TOO_LARGE),
+    "required": ({"response_format": schema_format(properties(100_000, required=True))},
+                 SCHEMA, TOO_LARGE),
+    "optional": ({"response_format": schema_format(properties(4_000, required=False))},
+                 SCHEMA, TOO_LARGE),
 }
 
-
-def start_streams(url: str, model: str, count: int, max_tokens: int = 80):
-    body = {"model": model, "messages": HELLO, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "temperature": 0}
-    outs = [[] for _ in range(count)]
-    started = threading.Event()
-    pool = ThreadPoolExecutor(count)
-    futures = [pool.submit(stream_times, url, body, out, started if i == 0 else None)
-               for i, out in enumerate(outs)]
-    assert started.wait(60), "no stream started"
-    return pool, futures, outs
-
-
-def finish_streams(pool, futures, outs, since: float, until: float) -> float:
-    """Every stream ends whole ("length", then [DONE], no error event); the longest wait for
-    a chunk between ``since`` and ``until``."""
-    for f in futures:
-        f.result(timeout=120)
-    pool.shutdown()
-    for out in outs:
-        evs = events(out)
-        assert evs[-1] == "[DONE]" and not any("error" in e for e in evs[:-1])
-        assert evs[-2]["choices"][0]["finish_reason"] == "length"
-    gaps = [b[0] - a[0] for out in outs for a, b in zip(out, out[1:])
-            if b[0] > since and a[0] < until]
-    assert gaps, "no stream was running meanwhile"
-    return max(gaps)
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +82,13 @@ def test_reproducers_are_refused_while_streams_run(guarded):
     name = next(iter(guarded.pool.engines))
     pool, futures, outs = start_streams(guarded.url, name, 8)
     t0 = time.monotonic()
-    for label, (extra, param) in REPRODUCERS.items():
+    for label, (extra, param, code) in REPRODUCERS.items():
         body = {"model": name, "messages": HELLO, "max_tokens": 4, **extra}
         sent = time.monotonic()
         err = assert_openai_error(post(guarded, "/v1/chat/completions", body), 400,
-                                  param=param, code="grammar_too_large")
-        assert "the bound is" in err["message"] and "wick serve --grammar-" in err["message"]
+                                  param=param, code=code)
+        if code == TOO_LARGE:
+            assert "the bound is" in err["message"] and "wick serve --grammar-" in err["message"]
         assert time.monotonic() - sent < 5, label
     gap = finish_streams(pool, futures, outs, t0, time.monotonic())
     assert gap < 1.0, f"a stream waited {gap:.2f} s for its next chunk"
@@ -210,7 +186,7 @@ def test_a_grammar_that_crashes_the_compiler_costs_one_request(open_server):
     r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
         "model": name, "messages": HELLO, "max_tokens": 4,
         "response_format": schema_format(ref_chain(5000))})
-    err = assert_openai_error(r, 400, param="response_format.json_schema.schema",
+    err = assert_openai_error(r, 400, param=SCHEMA,
                               code="invalid_json_schema")
     assert "crashed" in err["message"] and "SIGSEGV" in err["message"]
     gap = finish_streams(pool, futures, outs, t0, time.monotonic())

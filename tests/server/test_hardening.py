@@ -20,24 +20,20 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server.conftest import HELLO, WINDOW, LiveServer, assert_openai_error, post
+from tests.server.conftest import (
+    HELLO,
+    WINDOW,
+    LiveServer,
+    assert_openai_error,
+    events,
+    finish_streams,
+    post,
+    start_streams,
+    stream_times,
+)
 from wick.server.app import ModelPool, create_app
 from wick.server.artifact_host import ArtifactHost
 
-
-def stream_times(url: str, body: dict, out: list, started: threading.Event | None = None) -> None:
-    """POST a streaming request; append (arrival time, data) of every event to ``out``."""
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                out.append((time.monotonic(), line[6:]))
-                if started is not None and len(out) >= 3:
-                    started.set()
-
-
-def events(raw: list) -> list:
-    return [json.loads(d) if d != "[DONE]" else d for _, d in raw]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,26 +519,16 @@ def test_schema_agrees_with_validation(server, names, engine):
 def test_huge_tool_call_arguments_are_counted_and_stall_nothing(server, names):
     """3.9 MB in an earlier call's arguments (not in any 'content'): refused as too long for
     the window, while 8 streams keep their pace."""
-    body = {"model": names[0], "messages": HELLO, "max_tokens": 80, "ignore_eos": True,
-            "stream": True, "temperature": 0}
-    outs = [[] for _ in range(8)]
-    started = threading.Event()
-    with ThreadPoolExecutor(9) as pool:
-        futures = [pool.submit(stream_times, server.url, body, out, started if i == 0 else None)
-                   for i, out in enumerate(outs)]
-        assert started.wait(60)
-        call = {"id": "call_1", "type": "function",
-                "function": {"name": "f", "arguments": json.dumps({"x": "y" * 3_900_000})}}
-        huge = {"model": names[0], "max_tokens": 1, "messages": [
-            {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]}
-        t0 = time.monotonic()
-        err = assert_openai_error(post(server, "/v1/chat/completions", huge), 400,
-                                  param="messages", code="context_length_exceeded")
-        t1 = time.monotonic()
-        assert "3900" in err["message"] and "characters" in err["message"]
-        for f in futures:
-            f.result()
-    gaps = [b[0] - a[0] for out in outs for a, b in zip(out, out[1:]) if b[0] > t0 and a[0] < t1]
-    assert gaps and max(gaps) < 1.0, gaps and max(gaps)
+    pool, futures, outs = start_streams(server.url, names[0], 8)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": json.dumps({"x": "y" * 3_900_000})}}
+    huge = {"model": names[0], "max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]}
+    t0 = time.monotonic()
+    err = assert_openai_error(post(server, "/v1/chat/completions", huge), 400,
+                              param="messages", code="context_length_exceeded")
+    assert "3900" in err["message"] and "characters" in err["message"]
+    gap = finish_streams(pool, futures, outs, t0, time.monotonic())
+    assert gap < 1.0, f"a stream waited {gap:.2f} s for its next chunk"
