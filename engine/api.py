@@ -220,16 +220,18 @@ class _Frontend:
         if kind == "chat":
             req: SamplingFields = ChatCompletionRequest.from_dict(kwargs)
             self._check_model(req.model)
+            calls = req.tools if req.tools and req.tool_choice != "none" else []
+            limits.check_request(req.response_format, calls)  # before the template's work
             ids, tools, reasoning = self._chat_prompt(req)
             param = "messages"
         else:
             req = CompletionRequest.from_dict(kwargs)
             self._check_model(req.model)
+            limits.check_request(req.response_format, [])
             prompt = req.prompt
             # Token ids are used as given (no BOS added): the caller chose them.
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
-        limits.check_request(req.response_format, req.tools if tools else [])
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
                          req.stream, grammar_spec=self._grammar_spec(req, tools), tools=tools,
                          reasoning=reasoning)
