@@ -291,8 +291,14 @@ class GrammarPool:
                     return
                 if job.abandoned.is_set():
                     continue
-                if child is None:
-                    child = self._start_child()
+                try:
+                    if child is None:
+                        child = self._start_child()
+                except Exception as e:  # noqa: BLE001 - no child: this job's error, not a hang
+                    log.error("the grammar compiler could not start: %s", e)
+                    self._settle(job, _Refusal(f"The grammar compiler could not start ({e}).",
+                                               "grammar_compiler_failed", closed=True))
+                    continue
                 child = self._compile(child, job)
         finally:
             if child is not None:

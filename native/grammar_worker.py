@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import os
 import resource
+import signal
 import sys
 import time
 
@@ -21,6 +22,7 @@ from .grammar import compile_spec, xgrammar_bindings
 from .grammar_pool import read_frame, write_frame
 
 NICENESS = 5
+PR_SET_PDEATHSIG = 1
 
 
 class _MallInfo2(ctypes.Structure):
@@ -47,6 +49,17 @@ def heap_meter():
         return resident
 
 
+def die_with_parent() -> None:
+    """Linux: be killed when the server goes (even by SIGKILL), not compile on alone."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # elsewhere: stdin closes when the parent goes, after the compile at hand
+    if os.getppid() == 1:  # the parent went before the line above ran
+        sys.exit(0)
+
+
 def main() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # the frames are the only thing on stdout
@@ -57,6 +70,7 @@ def main() -> None:
         os.nice(NICENESS)
     except OSError:
         pass
+    die_with_parent()
     limit = int(init["memory_limit"])
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     core = xgrammar_bindings()
