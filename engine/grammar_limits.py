@@ -70,16 +70,12 @@ class GrammarLimits:
 
     def check_schemas(self, schemas: list[tuple[Any, str]], param: str) -> None:
         """Refuse schemas compiled together (a request's tools) beyond the bounds: each one's
-        depth, and their bytes and properties together (blamed on ``param``)."""
+        depth, and their bytes and properties together (blamed on ``param``). Each measure
+        stops once past its bound: a 4 MB schema costs no more than a 128 KB one."""
         properties = size = 0
         for schema, where in schemas:
-            measure = _SchemaMeasure(schema, self.max_depth)
-            if measure.depth > self.max_depth:
-                raise self._error(where, f"nests deeper than {self.max_depth} levels "
-                                         "(following $ref)", "max_depth", self.max_depth)
-            properties += measure.properties
-            try:
-                size += len(json.dumps(schema, ensure_ascii=False).encode())
+            try:  # first: the walks below are then over at most max_bytes of schema
+                size += _json_bytes(schema, self.max_bytes - size)
             except RecursionError:  # a value (an enum, a default) nested past Python's limit
                 raise self._error(where, "holds values nested too deeply to measure",
                                   "max_depth", self.max_depth) from None
@@ -87,11 +83,17 @@ class GrammarLimits:
                 raise InvalidRequestError(f"The schema in '{where}' contains itself; it "
                                           "cannot be written as JSON.", param=where,
                                           code="invalid_json_schema") from None
-        if size > self.max_bytes:
-            raise self._error(param, f"is {size} bytes as JSON", "max_bytes", self.max_bytes)
-        if properties > self.max_properties:
-            raise self._error(param, f"has {properties} object properties", "max_properties",
-                              self.max_properties)
+            if size > self.max_bytes:
+                raise self._error(param, f"is more than {self.max_bytes} bytes as JSON",
+                                  "max_bytes", self.max_bytes)
+            measure = _SchemaMeasure(schema, self.max_depth, self.max_properties - properties)
+            if measure.depth > self.max_depth:
+                raise self._error(where, f"nests deeper than {self.max_depth} levels "
+                                         "(following $ref)", "max_depth", self.max_depth)
+            properties += measure.properties
+            if properties > self.max_properties:
+                raise self._error(param, f"has more than {self.max_properties} object "
+                                         "properties", "max_properties", self.max_properties)
 
     def check_ebnf(self, grammar: str, param: str) -> None:
         """Refuse an EBNF grammar beyond the bounds."""
@@ -163,13 +165,13 @@ class _SchemaMeasure:
     shares subschemas, is measured in linear time; a reference back into its own chain (or a
     Python object that contains itself) adds nothing. The depth walk stops past ``cap``."""
 
-    def __init__(self, root: Any, cap: int) -> None:
+    def __init__(self, root: Any, cap: int, properties_cap: int | None = None) -> None:
         self.root = root
         self.properties = 0
         self.depth = 0
         self._cap = cap
         self._depths: dict[int, int] = {}  # id(subschema) -> its depth
-        self._count_properties(root)
+        self._count_properties(root, properties_cap)
         if isinstance(root, dict):
             roots = [root] + [d for key in _DEFS if isinstance(root.get(key), dict)
                               for d in root[key].values() if isinstance(d, dict)]
@@ -178,11 +180,11 @@ class _SchemaMeasure:
                 if self.depth > cap:
                     break
 
-    def _count_properties(self, root: Any) -> None:
+    def _count_properties(self, root: Any, cap: int | None) -> None:
         """Named and required properties of every object schema in the document (each schema
-        counted once, wherever references lead)."""
+        counted once, wherever references lead), up to just past ``cap``."""
         stack, seen = [root], set()
-        while stack:
+        while stack and (cap is None or self.properties <= cap):
             node = stack.pop()
             if not isinstance(node, dict) or id(node) in seen:
                 continue
@@ -231,6 +233,16 @@ class _SchemaMeasure:
             if not stack:
                 return depth
             stack[-1][2] = max(stack[-1][2], depth)
+
+
+def _json_bytes(value: Any, cap: int) -> int:
+    """The UTF-8 size of ``value`` as JSON, counted only up to just past ``cap``."""
+    size = 0
+    for chunk in json.JSONEncoder(ensure_ascii=False).iterencode(value):
+        size += len(chunk.encode("utf-8", "surrogatepass"))
+        if size > cap:
+            break
+    return size
 
 
 def _resolve(root: Any, ref: str) -> dict | None:

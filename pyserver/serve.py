@@ -324,11 +324,27 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a line is logged, not as it was when logging
+    was set up (a host that swaps stderr, such as pytest's capture, closes the old one)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(level: str = "info") -> None:
     """``INFO  message`` lines on stderr for wick's logger (uvicorn's own keep their format)."""
     logger = logging.getLogger("wick")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(levelname)-5s %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level.upper())

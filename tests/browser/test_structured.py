@@ -44,7 +44,7 @@ TOO_LARGE = [
     {"messages": MESSAGES, "max_tokens": 4, "response_format": {
         "type": "json_schema", "json_schema": {"name": "deep", "schema": ref_chain(4000)}}},
     {"messages": MESSAGES, "max_tokens": 4, "tool_choice": "required", "tools": [{
-        "type": "function", "function": {"name": "f", "parameters": ref_chain(50)}}]},
+        "type": "function", "function": {"name": "f", "parameters": ref_chain(18)}}]},
     {"messages": MESSAGES, "max_tokens": 4, "response_format": {"type": "grammar",
                                                                "grammar": ebnf_chain(3000)}},
 ]

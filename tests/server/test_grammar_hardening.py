@@ -91,6 +91,7 @@ def test_reproducers_are_refused_while_streams_run(guarded):
             assert "the bound is" in err["message"] and "wick serve --grammar-" in err["message"]
         assert time.monotonic() - sent < 5, label
     gap = finish_streams(pool, futures, outs, t0, time.monotonic())
+    print(f"largest gap between chunks: {gap:.2f} s")
     assert gap < 1.0, f"a stream waited {gap:.2f} s for its next chunk"
     engine = guarded.pool.engines[name]
     assert engine.core.grammar.pool.stats.started == 0  # nothing reached a compile child
