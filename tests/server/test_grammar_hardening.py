@@ -80,12 +80,15 @@ def guarded(tiny_a):
 
 def test_reproducers_are_refused_while_streams_run(guarded):
     name = next(iter(guarded.pool.engines))
+    # encoded before the streams start: this client shares the server's process (and GIL),
+    # and encoding 4 MB of JSON would stall the streams on the client's account
+    bodies = {label: json.dumps({"model": name, "messages": HELLO, "max_tokens": 4, **extra})
+              for label, (extra, _, _) in REPRODUCERS.items()}
     pool, futures, outs = start_streams(guarded.url, name, 8)
     t0 = time.monotonic()
-    for label, (extra, param, code) in REPRODUCERS.items():
-        body = {"model": name, "messages": HELLO, "max_tokens": 4, **extra}
+    for label, (_, param, code) in REPRODUCERS.items():
         sent = time.monotonic()
-        err = assert_openai_error(post(guarded, "/v1/chat/completions", body), 400,
+        err = assert_openai_error(post(guarded, "/v1/chat/completions", bodies[label]), 400,
                                   param=param, code=code)
         if code == TOO_LARGE:
             assert "the bound is" in err["message"] and "wick serve --grammar-" in err["message"]
