@@ -482,6 +482,7 @@ def test_openapi_schemas_come_from_the_engine_protocol():
 def fuzz_schema(tiny_a):
     import schemathesis
 
+    from tests.openapi_fuzz import bound_work, work_bounds
     from wick.server.local import AsyncEngine
 
     host = ArtifactHost(None, {tiny_a.name: tiny_a})
@@ -491,31 +492,12 @@ def fuzz_schema(tiny_a):
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
     name = next(iter(app.state.pool.engines))
-    core = app.state.pool.engines[name].core
-    bounds = {"max_tokens": (4, core.max_total_tokens - 1),
-              "max_completion_tokens": (4, core.max_total_tokens - 1),
-              "n": (2, core.scheduler.max_batch_size)}
+    bounds = work_bounds(schema.raw_schema)
 
     @schema.hook
     def map_body(context, body):
-        # Bound the work of each generated request (the window is 128 tokens; lavapipe is slow)
-        # and name the served model (random names would all stop at 404). A value is lowered
-        # only from within its range to within it: an invalid request stays invalid.
-        completion = context.operation is not None and context.operation.path in (
-            "/v1/chat/completions", "/v1/completions")
-        if isinstance(body, dict):
-            if isinstance(body.get("model"), str):
-                body["model"] = name
-            if not completion:
-                return body
-            if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-                body["max_tokens"] = 4
-            for key, (low, most) in bounds.items():
-                value = body.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-                        float(value).is_integer() and low < value <= most:
-                    body[key] = low
-        return body
+        path = context.operation.path if context.operation is not None else ""
+        return bound_work(body, path, name, bounds)
 
     return schema
 
