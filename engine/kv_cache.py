@@ -295,6 +295,37 @@ class KVCache:
         """Room for ``num_new_tokens`` more tokens after the ones already reserved."""
         self.allocate(seq_id, self.num_tokens(seq_id) + num_new_tokens)
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Shrink the sequence to its first ``num_tokens`` tokens (speculation: the drafted
+        tokens a verify step rejected are written again). Pages wholly past them go back,
+        tail first; the page holding the new end stays. Only tokens never offered the prefix
+        cache can be cut (a cached page is never written again), and, with a window, only
+        back to a position whose window the pool still holds."""
+        self.check_truncate(seq_id, num_tokens)
+        ps, dropped = self.page_size, self.dropped_pages(seq_id)
+        table = self._tables[seq_id]
+        keep = max(0, pages_for(num_tokens, ps) - dropped)
+        for page in reversed(table[keep:]):
+            self._release(page)
+        del table[keep:]
+        self._capacity_of[seq_id] = num_tokens
+
+    def check_truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Raise ValueError where ``truncate(seq_id, num_tokens)`` may not cut."""
+        if seq_id not in self._tables:
+            raise ValueError(f"sequence {seq_id} holds no pages")
+        if not 0 <= num_tokens <= self._capacity_of[seq_id]:
+            raise ValueError(f"sequence {seq_id}: cannot truncate {self._capacity_of[seq_id]} "
+                             f"tokens to {num_tokens}")
+        cached = self._offered.get(seq_id, 0) * self.page_size
+        if num_tokens < cached:
+            raise ValueError(f"sequence {seq_id}: its first {cached} tokens are in the prefix "
+                             f"cache; cannot truncate to {num_tokens}")
+        first_key = self.dropped_pages(seq_id) * self.page_size
+        if self.window is not None and max(0, num_tokens - self.window + 1) < first_key:
+            raise ValueError(f"sequence {seq_id}: the keys a query at {num_tokens} needs left "
+                             "the cache")
+
     def commit(self, seq_id: int, digests: Sequence[bytes], num_computed: int) -> None:
         """Offer the cache the sequence's pages whose tokens are all computed (its first
         ``num_computed`` tokens; ``digests`` covers at least their full pages). A page whose
@@ -463,6 +494,12 @@ class PairedKVCache:
 
     def append(self, seq_id: int, num_new_tokens: int = 1) -> None:
         self.allocate(seq_id, self.num_tokens(seq_id) + num_new_tokens)
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        self.main.check_truncate(seq_id, num_tokens)  # both may cut, or neither changes
+        self.local.check_truncate(seq_id, num_tokens)
+        self.main.truncate(seq_id, num_tokens)
+        self.local.truncate(seq_id, num_tokens)
 
     def commit(self, seq_id: int, digests: Sequence[bytes], num_computed: int) -> None:
         self.main.commit(seq_id, digests, num_computed)
