@@ -21,13 +21,14 @@ from .batch import Batch, SampledToken
 from .chat_template import render_chat_template
 from .detokenize import IncrementalDetokenizer
 from .errors import ContextLengthExceededError, InvalidRequestError, WickError
-from .grammar import CompiledGrammar, GrammarBackend, VocabInfo
+from .grammar import VOCAB_RAW, CompiledGrammar, GrammarBackend, GrammarMatcher, VocabInfo
 from .grammar_limits import GrammarLimits
 from .kv_cache import kv_cache_for
 from .model_info import ModelInfo
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
 from .tokenizer import Tokenizer
+from .utf8_guard import Utf8Guard, Utf8Table
 
 
 class StepRunner(Protocol):
@@ -158,6 +159,7 @@ class EngineCore:
         self.grammar = grammar
         self.grammar_limits = grammar_limits
         self.vocab = vocab
+        self._utf8: Utf8Table | None = None  # built at the first grammar over byte tokens
         self.kv = kv_cache_for(info.page_size, num_pages, window=info.kv_window,
                                window_pool=info.kv_window_pool,
                                num_window_pages=getattr(runner, "num_window_pages", 0),
@@ -265,7 +267,7 @@ class EngineCore:
                 params=params,
                 max_output_tokens=max_output,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, prompt),
-                matcher=grammar.matcher() if grammar is not None else None,
+                matcher=self._matcher(grammar) if grammar is not None else None,
             )
             for i in range(n)
         ]
@@ -376,6 +378,16 @@ class EngineCore:
     def reset_prefix_cache(self) -> None:
         """Forget every cached prompt page (e.g. after a weight change; vLLM has the same)."""
         self.kv.reset_prefix_cache()
+
+    def _matcher(self, grammar: CompiledGrammar) -> GrammarMatcher:
+        """A sequence's matcher; over a vocabulary of byte tokens, one whose masks keep the
+        output strict UTF-8 (engine/utf8_guard.py)."""
+        matcher = grammar.matcher()
+        if self.vocab is None or self.vocab.vocab_type == VOCAB_RAW:
+            return matcher
+        if self._utf8 is None:
+            self._utf8 = Utf8Table.of(self.vocab)
+        return Utf8Guard(matcher, self._utf8)
 
     def _set_mask(self, row, mask: bytes) -> None:
         row.mask = mask
