@@ -8,8 +8,8 @@ tokens and runs its detokenizer and stop checks.
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
-import random
 from dataclasses import dataclass, field
 
 from .batch import MAX_TOP_LOGPROBS, SamplingRow
@@ -87,15 +87,23 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"  # see finish_reason
 
 
-def sequence_rng(seed: int | None, index: int) -> random.Random:
-    """The RNG of the ``index``-th sequence of a request.
-
-    Choice 0 of seed s draws exactly like ``random.Random(s)``, so ``n=1`` with a seed is
-    reproducible across runs and batch mixes; other choices get distinct, still seeded streams.
-    """
+def sampling_key(seed: int | None, index: int) -> bytes:
+    """The key of the uniforms of a request's ``index``-th sequence: from its seed (each choice
+    its own), or fresh entropy."""
     if seed is None:
-        return random.Random(int.from_bytes(os.urandom(8), "little"))
-    return random.Random(seed if index == 0 else f"{seed}/{index}")
+        return os.urandom(32)
+    return hashlib.blake2b(f"wick-sampling/{seed}/{index}".encode(), digest_size=32).digest()
+
+
+def uniform_at(key: bytes, position: int) -> float:
+    """The uniform in [0, 1) that samples output token ``position`` of the sequence keyed
+    ``key``: a function of the position, not the next draw of a stream. A step that samples
+    positions it may not keep (speculative verification samples every drafted position, then
+    keeps those that agree with the drafts) thus uses the same uniforms a plain step would, so
+    seeded sampling gives the same tokens with speculation and without; so does a step begun
+    and then undone (an abort, a preemption)."""
+    digest = hashlib.blake2b(position.to_bytes(8, "little"), key=key, digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) * 2.0 ** -53
 
 
 @dataclass(slots=True, eq=False)
@@ -109,7 +117,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     stop_filter: StopStringFilter = field(init=False)
     token_ids: list[int] = field(init=False)  # prompt + output: what attention must see
-    rng: random.Random = field(init=False)
+    sampling_key: bytes = field(init=False)  # keys its uniforms (uniform_at)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # leading token_ids whose K/V are in the cache
     finish_reason: str | None = None
@@ -130,7 +138,7 @@ class Sequence:
         if self.max_output_tokens < 1:
             raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
         self.token_ids = list(self.prompt_ids)
-        self.rng = sequence_rng(self.params.seed, self.index)
+        self.sampling_key = sampling_key(self.params.seed, self.index)
         self.stop_filter = StopStringFilter(self.params.stop)
         self.output_counts = {}
         self.page_digests = []
@@ -161,8 +169,8 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def sampling_row(self) -> SamplingRow:
-        """The row for this step's sample: ONE uniform draw per sampled token, from this
-        sequence's own RNG, so its output does not depend on what else is batched with it."""
+        """The row for this step's sample. Its uniform depends on this sequence's key and the
+        position sampled only, so the output does not depend on what else is batched with it."""
         p = self.params
         adjust: list[tuple[int, float, float]] = []
         if p.adjusts_logits:
@@ -170,7 +178,8 @@ class Sequence:
                 self._prompt_tokens = frozenset(self.prompt_ids)
             adjust = logit_adjustments(p, self._prompt_tokens, self.output_counts)
         return SamplingRow(
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, uniform=self.rng.random(),
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+            uniform=uniform_at(self.sampling_key, self.num_output_tokens),
             min_p=p.min_p,
             adjust=adjust,  # the grammar's mask: filled by the core (EngineCore.fill_masks)
             num_top_logprobs=p.top_logprobs if p.logprobs else -1,

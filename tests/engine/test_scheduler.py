@@ -125,15 +125,46 @@ def test_a_sequence_that_can_never_fit_fails_at_add():
     assert not sched.has_work
 
 
-def test_each_sample_draws_one_uniform_from_the_sequences_own_rng():
-    import random
+def blake2b_uniform(seed: int, choice: int, position: int) -> float:
+    """The rule as stated (engine/sequence.py): 53 bits of a keyed BLAKE2b of the position."""
+    import hashlib
 
-    sched = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=64)
-    seq = make_seq(5, 3)
-    sched.add(seq)
-    draws = [run_step(sched).sampling[0].uniform for _ in range(3)]
-    ref = random.Random(5)
-    assert draws == [ref.random() for _ in range(3)]
+    key = hashlib.blake2b(f"wick-sampling/{seed}/{choice}".encode(), digest_size=32).digest()
+    h = hashlib.blake2b(position.to_bytes(8, "little"), key=key, digest_size=8).digest()
+    return (int.from_bytes(h, "little") >> 11) / 2 ** 53
+
+
+def test_each_sample_uses_the_uniform_of_its_seed_and_position_whatever_the_batch():
+    alone = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=64)
+    alone.add(make_seq(5, 3))
+    draws = [run_step(alone).sampling[0].uniform for _ in range(3)]
+    assert draws == [blake2b_uniform(5, 0, i) for i in range(3)]
+    # beside other sequences, and after a step that was scheduled and then undone
+    mixed = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=64)
+    for i in (1, 5, 9):
+        mixed.add(make_seq(i, 3 + i))
+    mixed.schedule()  # undone: nothing computed, nothing appended
+    got = []
+    for _ in range(3):
+        batch = run_step(mixed)
+        got.append(batch.sampling[batch.sample_rows.index(batch.seq_ids.index(5))].uniform)
+    assert got == draws
+
+
+def test_uniforms_are_uniform_and_differ_by_seed_and_choice():
+    from wick.engine.sequence import sampling_key, uniform_at
+
+    key = sampling_key(7, 0)
+    draws = [uniform_at(key, i) for i in range(20000)]
+    assert all(0.0 <= u < 1.0 for u in draws)
+    counts = [0] * 10
+    for u in draws:
+        counts[int(u * 10)] += 1
+    chi2 = sum((c - 2000) ** 2 / 2000 for c in counts)
+    assert chi2 < 27.9  # 9 degrees of freedom, p = 0.001
+    others = {uniform_at(sampling_key(7, 1), 0), uniform_at(sampling_key(8, 0), 0), draws[0]}
+    assert len(others) == 3
+    assert uniform_at(sampling_key(None, 0), 0) != uniform_at(sampling_key(None, 0), 0)
 
 
 def test_separate_prefill_never_mixes_and_takes_turns():
