@@ -1,0 +1,64 @@
+"""How many tokens to draft for a sequence (speculative decoding, issue #28): enough to pay,
+never so many that speculation makes the request slower than plain decoding.
+
+Model: each drafted token is accepted with probability ``alpha``, independently, until the
+first rejection; a verify step of ``k`` drafts then yields on average
+``(1 - alpha^(k+1)) / (1 - alpha)`` tokens (the accepted drafts and the one the target samples
+after them) and costs ``1 + row_cost * k`` plain steps, ``row_cost`` being what one more row
+adds to a step (measured by the runner: near 0 where weights dominate on a GPU, 0.4 on today's
+CPU kernels). The draft length maximizes tokens per cost; 0 when no length beats one token per
+plain step.
+
+``alpha`` is estimated per sequence from what its verify steps accepted, with older steps
+weighing less (acceptance changes as the text moves from copying to writing).
+"""
+
+from __future__ import annotations
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens a verify step of ``k`` drafts yields at per-draft acceptance ``alpha``."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def best_draft_length(alpha: float, max_k: int, row_cost: float) -> int:
+    """The ``k`` in 0..``max_k`` with the most tokens per unit of step cost (ties: the
+    shorter)."""
+    best_k, best_rate = 0, 1.0
+    for k in range(1, max_k + 1):
+        rate = expected_tokens(alpha, k) / (1.0 + row_cost * k)
+        if rate > best_rate * (1.0 + 1e-9):
+            best_k, best_rate = k, rate
+    return best_k
+
+
+class AcceptanceEstimate:
+    """Per-draft acceptance of one sequence, from its verify steps. A step that drafted ``k``
+    and kept ``a`` saw ``a`` acceptances and, when ``a < k``, one rejection (drafts after the
+    first rejection were never judged). Every step, old counts keep ``decay`` of their weight
+    and the ``prior`` (worth ``prior_weight`` judged drafts) regains what they lost: a sequence
+    that stopped drafting (alpha too low to pay) drifts back to the prior and tries again after
+    a few steps, in case its text began to repeat."""
+
+    def __init__(self, prior: float = 0.6, prior_weight: float = 2.0,
+                 decay: float = 0.9) -> None:
+        if not 0.0 <= prior <= 1.0 or prior_weight <= 0 or not 0.0 < decay < 1.0:
+            raise ValueError("prior in [0, 1], prior_weight > 0, decay in (0, 1)")
+        self._prior, self._weight, self._decay = prior, prior_weight, decay
+        self._accepted = prior * prior_weight
+        self._judged = prior_weight
+
+    @property
+    def alpha(self) -> float:
+        return self._accepted / self._judged
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """One step's outcome (``drafted`` 0: a step without drafts)."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted {accepted} of {drafted} drafts")
+        regained = (1.0 - self._decay) * self._weight
+        self._accepted = self._accepted * self._decay + regained * self._prior + accepted
+        self._judged = (self._judged * self._decay + regained + accepted
+                        + (1 if accepted < drafted else 0))
