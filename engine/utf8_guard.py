@@ -109,8 +109,13 @@ class Utf8Table:
         with the tokens that would break UTF-8 after ``state`` cleared."""
         if state == CLOSED and not self._wide:
             return mask
-        return (int.from_bytes(mask, "little") & self.allowed(state)).to_bytes(len(mask),
-                                                                               "little")
+        narrowed = int.from_bytes(mask, "little") & self.allowed(state)
+        if not narrowed:
+            # xgrammar reads a non-ASCII character class as single bytes ([à-ÿ] allows 0xE9
+            # alone, then no continuation): no token keeps the text valid. Sampling from an
+            # empty mask would end the output broken, so the grammar's own mask stands.
+            return mask
+        return narrowed.to_bytes(len(mask), "little")
 
 
 class Utf8Guard:
@@ -141,3 +146,9 @@ class Utf8Guard:
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
+
+    def close(self) -> None:
+        """Free the wrapped matcher (the wasm one holds memory outside Python's reach)."""
+        close = getattr(self._matcher, "close", None)
+        if close is not None:
+            close()

@@ -84,7 +84,8 @@ def parse_json_body(raw: bytes) -> Any:
         # lone surrogates ("\ud800") parse but are not text: reject them here, as bad JSON.
         # Encoding the whole body again holds the GIL as long as parsing it (0.2 s for 4 MB,
         # while every stream waits), so only where the raw text has such an escape.
-        if _SURROGATE_ESCAPE.search(raw):
+        # (json.loads also takes UTF-16/32 and raw surrogate bytes: those bodies always)
+        if not raw.isascii() or b"\x00" in raw or _SURROGATE_ESCAPE.search(raw):
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         return body
     except json.JSONDecodeError as e:

@@ -94,3 +94,40 @@ def test_masks_allow_exactly_the_tokens_that_keep_the_text_decodable():
             assert guard.accept(token)
             text += tokens[token]
     assert not hasattr(Utf8Guard(ByteMatcher(4), table), "next_token_bitmask_async")
+
+
+def test_a_grammar_that_allows_no_valid_continuation_keeps_its_own_mask():
+    """xgrammar spells [à-ÿ] as single bytes: after 0xE9 it allows no continuation byte. The
+    guard then leaves the grammar's mask whole instead of allowing nothing."""
+    tokens = [bytes([b]) for b in range(256)]
+    table = Utf8Table(tokens)
+    state = table.token_state(CLOSED, 0xE9)
+    only_ascii = sum(1 << t for t in range(0x61, 0x7B)).to_bytes(32, "little")
+    assert table.narrow(state, only_ascii) == only_ascii
+
+
+def test_close_reaches_the_wrapped_matcher():
+    closed = []
+
+    class Closing(ByteMatcher):
+        def close(self) -> None:
+            closed.append(True)
+
+    Utf8Guard(Closing(4), Utf8Table([b"a", b"b", b"c", b""])).close()
+    Utf8Guard(ByteMatcher(4), Utf8Table([b"a", b"b", b"c", b""])).close()  # none to call
+    assert closed == [True]
+
+
+def test_lone_surrogates_are_refused_however_the_body_spells_them():
+    """Raw surrogate bytes and UTF-16/32 bodies (json.loads takes both) hold no `\\u` escape
+    in their raw bytes; the server's parser still refuses them (pyserver/http_io.py)."""
+    import pytest
+
+    from wick.engine.errors import InvalidRequestError
+    from wick.server.http_io import parse_json_body
+
+    for raw in (b'{"a": "\xed\xa0\x80"}', '{"a": "\\ud800"}'.encode("utf-16-le"),
+                '{"a": "\\ud800"}'.encode("utf-32-le"), b'{"a": "\\uD800"}'):
+        with pytest.raises(InvalidRequestError, match="surrogate"):
+            parse_json_body(raw)
+    assert parse_json_body('{"a": "é\\ud83d\\ude00"}'.encode()) == {"a": "é😀"}
