@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import InvalidRequestError
+from .utf8_guard import never_in_utf8
 
 # The JSON layout both backends are given (xgrammar's JS binding defaults indent=2, Python None:
 # pass the same everywhere): one line, ", " and ": " between items, as Python's json.dumps.
@@ -270,7 +271,7 @@ def _components(component: object, kind: str) -> list[dict]:
 
 
 _BYTE_LEVEL = _byte_level_decoder()
-_NEVER_UTF8 = frozenset([0xC0, 0xC1, *range(0xF5, 0x100)])
+_NEVER_UTF8 = never_in_utf8()
 
 
 # ---------------------------------------------------------------------------------------------

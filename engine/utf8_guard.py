@@ -45,6 +45,12 @@ def lead(byte: int) -> State | None:
     return None
 
 
+def never_in_utf8() -> frozenset[int]:
+    """The bytes no UTF-8 text holds: neither a character's first byte nor a continuation
+    (C0, C1, F5-FF)."""
+    return frozenset(b for b in range(256) if lead(b) is None and not 0x80 <= b <= 0xBF)
+
+
 def advance(state: State, data: bytes) -> State | None:
     """The state after ``data`` (None: the bytes are not UTF-8 from ``state``)."""
     remaining, low, high = state
@@ -68,7 +74,7 @@ class Utf8Table:
 
     def __init__(self, token_bytes: list[bytes]) -> None:
         self._bytes = token_bytes
-        self._wide = [i for i, b in enumerate(token_bytes) if b and not b.isascii()]
+        self._wide: list[int] = []  # tokens holding a non-ASCII byte
         ascii_bits = bytearray(len(token_bytes) // 8 + 1)
         special_bits = bytearray(len(token_bytes) // 8 + 1)
         for i, b in enumerate(token_bytes):
@@ -76,6 +82,8 @@ class Utf8Table:
                 special_bits[i >> 3] |= 1 << (i & 7)
             elif b.isascii():
                 ascii_bits[i >> 3] |= 1 << (i & 7)
+            else:
+                self._wide.append(i)
         self._special = int.from_bytes(special_bits, "little")
         self._ascii = int.from_bytes(ascii_bits, "little")
         self._allowed: dict[State, int] = {}

@@ -117,17 +117,3 @@ def test_close_reaches_the_wrapped_matcher():
     Utf8Guard(ByteMatcher(4), Utf8Table([b"a", b"b", b"c", b""])).close()  # none to call
     assert closed == [True]
 
-
-def test_lone_surrogates_are_refused_however_the_body_spells_them():
-    """Raw surrogate bytes and UTF-16/32 bodies (json.loads takes both) hold no `\\u` escape
-    in their raw bytes; the server's parser still refuses them (pyserver/http_io.py)."""
-    import pytest
-
-    from wick.engine.errors import InvalidRequestError
-    from wick.server.http_io import parse_json_body
-
-    for raw in (b'{"a": "\xed\xa0\x80"}', '{"a": "\\ud800"}'.encode("utf-16-le"),
-                '{"a": "\\ud800"}'.encode("utf-32-le"), b'{"a": "\\uD800"}'):
-        with pytest.raises(InvalidRequestError, match="surrogate"):
-            parse_json_body(raw)
-    assert parse_json_body('{"a": "é\\ud83d\\ude00"}'.encode()) == {"a": "é😀"}

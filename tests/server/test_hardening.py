@@ -532,3 +532,16 @@ def test_huge_tool_call_arguments_are_counted_and_stall_nothing(server, names):
     assert "3900" in err["message"] and "characters" in err["message"]
     gap = finish_streams(pool, futures, outs, t0, time.monotonic())
     assert gap < 1.0, f"a stream waited {gap:.2f} s for its next chunk"
+
+
+def test_lone_surrogates_are_refused_however_the_body_spells_them():
+    """Raw surrogate bytes and UTF-16/32 bodies (json.loads takes both) hold no `\\u` escape
+    in their raw bytes; the server's parser still refuses them (pyserver/http_io.py)."""
+    from wick.engine.errors import InvalidRequestError
+    from wick.server.http_io import parse_json_body
+
+    for raw in (b'{"a": "\xed\xa0\x80"}', '{"a": "\\ud800"}'.encode("utf-16-le"),
+                '{"a": "\\ud800"}'.encode("utf-32-le"), b'{"a": "\\uD800"}'):
+        with pytest.raises(InvalidRequestError, match="surrogate"):
+            parse_json_body(raw)
+    assert parse_json_body('{"a": "é\\ud83d\\ude00"}'.encode()) == {"a": "é😀"}
