@@ -67,10 +67,12 @@ from .protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionUsage,
+    CompletionTokensDetails,
     PromptTokensDetails,
     SamplingFields,
     TokenLogprob,
     TopLogprob,
+    prediction_text,
     token_ids_of,
 )
 from .reasoning import ReasoningParser, reasoning_tags
@@ -100,6 +102,7 @@ class _Prepared:
     tools: bool = False  # the output may hold tool calls (chat with tools, tool_choice != none)
     # a reasoning model's tags, and whether the prompt opened the think block (None: no split)
     reasoning: tuple[str, str, bool] | None = None
+    prediction: list[int] | None = None  # the tokens of the request's predicted output
 
 
 @dataclass(slots=True)
@@ -126,17 +129,22 @@ class _Collected:
     calls: list[ToolCallParser]  # per choice, when the request has tools
     thinking: list[ReasoningParser | None]  # per choice, for a reasoning model's chat
     cached_tokens: int = 0  # choice 0's: the prompt is counted once, as OpenAI does
+    accepted_drafts: list[int] = field(default_factory=list)  # per choice, so far
+    rejected_drafts: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, n: int, reasoning: tuple[str, str, bool] | None = None) -> _Collected:
         return cls([[] for _ in range(n)], [None] * n, [0] * n, [[] for _ in range(n)],
                    [ToolCallParser() for _ in range(n)],
-                   [ReasoningParser(*reasoning) if reasoning else None for _ in range(n)])
+                   [ReasoningParser(*reasoning) if reasoning else None for _ in range(n)],
+                   accepted_drafts=[0] * n, rejected_drafts=[0] * n)
 
     def add(self, out: SequenceOutput) -> None:
         self.texts[out.index].append(out.text)
         self.completion_tokens[out.index] = out.num_output_tokens
         self.logprobs[out.index].extend(out.logprobs)
+        self.accepted_drafts[out.index] = out.num_accepted_drafts
+        self.rejected_drafts[out.index] = out.num_rejected_drafts
         if out.index == 0:
             self.cached_tokens = out.num_cached_tokens
         if out.finish_reason is not None:
@@ -232,9 +240,11 @@ class _Frontend:
             # Token ids are used as given (no BOS added): the caller chose them.
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
+        text = prediction_text(req.prediction)
+        prediction = self.core.tokenizer.encode(text) if text else None
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
                          req.stream, grammar_spec=self._grammar_spec(req, tools), tools=tools,
-                         reasoning=reasoning)
+                         reasoning=reasoning, prediction=prediction)
 
     def _chat_prompt(self, req: ChatCompletionRequest
                      ) -> tuple[list[int], bool, tuple[str, str, bool] | None]:
@@ -348,6 +358,13 @@ class _Frontend:
                 raise ContextLengthExceededError.before_tokenizing(
                     f"The prompt holds {len(prompt)} tokens; this model's context window is "
                     f"{window} tokens.", param="prompt", context_window=window)
+        prediction = kwargs.get("prediction")
+        if max_chars is not None and isinstance(prediction, dict) and (
+                _text_chars(prediction.get("content")) > max_chars):
+            raise ContextLengthExceededError.before_tokenizing(
+                f"The prediction holds more characters than this model's context window of "
+                f"{window} tokens can take (at most {max_chars} characters); shorten it.",
+                param="prediction", context_window=window)
         if max_chars is not None and chars > max_chars:
             what = "messages" if param == "messages" else f"messages and {param}"
             raise ContextLengthExceededError.before_tokenizing(
@@ -360,7 +377,8 @@ class _Frontend:
         if prep.grammar_spec is not None and prep.grammar is None:
             raise WickError("this request's grammar was not compiled", code="runner_contract")
         rid = self.core.add_request(prep.prompt_ids, prep.params, n=prep.n,
-                                    prompt_param=prep.prompt_param, grammar=prep.grammar)
+                                    prompt_param=prep.prompt_param, grammar=prep.grammar,
+                                    prediction=prep.prediction)
         return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage,
                           prep.params.logprobs, prep.tools, prep.reasoning)
 
@@ -496,7 +514,9 @@ class _Frontend:
     @staticmethod
     def _usage(sub: _Submitted, col: _Collected) -> CompletionUsage:
         return CompletionUsage(sub.num_prompt_tokens, sum(col.completion_tokens),
-                               prompt_tokens_details=PromptTokensDetails(col.cached_tokens))
+                               prompt_tokens_details=PromptTokensDetails(col.cached_tokens),
+                               completion_tokens_details=CompletionTokensDetails(
+                                   sum(col.accepted_drafts), sum(col.rejected_drafts)))
 
     def _chat_chunk(self, sub: _Submitted, choices: list[ChunkChoice],
                     usage: CompletionUsage | None = None) -> ChatCompletionChunk:

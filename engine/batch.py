@@ -68,7 +68,10 @@ class KVIndex:
 
 @dataclass(slots=True)
 class Batch:
-    seq_ids: list[int]  # (b,) which sequences, in step order
+    """A verify step (speculation, ``spec_token_ids``) gives a sequence one entry per token
+    it checks: its entries are consecutive in ``seq_ids``, one token each, each a sample row."""
+
+    seq_ids: list[int]  # (b,) the sequence of each entry, in step order
     token_ids: list[int]  # (n,) new tokens of all sequences, concatenated
     kv: KVIndex
     sample_rows: list[int] = field(default_factory=list)  # indexes into seq_ids that need a token
@@ -76,6 +79,8 @@ class Batch:
     # every row is a generating sequence's one new token (no prompt in the step): the runner
     # then uses its decode plans, else forward
     decode_only: bool = False
+    # seq_id -> the drafted tokens this step verifies (after the sequence's last token)
+    spec_token_ids: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

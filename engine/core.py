@@ -27,6 +27,8 @@ from .kv_cache import kv_cache_for
 from .model_info import ModelInfo
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
+from .speculative import SequenceDrafter, SpeculativeConfig
+from .draft_length import StepCost
 from .tokenizer import Tokenizer
 from .utf8_guard import Utf8Guard, Utf8Table
 
@@ -48,13 +50,16 @@ class SequenceOutput:
     request_id: str
     index: int  # choice index within the request
     text: str  # newly certain text (may be "": held back for UTF-8 or a possible stop string)
-    token_ids: list[int]  # tokens sampled this step (0 or 1)
+    token_ids: list[int]  # tokens kept this step (0, 1, or several after a verify step)
     finish_reason: str | None  # "stop" | "length" | "abort" once finished
     num_prompt_tokens: int
     num_output_tokens: int  # so far, including a stop token
     num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     # the sampled token's logprobs when the request asked for them (see SampledToken)
     logprobs: list[SampledToken] = field(default_factory=list)
+    # speculation so far: drafted tokens the model kept, and those it did not
+    num_accepted_drafts: int = 0
+    num_rejected_drafts: int = 0
 
 
 @dataclass(slots=True)
@@ -93,6 +98,22 @@ class EngineStats:
     # sha256 over every mask applied, in order: two engines that constrained the same requests
     # the same way (the server and the browser worker) show the same digest
     grammar_mask_digest: str = ""
+    # speculation: verify steps (one per sequence verified), drafted and accepted tokens
+    spec_verify_steps: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Drafted tokens the model kept."""
+        d = self.spec_drafted_tokens
+        return self.spec_accepted_tokens / d if d else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a verify step yields on average: the accepted drafts and the model's own."""
+        n = self.spec_verify_steps
+        return (self.spec_accepted_tokens + n) / n if n else 0.0
 
     @property
     def mean_step_host_ms(self) -> float:
@@ -138,6 +159,7 @@ class EngineCore:
         grammar: GrammarBackend | None = None,
         vocab: VocabInfo | None = None,
         grammar_limits: GrammarLimits = GrammarLimits(),
+        speculative: SpeculativeConfig | dict | str | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``batch_invariant`` (the default): never mix prompt and decode work in a step, so
@@ -146,7 +168,9 @@ class EngineCore:
         price of rounding that depends on the batch). ``prefix_cache`` (the default): reuse
         the KV of prompt pages computed before (``kv_cache``). ``grammar`` compiles response formats
         (None: requests that need one are refused), within ``grammar_limits`` (checked before
-        it sees a grammar); ``vocab`` gives each token's bytes for logprobs."""
+        it sees a grammar); ``vocab`` gives each token's bytes for logprobs. ``speculative``
+        (``SpeculativeConfig``, its dict or method name): draft for every sequence
+        (engine/speculative.py); without it only requests with a ``prediction`` draft."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
         for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),
                                    ("prefill_chunk_size", prefill_chunk_size,
@@ -170,6 +194,8 @@ class EngineCore:
             token_budget=prefill_chunk_size or info.prefill_chunk_size,
             separate_prefill=batch_invariant,
         )
+        self.speculative = SpeculativeConfig.parse(speculative)
+        self.step_cost = StepCost()  # what a verify row adds to a decode step
         self.stats = EngineStats()
         self._mask_hash = hashlib.sha256()
         self._clock = clock
@@ -231,9 +257,12 @@ class EngineCore:
         request_id: str | None = None,
         prompt_param: str = "messages",
         grammar: CompiledGrammar | None = None,
+        prediction: Seq[int] | None = None,
     ) -> str:
         """Validate and queue a request of ``n`` sequences, each following ``grammar`` when
-        given (``self.grammar.compile(spec)``). Raises before any device work."""
+        given (``self.grammar.compile(spec)``), each drafting from ``prediction`` (tokens of
+        the text the output is expected to resemble) when given. Raises before any device
+        work."""
         prompt = list(prompt_ids)
         if not prompt:
             raise InvalidRequestError("The prompt is empty.", param=prompt_param,
@@ -268,6 +297,7 @@ class EngineCore:
                 max_output_tokens=max_output,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, prompt),
                 matcher=self._matcher(grammar) if grammar is not None else None,
+                drafter=self._drafter(prediction),
             )
             for i in range(n)
         ]
@@ -278,6 +308,14 @@ class EngineCore:
             self._seqs[seq.seq_id] = seq
         self._requests[rid] = _Request(rid, seqs, len(prompt))
         return rid
+
+    def _drafter(self, prediction: Seq[int] | None) -> SequenceDrafter | None:
+        spec = self.speculative
+        if spec is None and not prediction:
+            return None
+        most = spec.num_tokens if spec is not None else SpeculativeConfig().num_tokens
+        return SequenceDrafter(max_tokens=min(most, self.scheduler.max_batch_size - 1),
+                               ngram=spec is not None, prediction=prediction)
 
     def _check_length(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
         """The most output tokens a sequence may make; raises when the request cannot fit."""
@@ -356,6 +394,7 @@ class EngineCore:
         started = self._clock()
         self._claim_runner()
         outputs = self._apply_aborts()
+        self._propose_drafts()
         batch = self.scheduler.schedule()
         if batch is not None:
             for sid in batch.seq_ids:
@@ -366,6 +405,23 @@ class EngineCore:
                 if not hasattr(matcher, "next_token_bitmask_async"):
                     self._set_mask(row, matcher.next_token_bitmask())
         return StepState(batch, outputs, started, self._clock() - started)
+
+    def _propose_drafts(self) -> None:
+        """Each generating sequence's drafts for the next step (the scheduler verifies them
+        when the step has room). A sequence following a grammar does not draft (its matcher
+        would have to roll back), nor one with no more than one token left to make."""
+        row_cost = self.step_cost.row_cost
+        for seq in self.scheduler.running:
+            drafter = seq.drafter
+            seq.spec_token_ids = []
+            if (drafter is None or seq.matcher is not None
+                    or seq.num_computed_tokens < seq.num_prompt_tokens):
+                continue
+            room = seq.max_output_tokens - seq.num_output_tokens - 1
+            if room > 0:
+                seq.spec_token_ids = drafter.propose(
+                    seq.token_ids, seq.num_prompt_tokens, room, row_cost,
+                    seq.params.stop_token_ids)
 
     def _claim_runner(self) -> None:
         """The device KV is the runner's: if another core stepped it since this one did (two
@@ -424,18 +480,66 @@ class EngineCore:
                 )
             qo = batch.kv.qo_indptr
             for i, sid in enumerate(batch.seq_ids):
-                self._seqs[sid].num_computed_tokens += qo[i + 1] - qo[i]
-            for row, entry in zip(batch.sample_rows, tokens):
-                seq = self._seqs[batch.seq_ids[row]]
-                if isinstance(entry, SampledToken):
-                    out = self._accept_token(seq, int(entry.token), t0)
-                    out.logprobs.append(entry)
+                if sid not in batch.spec_token_ids:  # (a verify step counts what it keeps)
+                    self._seqs[sid].num_computed_tokens += qo[i + 1] - qo[i]
+            i = 0
+            while i < len(tokens):
+                seq = self._seqs[batch.seq_ids[batch.sample_rows[i]]]
+                drafts = batch.spec_token_ids.get(seq.seq_id, ())
+                group = tokens[i:i + len(drafts) + 1]
+                i += len(group)
+                if drafts:
+                    outputs.append(self._accept_verified(seq, drafts, group, t0))
                 else:
-                    out = self._accept_token(seq, int(entry), t0)
-                outputs.append(out)
+                    outputs.append(self._accept_sampled(seq, group[0], t0))
             self.stats.tokens_computed += batch.num_tokens
-            self._record_step(state, t0, len(batch.seq_ids))
+            self._record_step(state, t0, len(set(batch.seq_ids)))
+            if batch.decode_only:
+                self.step_cost.record(len(batch.seq_ids), t0 - state.started - state.host_s)
         return outputs
+
+    def _accept_sampled(self, seq: Sequence, entry: int | SampledToken,
+                        now: float) -> SequenceOutput:
+        if isinstance(entry, SampledToken):
+            out = self._accept_token(seq, int(entry.token), now)
+            out.logprobs.append(entry)
+            return out
+        return self._accept_token(seq, int(entry), now)
+
+    def _accept_verified(self, seq: Sequence, drafts: Seq[int],
+                         sampled: Seq[int | SampledToken], now: float) -> SequenceOutput:
+        """Keep a verify step's sampled tokens while they equal the drafts, and the first that
+        does not (or the one after the last draft): each is what a plain step would have
+        sampled there. The K/V of drafts after the first disagreement is cut off again."""
+        start = seq.num_computed_tokens  # the verified entries' first position
+        outs: list[SequenceOutput] = []
+        accepted = 0
+        for j, entry in enumerate(sampled):
+            # entry j's K/V holds a kept token; set before a stop frees the pages (the prefix
+            # cache is offered only computed pages, never a rejected draft's)
+            seq.num_computed_tokens = start + j + 1
+            outs.append(self._accept_sampled(seq, entry, now))
+            token = outs[-1].token_ids[0]
+            if seq.is_finished:
+                break
+            if j == len(drafts) or token != drafts[j]:
+                break
+            accepted += 1
+        drafter = seq.drafter
+        drafter.record(len(drafts), accepted)
+        s = self.stats
+        s.spec_verify_steps += 1
+        s.spec_drafted_tokens += len(drafts)
+        s.spec_accepted_tokens += accepted
+        if not seq.is_finished:  # the K/V of rejected drafts goes
+            self.kv.truncate(seq.seq_id, seq.num_computed_tokens)
+        last = outs[-1]
+        return SequenceOutput(
+            seq.request_id, seq.index, "".join(o.text for o in outs),
+            [t for o in outs for t in o.token_ids], last.finish_reason, last.num_prompt_tokens,
+            last.num_output_tokens, last.num_cached_tokens,
+            [lp for o in outs for lp in o.logprobs], drafter.num_accepted,
+            drafter.num_drafted - drafter.num_accepted)
 
     def _record_step(self, state: StepState, t_post: float, batch_size: int) -> None:
         end = self._clock()
@@ -475,10 +579,14 @@ class EngineCore:
                 reason = "stop" if stop_filter.stopped else "length"
         if reason is not None:
             self._finish(seq, reason)
-        return SequenceOutput(
+        out = SequenceOutput(
             seq.request_id, seq.index, text, [token], reason, seq.num_prompt_tokens,
             seq.num_output_tokens, seq.num_cached_tokens,
         )
+        if seq.drafter is not None:
+            out.num_accepted_drafts = seq.drafter.num_accepted
+            out.num_rejected_drafts = seq.drafter.num_drafted - seq.drafter.num_accepted
+        return out
 
     def _apply_aborts(self) -> list[SequenceOutput]:
         outputs = []

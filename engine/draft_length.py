@@ -62,3 +62,31 @@ class AcceptanceEstimate:
         self._accepted = self._accepted * self._decay + regained * self._prior + accepted
         self._judged = (self._judged * self._decay + regained + accepted
                         + (1 if accepted < drafted else 0))
+
+
+class StepCost:
+    """What one more row adds to a decode step, as a fraction of a one-row step (the
+    ``row_cost`` of ``best_draft_length``), learned from the steps the engine runs: the mean
+    time of steps of each row count (recent steps weigh more), and the cost per row between
+    one-row steps and wider ones. ``prior`` holds until both kinds were seen."""
+
+    def __init__(self, prior: float = 0.4, decay: float = 0.95) -> None:
+        self.prior = prior
+        self._decay = decay
+        self._mean: dict[int, float] = {}  # rows -> mean seconds
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows < 1 or seconds <= 0:
+            return
+        old = self._mean.get(rows)
+        self._mean[rows] = seconds if old is None else old * self._decay + seconds * (
+            1 - self._decay)
+
+    @property
+    def row_cost(self) -> float:
+        one = self._mean.get(1)
+        wider = [(r, t) for r, t in self._mean.items() if r > 1]
+        if one is None or not wider:
+            return self.prior
+        costs = [(t / one - 1.0) / (r - 1) for r, t in wider]
+        return min(2.0, max(0.0, sum(costs) / len(costs)))

@@ -54,6 +54,10 @@ class NgramIndex:
                     del self._starts[gram]
             self.tokens.pop()
 
+    def starts(self, gram: Sequence[int]) -> list[int]:
+        """Where ``gram`` (1..max_n tokens) starts in the text, increasing."""
+        return self._starts.get(tuple(gram), [])
+
     def draft(self, k: int, stop_ids: Sequence[int] = ()) -> list[int]:
         """At most ``k`` tokens guessed to come next (none when nothing matches)."""
         length = len(self.tokens)
@@ -74,3 +78,52 @@ class NgramIndex:
                 # transformers takes its first match even when a stop token empties it
                 return []
         return []
+
+
+class PredictionDraft:
+    """Drafts from a given text (OpenAI's predicted outputs: the document or code being
+    edited). While the output follows the prediction, the prediction's next tokens are the
+    draft; once it departs, the output's last n-gram (longest first, up to ``max_n``) is looked
+    up in the prediction, the first occurrence at or after where the output last agreed
+    preferred, and drafting continues after it (an edit changed a span, the rest is copied)."""
+
+    def __init__(self, prediction: Sequence[int], max_n: int = 3) -> None:
+        self._index = NgramIndex(max_n, prediction)
+        self.tokens = self._index.tokens
+        self.cursor: int | None = 0  # prediction tokens the output has followed; None: lost
+        self._last = 0  # where it last agreed
+
+    def advance(self, tokens: Iterable[int]) -> None:
+        """The output grew by ``tokens``."""
+        for token in tokens:
+            if self.cursor is not None and self.cursor < len(self.tokens) and (
+                    self.tokens[self.cursor] == token):
+                self.cursor += 1
+                self._last = self.cursor
+            else:
+                self.cursor = None
+
+    def draft(self, output: Sequence[int], k: int, stop_ids: Sequence[int] = ()) -> list[int]:
+        """At most ``k`` tokens of the prediction guessed to come next after ``output``."""
+        if k < 1:
+            return []
+        if self.cursor is None:
+            self.cursor = self._resync(output)
+            if self.cursor is None:
+                return []
+        guess = self.tokens[self.cursor:self.cursor + k]
+        for i, token in enumerate(guess):
+            if token in stop_ids:
+                return guess[:i]
+        return guess
+
+    def _resync(self, output: Sequence[int]) -> int | None:
+        for n in range(min(self._index.max_n, len(output)), 0, -1):
+            starts = self._index.starts(output[len(output) - n:])
+            if not starts:
+                continue
+            ahead = [s for s in starts if s + n >= self._last and s + n < len(self.tokens)]
+            start = ahead[0] if ahead else starts[0]
+            if start + n < len(self.tokens):
+                return start + n
+        return None

@@ -28,7 +28,6 @@ _DEFAULT_ONLY_CHAT: dict[str, tuple[Any, ...]] = {
     "function_call": (None, "none"),
     "audio": (None,),
     "modalities": (None, ["text"]),
-    "prediction": (None,),
     "reasoning_effort": (None,),
     "web_search_options": (None,),
 }
@@ -168,6 +167,10 @@ class SamplingFields:
     min_p: float = 0.0  # wick extension (as vLLM): 0 = off
     response_format: dict[str, Any] | None = None
     logprobs: Any = None  # chat: bool; completions: an int (legacy shape)
+    # OpenAI's predicted outputs: {"type": "content", "content": text or text parts}: the
+    # text the output is expected to resemble, drafted from (engine/speculative.py); a
+    # completions request takes it too (a wick extension)
+    prediction: Any = None
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str):
@@ -222,6 +225,7 @@ class SamplingFields:
         self.min_p = float(self.min_p)
         self.logit_bias = _check_logit_bias(self.logit_bias)
         self.response_format = _check_response_format(self.response_format)
+        self.prediction = _check_prediction(self.prediction)
 
     @property
     def num_logprobs(self) -> int:
@@ -242,7 +246,7 @@ class SamplingFields:
 _SAMPLING_KEYS = (
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
     "stream_options", "ignore_eos", "frequency_penalty", "presence_penalty", "logit_bias",
-    "repetition_penalty", "min_p", "response_format", "logprobs",
+    "repetition_penalty", "min_p", "response_format", "logprobs", "prediction",
 )
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
@@ -273,6 +277,42 @@ def _check_logit_bias(value: Any) -> dict[str, float] | None:
             raise _range_error(f"logit_bias.{token}", "between -100 and 100", bias)
         out[str(int(token))] = float(bias)
     return out
+
+
+def _check_prediction(value: Any) -> dict[str, Any] | None:
+    """OpenAI's ``prediction``: ``{"type": "content", "content": ...}``, the content a string
+    or an array of ``{"type": "text", "text": ...}`` parts."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error("prediction", "an object", value)
+    for key in value:
+        if key not in ("type", "content"):
+            raise _unknown_field(f"prediction.{key}")
+    if value.get("type") != "content":
+        raise _range_error("prediction.type", "'content'", value.get("type"))
+    content = value.get("content")
+    if isinstance(content, str):
+        return value
+    if not isinstance(content, list):
+        raise _type_error("prediction.content", "a string or an array of text parts", content)
+    for i, part in enumerate(content):
+        where = f"prediction.content[{i}]"
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                part.get("text"), str):
+            raise _type_error(where, 'a text part ({"type": "text", "text": "..."})', part)
+        for key in part:
+            if key not in ("type", "text"):
+                raise _unknown_field(f"{where}.{key}")
+    return value
+
+
+def prediction_text(value: dict[str, Any] | None) -> str:
+    """The text of a checked ``prediction`` ("" for none)."""
+    if value is None:
+        return ""
+    content = value["content"]
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
 
 
 _SCHEMA_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -632,11 +672,25 @@ class PromptTokensDetails:
 
 
 @dataclass(slots=True)
+class CompletionTokensDetails:
+    # drafted tokens (a request's prediction, or engine-level speculation) the output kept,
+    # and those it did not (OpenAI's predicted outputs report both)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens}
+
+
+@dataclass(slots=True)
 class CompletionUsage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int = -1  # filled in from the two above
     prompt_tokens_details: PromptTokensDetails = field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails = field(
+        default_factory=CompletionTokensDetails)
 
     def __post_init__(self) -> None:
         if self.total_tokens < 0:
@@ -648,6 +702,7 @@ class CompletionUsage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
             "prompt_tokens_details": self.prompt_tokens_details.to_dict(),
+            "completion_tokens_details": self.completion_tokens_details.to_dict(),
         }
 
 

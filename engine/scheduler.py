@@ -86,18 +86,22 @@ class Scheduler:
             decode_step = generating and (not prompts or not self._last_was_decode)
             self._last_was_decode = decode_step
         budget = self.token_budget
-        chunks: list[tuple[Sequence, int]] = []  # (sequence, new tokens this step)
+        chunks: list[tuple[Sequence, int, list[int]]] = []  # (sequence, new tokens, drafts)
+        rows = 0  # entries of the step so far (the compiled bound: max_batch_size)
         preempted = False
 
         i = 0
-        while i < len(self.running) and len(chunks) < self.max_batch_size and budget > 0:
+        while i < len(self.running) and rows < self.max_batch_size and budget > 0:
             seq = self.running[i]
             if decode_step is not None and _generating(seq) != decode_step:
                 i += 1  # not this step's kind
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             target = seq.num_computed_tokens + num_new
-            while not self.kv.can_allocate(seq.seq_id, target):
+            drafts = self._drafts(seq, num_new, budget, rows)
+            if drafts:  # verified only where the pool has room now: never preempt for them
+                drafts = drafts if self.kv.can_allocate(seq.seq_id, target + len(drafts)) else []
+            while not drafts and not self.kv.can_allocate(seq.seq_id, target):
                 if len(self.running) == 1:
                     raise KVCacheFullError(
                         f"sequence {seq.seq_id} needs room for {target} tokens; the KV cache "
@@ -109,13 +113,14 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break  # it preempted itself: it was the newest
-            self.kv.allocate(seq.seq_id, target)
-            chunks.append((seq, num_new))
-            budget -= num_new
+            self.kv.allocate(seq.seq_id, target + len(drafts))
+            chunks.append((seq, num_new, drafts))
+            budget -= num_new + len(drafts)
+            rows += 1 + len(drafts)
             i += 1
 
         while (not preempted and not decode_step and self.waiting
-               and len(chunks) < self.max_batch_size and budget > 0):
+               and rows < self.max_batch_size and budget > 0):
             seq = self.waiting[0]
             if self._waits_for_leader(seq):
                 break  # FIFO: nobody overtakes the head of the queue
@@ -131,12 +136,26 @@ class Scheduler:
                 seq.num_cached_tokens = hit.num_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            chunks.append((seq, num_new))
+            chunks.append((seq, num_new, []))
             budget -= num_new
+            rows += 1
 
         if not chunks:
             return None
-        return self._batch(chunks, decode_only=all(_generating(seq) for seq, _ in chunks))
+        return self._batch(chunks, decode_only=all(_generating(seq) for seq, _, _ in chunks))
+
+    def _drafts(self, seq: Sequence, num_new: int, budget: int, rows: int) -> list[int]:
+        """The proposed drafts (``seq.spec_token_ids``) this step can verify: a generating
+        sequence's, as many as the step's token budget, its compiled entry bound and a sliding
+        window allow."""
+        drafts = seq.spec_token_ids
+        if not drafts or num_new != 1 or seq.num_uncomputed_tokens != 1:
+            return []
+        start = seq.num_computed_tokens
+        room = min(len(drafts), budget - 1, self.max_batch_size - rows - 1)
+        while room > 0 and not self.kv.can_look_ahead(start, room + 1):
+            room -= 1
+        return drafts[:room] if room > 0 else []
 
     def _digests(self, seq: Sequence, num_pages: int) -> list[bytes]:
         if not self.kv.prefix_cache:
@@ -168,25 +187,38 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)  # first in line again: it was admitted before the others
 
-    def _batch(self, chunks: list[tuple[Sequence, int]], decode_only: bool) -> Batch:
+    def _batch(self, chunks: list[tuple[Sequence, int, list[int]]], decode_only: bool) -> Batch:
         token_ids: list[int] = []
+        seq_ids: list[int] = []
         entries = []
         sample_rows: list[int] = []
         sampling = []
-        for row, (seq, num_new) in enumerate(chunks):
+        spec: dict[int, list[int]] = {}
+        for seq, num_new, drafts in chunks:
             start = seq.num_computed_tokens
+            if drafts:  # a verify step: one entry per token, each sampling its next token
+                spec[seq.seq_id] = drafts
+                for j, token in enumerate([seq.token_ids[start], *drafts]):
+                    sample_rows.append(len(seq_ids))
+                    seq_ids.append(seq.seq_id)
+                    entries.append((seq.seq_id, start + j, 1))
+                    token_ids.append(token)
+                sampling.extend(seq.sampling_rows(drafts))
+                continue
+            if start + num_new == seq.num_tokens:
+                sample_rows.append(len(seq_ids))
+                sampling.append(seq.sampling_row())
+            seq_ids.append(seq.seq_id)
             entries.append((seq.seq_id, start, num_new))
             token_ids.extend(seq.token_ids[start:start + num_new])
-            if start + num_new == seq.num_tokens:
-                sample_rows.append(row)
-                sampling.append(seq.sampling_row())
         return Batch(
-            seq_ids=[seq.seq_id for seq, _ in chunks],
+            seq_ids=seq_ids,
             token_ids=token_ids,
             kv=self.kv.index_for(entries),
             sample_rows=sample_rows,
             sampling=sampling,
             decode_only=decode_only,
+            spec_token_ids=spec,
         )
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import enum
 import hashlib
 import os
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from .batch import MAX_TOP_LOGPROBS, SamplingRow
 from .detokenize import IncrementalDetokenizer, StopStringFilter
 from .grammar import GrammarMatcher
+from .speculative import SequenceDrafter
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,10 @@ class Sequence:
     num_cached_tokens: int = 0
     page_digests: list[bytes] = field(init=False)
     leader: Sequence | None = None
+    # speculation (engine/speculative.py): who drafts for it, and the drafts the core proposed
+    # for the next step (the scheduler may verify them or not)
+    drafter: SequenceDrafter | None = None
+    spec_token_ids: list[int] = field(default_factory=list)
     _prompt_tokens: frozenset[int] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -171,19 +177,31 @@ class Sequence:
     def sampling_row(self) -> SamplingRow:
         """The row for this step's sample. Its uniform depends on this sequence's key and the
         position sampled only, so the output does not depend on what else is batched with it."""
+        return self.sampling_rows(())[0]
+
+    def sampling_rows(self, drafts: Seq[int]) -> list[SamplingRow]:
+        """The rows of a step that verifies ``drafts``: row ``j`` samples the output as it would
+        be after ``drafts[:j]`` (its position's uniform, its penalties), so that each is the
+        row a plain step would sample there."""
         p = self.params
-        adjust: list[tuple[int, float, float]] = []
-        if p.adjusts_logits:
-            if self._prompt_tokens is None:
-                self._prompt_tokens = frozenset(self.prompt_ids)
-            adjust = logit_adjustments(p, self._prompt_tokens, self.output_counts)
-        return SamplingRow(
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-            uniform=uniform_at(self.sampling_key, self.num_output_tokens),
-            min_p=p.min_p,
-            adjust=adjust,  # the grammar's mask: filled by the core (EngineCore.fill_masks)
-            num_top_logprobs=p.top_logprobs if p.logprobs else -1,
-        )
+        counts = self.output_counts
+        if p.adjusts_logits and self._prompt_tokens is None:
+            self._prompt_tokens = frozenset(self.prompt_ids)
+        rows = []
+        for j in range(len(drafts) + 1):
+            if j and p.adjusts_logits:
+                counts = dict(counts) if j == 1 else counts
+                counts[drafts[j - 1]] = counts.get(drafts[j - 1], 0) + 1
+            rows.append(SamplingRow(
+                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                uniform=uniform_at(self.sampling_key, self.num_output_tokens + j),
+                min_p=p.min_p,
+                # penalties and bias; the grammar's mask is filled by the core
+                adjust=(logit_adjustments(p, self._prompt_tokens, counts)
+                        if p.adjusts_logits else []),
+                num_top_logprobs=p.top_logprobs if p.logprobs else -1,
+            ))
+        return rows
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -61,9 +61,12 @@ WINDOW_INPUTS: tuple[StepInput, ...] = tuple(
 
 def step_bounds(max_tokens: int, max_batch: int, num_pages: int,
                 num_window_pages: int = 0) -> dict[str, int]:
-    """The largest size of each dimension a compiled artifact and its KV pools allow."""
-    return {"n": max_tokens, "b": max_batch, "b1": max_batch + 1, "p": num_pages,
-            "wp": num_window_pages}
+    """The largest size of each dimension a compiled artifact and its KV pools allow. Every
+    entry lists its sequence's pages, and several entries may list the same ones (the choices
+    of a request share their prompt's; a verify step gives a sequence one entry per token it
+    checks), so a step references at most a pool's pages once per entry."""
+    return {"n": max_tokens, "b": max_batch, "b1": max_batch + 1, "p": num_pages * max_batch,
+            "wp": num_window_pages * max_batch}
 
 
 def step_values(batch: Batch, inputs: tuple[StepInput, ...] = STEP_INPUTS,

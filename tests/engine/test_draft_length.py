@@ -60,3 +60,16 @@ def test_the_estimate_follows_acceptance_and_retries_after_stopping():
     assert 2 <= steps <= 30
     with pytest.raises(ValueError):
         est.update(2, 3)
+
+
+def test_the_row_cost_is_learned_from_step_times():
+    from wick.engine.draft_length import StepCost
+
+    cost = StepCost(prior=0.4)
+    assert cost.row_cost == 0.4
+    for _ in range(50):
+        cost.record(1, 0.010)
+    assert cost.row_cost == 0.4  # no wider step seen yet
+    for _ in range(200):  # 5 rows cost 1.4x one row: each extra row 0.1 of a step
+        cost.record(5, 0.014)
+    assert abs(cost.row_cost - 0.1) < 0.01

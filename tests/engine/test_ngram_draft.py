@@ -65,3 +65,29 @@ def test_truncation_restores_the_index_of_the_shorter_text():
     assert index._starts == fresh._starts
     with pytest.raises(ValueError):
         index.truncate(26)
+
+
+def test_a_prediction_is_followed_then_found_again_after_an_edit():
+    from wick.engine.ngram_draft import PredictionDraft
+
+    pred = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    d = PredictionDraft(pred, max_n=2)
+    assert d.draft([], 3) == [1, 2, 3]  # nothing written yet: the prediction's start
+    d.advance([1, 2])
+    assert d.draft([1, 2], 3) == [3, 4, 5]
+    d.advance([40, 41])  # the output departs (an edit) ...
+    assert d.draft([1, 2, 40, 41], 3) == []  # ... and nothing of it is in the prediction
+    d.advance([5, 6])  # ... then rejoins: "5 6" is found, drafting continues after it
+    assert d.draft([1, 2, 40, 41, 5, 6], 3) == [7, 8, 9]
+    assert d.draft([1, 2, 40, 41, 5, 6], 3, stop_ids=[8]) == [7]
+    d.advance([7, 8, 9, 10])
+    assert d.draft([1, 2, 40, 41, 5, 6, 7, 8, 9, 10], 3) == []  # the prediction is used up
+
+
+def test_a_repeated_ngram_resyncs_forward_of_where_the_output_last_agreed():
+    from wick.engine.ngram_draft import PredictionDraft
+
+    pred = [1, 9, 2, 3, 1, 9, 4, 5]
+    d = PredictionDraft(pred, max_n=1)
+    d.advance([1, 9, 2, 3, 7])  # followed up to 3, then departed
+    assert d.draft([1, 9, 2, 3, 7, 1], 2) == [9, 4]  # the "1" after position 4, not the first

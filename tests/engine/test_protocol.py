@@ -176,7 +176,9 @@ def test_response_shapes_match_openai_json():
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"},
                      "logprobs": None, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
-                  "prompt_tokens_details": {"cached_tokens": 0}},
+                  "prompt_tokens_details": {"cached_tokens": 0},
+                      "completion_tokens_details": {"accepted_prediction_tokens": 0,
+                                                    "rejected_prediction_tokens": 0}},
     }
     c = ChatCompletionChunk("chatcmpl-1", 5, "m", [ChunkChoice(0, ChoiceDelta(role="assistant",
                                                                               content=""))])
@@ -190,7 +192,9 @@ def test_response_shapes_match_openai_json():
         "id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m",
         "choices": [{"text": "x", "index": 0, "logprobs": None, "finish_reason": "length"}],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
-                  "prompt_tokens_details": {"cached_tokens": 0}},
+                  "prompt_tokens_details": {"cached_tokens": 0},
+                      "completion_tokens_details": {"accepted_prediction_tokens": 0,
+                                                    "rejected_prediction_tokens": 0}},
     }
     with pytest.raises(ValueError):
         CompletionChoice("x", 0, "eos")

@@ -1,0 +1,116 @@
+"""Speculative decoding (issue #28): guess a sequence's next tokens cheaply, let one step of the
+model check them all, keep what it agrees with.
+
+A *verify step* gives a sequence ``k + 1`` rows: its last sampled token and ``k`` drafted ones,
+each row a one-token entry of the step's ragged batch (``Scheduler``), so a verify row runs
+exactly the kernels, and sums in exactly the order, of a plain decode row. Row ``j`` samples
+output position ``p + j`` with that position's own uniform (``sequence.uniform_at``), the
+penalties of the text as it would be after drafts ``0..j-1``, and its own logprobs. The core
+then keeps the sampled tokens while they equal the drafts, plus the first one that does not
+(or, when all agree, the one after the last draft). Each kept token is the token plain decoding
+would have sampled at that position, with the same uniform: the output is the same with
+speculation and without, greedy or seeded, and the distribution is the target model's
+(sampling-then-comparing is rejection sampling for a draft that is a point mass).
+
+Drafts come from the text itself (``method="ngram"``: prompt lookup, ``ngram_draft.NgramIndex``)
+or from a request's ``prediction`` (OpenAI's predicted outputs: ``ngram_draft.PredictionDraft``);
+how many to draft, from each sequence's acceptance so far and what a row costs
+(``draft_length``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+from .draft_length import AcceptanceEstimate, best_draft_length
+from .ngram_draft import NgramIndex, PredictionDraft
+
+METHODS = ("ngram",)
+DEFAULT_NUM_TOKENS = 8  # drafts per verify step at most (the engine adapts below it)
+NGRAM_MAX = 3  # the longest n-gram looked up
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Engine-level speculation: ``method`` drafts for every sequence, at most ``num_tokens``
+    a step (a request's ``prediction`` drafts with or without it)."""
+
+    method: str = "ngram"
+    num_tokens: int = DEFAULT_NUM_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got "
+                             f"{self.method!r}")
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or not (
+                1 <= self.num_tokens <= 64):
+            raise ValueError(f"speculative num_tokens must be an integer in [1, 64], got "
+                             f"{self.num_tokens!r}")
+
+    @classmethod
+    def parse(cls, value: Any) -> SpeculativeConfig | None:
+        """None, a method name, a config, or a dict ``{"method", "num_tokens"}`` (the JS
+        spelling ``numTokens`` too)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative must be a method name or an object, got {value!r}")
+        known = {"method", "num_tokens", "numTokens"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative: unknown field {unknown[0]!r} (known: method, "
+                             "num_tokens)")
+        return cls(value.get("method", "ngram"),
+                   value.get("num_tokens", value.get("numTokens", DEFAULT_NUM_TOKENS)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "num_tokens": self.num_tokens}
+
+
+class SequenceDrafter:
+    """One sequence's drafting: from its ``prediction`` (tokens of a given text) first, else,
+    with engine-level n-gram speculation, from its own text; how many it drafts follows its
+    acceptance. Counts what its verify steps drafted and kept (usage's
+    ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``)."""
+
+    def __init__(self, *, max_tokens: int, ngram: bool,
+                 prediction: Seq[int] | None = None) -> None:
+        self.max_tokens = max_tokens
+        self._ngram = NgramIndex(NGRAM_MAX) if ngram else None
+        self._prediction = PredictionDraft(prediction, NGRAM_MAX) if prediction else None
+        self._synced = 0  # leading tokens of the sequence the drafters have seen
+        self.acceptance = AcceptanceEstimate()
+        self.num_drafted = 0
+        self.num_accepted = 0
+        self.num_verify_steps = 0
+
+    def propose(self, tokens: Seq[int], num_prompt: int, room: int, row_cost: float,
+                stop_ids: Seq[int]) -> list[int]:
+        """Drafts to follow ``tokens`` (the sequence's prompt and output), at most ``room``."""
+        if self._synced < len(tokens):
+            new = tokens[self._synced:]
+            if self._ngram is not None:
+                self._ngram.extend(new)
+            if self._prediction is not None:
+                self._prediction.advance(tokens[max(self._synced, num_prompt):])
+            self._synced = len(tokens)
+        k = min(room, best_draft_length(self.acceptance.alpha, self.max_tokens, row_cost))
+        if k < 1:
+            self.acceptance.update(0, 0)  # relaxes toward the prior: retried later
+            return []
+        drafts: list[int] = []
+        if self._prediction is not None:
+            drafts = self._prediction.draft(tokens[num_prompt:], k, stop_ids)
+        if not drafts and self._ngram is not None:
+            drafts = self._ngram.draft(k, stop_ids)
+        return drafts
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A verify step's outcome."""
+        self.acceptance.update(drafted, accepted)
+        self.num_drafted += drafted
+        self.num_accepted += accepted
+        self.num_verify_steps += 1

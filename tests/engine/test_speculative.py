@@ -1,0 +1,190 @@
+"""Speculative decoding on the fake runner (which reads each row's context back through the
+KV index arrays): the output is the output without speculation, token for token, greedy or
+seeded, with n > 1, stop strings and length limits; verify steps happen and keep what agrees;
+the KV pool is whole again afterwards and the prefix cache never holds a rejected draft."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_fakes import EOS, ByteTokenizer, FakeRunner, make_info
+from wick.engine import EngineAPI
+from wick.engine.sequence import SamplingParams, Sequence
+from wick.engine.detokenize import IncrementalDetokenizer
+
+MSGS = [{"role": "user", "content": "Copy: the lighthouse stood on the rock."}]
+
+
+def build(num_pages: int = 256, eos: int | None = None, **core) -> tuple[EngineAPI, FakeRunner]:
+    info = make_info()
+    runner = FakeRunner(num_pages, info.page_size, eos_id=eos)
+    api = EngineAPI.from_runner(runner, ByteTokenizer(), info, num_pages=num_pages, **core)
+    runner.kv = api.core.kv
+    finish_step = api.core.finish_step
+
+    def checked(state, tokens):
+        # after every step a running sequence holds room for what it computed, no more: the
+        # K/V of rejected drafts was cut off (truncate), its pages given back
+        outputs = finish_step(state, tokens)
+        for seq in api.core.scheduler.running:
+            assert api.core.kv.num_tokens(seq.seq_id) == seq.num_computed_tokens
+        return outputs
+
+    api.core.finish_step = checked
+    return api, runner
+
+
+def run(api: EngineAPI, **kw):
+    r = api.chat.completions.create(messages=MSGS, **kw)
+    return [(c.message.content, c.finish_reason) for c in r.choices], r.usage
+
+
+def verify_steps(runner: FakeRunner) -> list:
+    return [b for b in runner.batches if b.spec_token_ids]
+
+
+def assert_pool_whole(api: EngineAPI) -> None:
+    kv = api.core.kv
+    assert kv.free_pages + kv.cached_pages == kv.num_pages
+    assert kv.held_pages == 0
+
+
+CASES = [
+    dict(max_tokens=40, temperature=0),
+    dict(max_tokens=40, temperature=0.9, seed=11),
+    dict(max_tokens=33, temperature=0.7, top_p=0.9, seed=3, n=3),
+    dict(max_tokens=40, temperature=0, stop=["e "]),
+    dict(max_tokens=40, temperature=1.0, seed=5, stop=["dd", "€"]),
+]
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_a_prediction_of_the_output_itself_is_kept_whole(kw):
+    plain, _ = build()
+    expected, usage = run(plain, **kw)
+    api, runner = build()
+    text = expected[0][0]
+    got, usage2 = run(api, prediction={"type": "content", "content": text}, **kw)
+    assert got == expected
+    steps = verify_steps(runner)
+    assert steps, "no verify step ran"
+    details = usage2.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0
+    assert usage2.completion_tokens == usage.completion_tokens
+    if kw.get("n", 1) == 1 and not kw.get("stop"):
+        # choice 0 follows its prediction exactly: every draft is kept, far fewer steps
+        assert details.rejected_prediction_tokens == 0
+        assert len(runner.batches) < len(plain.core.runner.batches) / 2
+    assert_pool_whole(api)
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_ngram_speculation_and_a_wrong_prediction_change_nothing(kw):
+    plain, _ = build()
+    expected, _ = run(plain, **kw)
+    for core, extra in (({"speculative": "ngram"}, {}),
+                        ({"speculative": {"method": "ngram", "num_tokens": 3}},
+                         {"prediction": {"type": "content",
+                                         "content": [{"type": "text", "text": "cc ab é."}]}}),
+                        ({}, {"prediction": {"type": "content", "content": "ab" * 30}})):
+        api, runner = build(**core)
+        got, usage = run(api, **kw, **extra)
+        assert got == expected, (core, extra)
+        d = usage.completion_tokens_details
+        drafted = sum(len(v) for b in runner.batches for v in b.spec_token_ids.values())
+        assert d.accepted_prediction_tokens + d.rejected_prediction_tokens == drafted
+        assert_pool_whole(api)
+
+
+def test_verify_rows_are_one_token_entries_that_see_the_drafts_before_them():
+    api, runner = build()
+    expected, _ = run(build()[0], max_tokens=24, temperature=0)
+    run(api, max_tokens=24, temperature=0,
+        prediction={"type": "content", "content": expected[0][0]})
+    step = verify_steps(runner)[0]
+    (sid, drafts), = step.spec_token_ids.items()
+    k = len(drafts)
+    assert step.seq_ids == [sid] * (k + 1) and step.decode_only
+    assert step.token_ids[1:] == drafts
+    assert step.kv.qo_indptr == list(range(k + 2))
+    start = step.kv.q_positions[0]
+    assert step.kv.q_positions == list(range(start, start + k + 1))
+    assert step.sample_rows == list(range(k + 1))
+    # each row its own position's uniform: the rows a plain step would sample
+    uniforms = [row.uniform for row in step.sampling]
+    assert len(set(uniforms)) == k + 1
+
+
+def test_rejected_drafts_never_reach_the_prefix_cache():
+    api, runner = build(num_pages=64)
+    wrong = {"type": "content", "content": "zzzz yyyy xxxx wwww vvvv"}
+    a, _ = run(api, max_tokens=40, temperature=0, prediction=wrong)
+    b, _ = run(api, max_tokens=40, temperature=0)  # the prompt's pages come from the cache
+    plain, _ = run(build()[0], max_tokens=40, temperature=0)
+    assert a == b == plain
+    assert api.core.stats.spec_drafted_tokens > api.core.stats.spec_accepted_tokens
+    assert_pool_whole(api)
+
+
+def test_stats_count_acceptance():
+    api, runner = build(speculative="ngram")
+    expected, _ = run(build()[0], max_tokens=40, temperature=0)
+    run(api, max_tokens=40, temperature=0,
+        prediction={"type": "content", "content": expected[0][0]})
+    s = api.core.stats
+    assert s.spec_verify_steps == len(verify_steps(runner))
+    assert s.spec_drafted_tokens >= s.spec_accepted_tokens > 0
+    assert s.spec_acceptance_rate == s.spec_accepted_tokens / s.spec_drafted_tokens
+    assert s.spec_mean_accepted_length == pytest.approx(
+        (s.spec_accepted_tokens + s.spec_verify_steps) / s.spec_verify_steps)
+
+
+def test_each_verify_row_has_the_penalties_of_its_position():
+    params = SamplingParams(temperature=0.8, seed=1, frequency_penalty=0.5,
+                            presence_penalty=0.25, repetition_penalty=1.3,
+                            logit_bias=((97, 2.0),), logprobs=True, top_logprobs=2)
+    tok = ByteTokenizer()
+
+    def seq(output):
+        s = Sequence(0, "r", 0, [1, 2, 3], params, 100, IncrementalDetokenizer(tok, [1, 2, 3]))
+        for t in output:
+            s.append_token(t)
+        return s
+
+    drafts = [97, 98, 97, 99]
+    rows = seq([97, 5]).sampling_rows(drafts)
+    for j, row in enumerate(rows):
+        assert row == seq([97, 5, *drafts[:j]]).sampling_row(), j
+
+
+@pytest.mark.parametrize("bad, param", [
+    ({"type": "text", "content": "x"}, "prediction.type"),
+    ({"type": "content"}, "prediction.content"),
+    ({"type": "content", "content": 5}, "prediction.content"),
+    ({"type": "content", "content": [{"type": "image", "text": "x"}]}, "prediction.content[0]"),
+    ({"type": "content", "content": "x", "extra": 1}, "prediction.extra"),
+    ("text", "prediction"),
+])
+def test_a_bad_prediction_is_a_400_naming_the_field(bad, param):
+    from wick.engine import InvalidRequestError
+
+    api, _ = build()
+    with pytest.raises(InvalidRequestError) as e:
+        api.chat.completions.create(messages=MSGS, max_tokens=4, prediction=bad)
+    assert e.value.param == param
+
+
+def test_completions_take_a_prediction_too():
+    api, runner = build()
+    plain = build()[0].completions.create(prompt="abc abc", max_tokens=30, temperature=0)
+    r = api.completions.create(prompt="abc abc", max_tokens=30, temperature=0,
+                               prediction={"type": "content", "content": plain.choices[0].text})
+    assert r.choices[0].text == plain.choices[0].text
+    assert r.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    assert verify_steps(runner)
+
+
+def test_a_bad_speculative_config_is_refused():
+    for bad in ("eagle", {"method": "ngram", "num_tokens": 0}, {"method": "ngram", "k": 3}, 5):
+        with pytest.raises(ValueError):
+            build(speculative=bad)
