@@ -36,10 +36,12 @@ def assemble_core(art: Artifact, backend: Any, *,
                   batch_invariant: bool = True,
                   prefix_cache: bool = True,
                   grammar_limits: GrammarLimits = GrammarLimits(),
+                  speculative: Any = None,
                   **runner_options: Any) -> EngineCore:
     """The engine core for ``art`` on ``backend``. ``tokenizer(tokenizer_json)`` builds the
     host's tokenizer; ``grammar`` its structured-output backend (which ``grammar_limits`` bound);
-    ``runner_options`` go to the
+    ``speculative`` the engine-level speculation (engine/speculative.py); ``runner_options`` go
+    to the
     runner (``progress``, ``batched_decode``, ``upload_weights``)."""
     pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
                          backend.max_storage_binding)
@@ -49,4 +51,5 @@ def assemble_core(art: Artifact, backend: Any, *,
     grammar_backend, vocab = grammar(tokenizer_json, info)
     return EngineCore(runner, tokenizer(tokenizer_json), info, num_pages=pages,
                       batch_invariant=batch_invariant, prefix_cache=prefix_cache,
-                      grammar=grammar_backend, vocab=vocab, grammar_limits=grammar_limits)
+                      grammar=grammar_backend, vocab=vocab, grammar_limits=grammar_limits,
+                      speculative=speculative)

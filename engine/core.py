@@ -115,6 +115,14 @@ class EngineStats:
         n = self.spec_verify_steps
         return (self.spec_accepted_tokens + n) / n if n else 0.0
 
+    def speculation(self) -> dict[str, float]:
+        """The speculation counters as ``/health`` and the browser's ``stats()`` show them."""
+        return {"verify_steps": self.spec_verify_steps,
+                "drafted_tokens": self.spec_drafted_tokens,
+                "accepted_tokens": self.spec_accepted_tokens,
+                "acceptance_rate": round(self.spec_acceptance_rate, 4),
+                "mean_accepted_length": round(self.spec_mean_accepted_length, 4)}
+
     @property
     def mean_step_host_ms(self) -> float:
         return self.total_host_ms / self.num_steps if self.num_steps else 0.0

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .draft_length import AcceptanceEstimate, best_draft_length
+from .errors import InvalidRequestError
 from .ngram_draft import NgramIndex, PredictionDraft
 
 METHODS = ("ngram",)
 DEFAULT_NUM_TOKENS = 8  # drafts per verify step at most (the engine adapts below it)
 NGRAM_MAX = 3  # the longest n-gram looked up
+PREDICTION_PRIOR = 0.9  # the acceptance expected of a request's prediction before any verify
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +43,12 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got "
-                             f"{self.method!r}")
+            raise _invalid(f"speculative method must be one of {', '.join(METHODS)}, got "
+                           f"{self.method!r}")
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or not (
                 1 <= self.num_tokens <= 64):
-            raise ValueError(f"speculative num_tokens must be an integer in [1, 64], got "
-                             f"{self.num_tokens!r}")
+            raise _invalid(f"speculative num_tokens must be an integer in [1, 64], got "
+                           f"{self.num_tokens!r}")
 
     @classmethod
     def parse(cls, value: Any) -> SpeculativeConfig | None:
@@ -57,17 +59,21 @@ class SpeculativeConfig:
         if isinstance(value, str):
             return cls(value)
         if not isinstance(value, dict):
-            raise ValueError(f"speculative must be a method name or an object, got {value!r}")
+            raise _invalid(f"speculative must be a method name or an object, got {value!r}")
         known = {"method", "num_tokens", "numTokens"}
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ValueError(f"speculative: unknown field {unknown[0]!r} (known: method, "
-                             "num_tokens)")
+            raise _invalid(f"speculative: unknown field {unknown[0]!r} (known: method, "
+                           "num_tokens)")
         return cls(value.get("method", "ngram"),
                    value.get("num_tokens", value.get("numTokens", DEFAULT_NUM_TOKENS)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "num_tokens": self.num_tokens}
+
+
+def _invalid(message: str) -> InvalidRequestError:
+    return InvalidRequestError(message, param="speculative", code="invalid_value")
 
 
 class SequenceDrafter:
@@ -82,7 +88,8 @@ class SequenceDrafter:
         self._ngram = NgramIndex(NGRAM_MAX) if ngram else None
         self._prediction = PredictionDraft(prediction, NGRAM_MAX) if prediction else None
         self._synced = 0  # leading tokens of the sequence the drafters have seen
-        self.acceptance = AcceptanceEstimate()
+        # a prediction is the caller's word that the output resembles it: trusted more
+        self.acceptance = AcceptanceEstimate(prior=PREDICTION_PRIOR if prediction else 0.6)
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_verify_steps = 0

@@ -347,14 +347,16 @@ def create_app(
     @app.get("/health", operation_id="health",
              responses={"503": {"description": "loading, or loading failed"}})
     async def health() -> JSONResponse:
-        """Loading state, and per model the requests in flight and the KV pool (``free`` +
-        ``cached`` == ``pages`` when idle: a leak would show here)."""
+        """Loading state, and per model the requests in flight, the KV pool (``free`` +
+        ``cached`` == ``pages`` when idle: a leak would show here) and speculation's counts
+        (drafted and accepted tokens, tokens per verify step)."""
         body: dict[str, Any] = {"status": "ok" if pool.state == "ready" else pool.state,
                                 "models": list(pool.engines)}
         body["engines"] = {name: {"requests": e.core.num_unfinished(),
                                   "kv_pages": e.core.kv.num_pages,
                                   "kv_pages_free": e.core.kv.free_pages,
-                                  "kv_pages_cached": e.core.kv.cached_pages}
+                                  "kv_pages_cached": e.core.kv.cached_pages,
+                                  "speculation": e.core.stats.speculation()}
                            for name, e in pool.engines.items()}
         if pool.loading:
             body["loading"] = pool.loading

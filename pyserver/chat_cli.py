@@ -208,6 +208,11 @@ class ChatSession:
             f"decode:  {last.decode_tokens_per_s:.1f} tok/s ({last.completion_tokens} tokens, "
             f"{last.decode_s * 1e3:.1f} ms)",
         ]
+        spec = self.engine.core.stats
+        if spec.spec_verify_steps:
+            lines.append(f"speculation: {spec.spec_acceptance_rate:.0%} of "
+                         f"{spec.spec_drafted_tokens} drafted tokens accepted, "
+                         f"{spec.spec_mean_accepted_length:.2f} tokens per verify step")
         if self.steps:
             n = len(self.steps)
             engine = sum(s.engine_ms for s in self.steps) / n

@@ -143,6 +143,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from ..compiler.sources import builtin_models
     from .chat_cli import ChatSession, run_repl
     from .local import Engine
+    from .serve import speculative_of
 
     model = args.model
     if not Path(model).exists() and model not in builtin_models():
@@ -151,7 +152,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     try:
         engine = Engine(model, quantization=args.quantization, device=args.device,
                         progress=bars, batch_invariant=args.batch_invariant,
-                        prefix_cache=args.prefix_cache)
+                        prefix_cache=args.prefix_cache, speculative=speculative_of(args))
     finally:
         bars.close()
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
@@ -364,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="greedy output that never depends on what else runs (default on)")
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="each turn reuses the KV of the conversation so far (default on)")
+    from .serve import add_speculative_arguments
+
+    add_speculative_arguments(p)
     p.set_defaults(run=cmd_chat)
 
     p = sub.add_parser("list", help="list compiled artifacts")

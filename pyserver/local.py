@@ -91,8 +91,8 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
                kv_cache_bytes: int | None = None, progress: Progress | None = None,
                backend=None, **core_options: Any) -> tuple[EngineCore, Path]:
     """The engine core for ``model`` on this machine, and the artifact directory it runs.
-    ``core_options``: ``batch_invariant``, ``prefix_cache``, ``grammar_limits`` (see
-    ``EngineCore``)."""
+    ``core_options``: ``batch_invariant``, ``prefix_cache``, ``grammar_limits``,
+    ``speculative`` (see ``EngineCore``)."""
     from ..native.devices import AUTO_WITHOUT_CUDA, create_backend
 
     chosen = backend is None and (device or "auto").lower() == "auto"
@@ -170,16 +170,20 @@ class Engine(_Local, EngineAPI):
     (default True): a prompt's pages computed before (an earlier turn, a shared system prompt)
     are reused, not recomputed; ``usage.prompt_tokens_details.cached_tokens`` counts them.
     ``grammar_limits``: how large a response format or tool schema may be, and how long its
-    compile may take (``wick.engine.grammar_limits.GrammarLimits``; defaults otherwise)."""
+    compile may take (``wick.engine.grammar_limits.GrammarLimits``; defaults otherwise).
+    ``speculative``: draft tokens for every request and verify them in one step, with output
+    unchanged: ``"ngram"`` or ``{"method": "ngram", "num_tokens": 8}`` (prompt lookup; the
+    engine adapts the draft length below ``num_tokens`` from what is accepted). Without it,
+    requests with OpenAI's ``prediction`` still draft from their prediction."""
 
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
                  batch_invariant: bool = True, prefix_cache: bool = True,
-                 grammar_limits: GrammarLimits | None = None) -> None:
+                 grammar_limits: GrammarLimits | None = None, speculative: Any = None) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
             progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache,
-            grammar_limits=grammar_limits)))
+            grammar_limits=grammar_limits, speculative=speculative)))
 
 
 class AsyncEngine(_Local, AsyncEngineAPI):
@@ -190,11 +194,11 @@ class AsyncEngine(_Local, AsyncEngineAPI):
     def __init__(self, model: str, *, quantization: str | None = None, device: str = "auto",
                  kv_cache_bytes: int | None = None, progress: Progress | None = None,
                  batch_invariant: bool = True, prefix_cache: bool = True,
-                 grammar_limits: GrammarLimits | None = None) -> None:
+                 grammar_limits: GrammarLimits | None = None, speculative: Any = None) -> None:
         super().__init__(self._loaded(*load_local(
             model, quantization=quantization, device=device, kv_cache_bytes=kv_cache_bytes,
             progress=progress, batch_invariant=batch_invariant, prefix_cache=prefix_cache,
-            grammar_limits=grammar_limits)))
+            grammar_limits=grammar_limits, speculative=speculative)))
 
     async def prepare_off_loop(self, prepare):
         return await asyncio.to_thread(prepare)

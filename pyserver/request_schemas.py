@@ -168,7 +168,21 @@ def sampling_rules(served: Served) -> dict[str, dict[str, Any]]:
         "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 10},
         "min_p": {"type": "number", "minimum": 0, "maximum": 1},
         "response_format": RESPONSE_FORMAT,
+        "prediction": PREDICTION,
     }
+
+
+# OpenAI's predicted outputs (engine/protocol.py _check_prediction)
+PREDICTION = {
+    "type": "object", "required": ["type", "content"], "additionalProperties": False,
+    "description": "text the output is expected to resemble: drafted from, output unchanged",
+    "properties": {
+        "type": {"const": "content"},
+        "content": {"anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {
+                "type": "object", "required": ["type", "text"], "additionalProperties": False,
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}}}
 
 
 STREAM_OPTIONS_NEED_STREAM = {

@@ -84,12 +84,51 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not compile the f32 twin of an f16 model for browsers without "
                         "shader-f16")
     add_grammar_arguments(p)
+    add_speculative_arguments(p)
     p.add_argument("--kv-cache-mib", type=int,
                    help="KV cache budget per model in MiB (default 256)")
     p.add_argument("--max-body-mib", type=float, default=MAX_BODY_MIB,
                    help=f"largest request body accepted (default {MAX_BODY_MIB})")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default="info")
+
+
+def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
+    """Engine-level speculative decoding (engine/speculative.py), for ``serve`` and ``chat``."""
+    from ..engine.speculative import DEFAULT_NUM_TOKENS, METHODS
+
+    p.add_argument("--speculative", choices=METHODS,
+                   help="draft tokens and verify them in one step, output unchanged: ngram "
+                        "copies them from the prompt and the text so far (pays when output "
+                        "repeats its input: edits, quotes, extraction). Requests with OpenAI's "
+                        "`prediction` draft from it with or without this")
+    p.add_argument("--num-speculative-tokens", type=_draft_count, metavar="K",
+                   help=f"most drafts per step (default {DEFAULT_NUM_TOKENS}); the engine "
+                        "drafts fewer, or none, where a sequence's drafts are not accepted")
+
+
+def _draft_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be in [1, 64], got {value}")
+    return value
+
+
+def speculative_of(args: argparse.Namespace):
+    """The ``speculative`` option of ``add_speculative_arguments``' flags (None: off)."""
+    from ..engine.errors import WickError
+    from ..engine.speculative import SpeculativeConfig
+
+    k = args.num_speculative_tokens
+    if args.speculative is None:
+        if k is not None:
+            raise WickError("--num-speculative-tokens bounds engine-level speculation: add "
+                            "--speculative ngram", code="invalid_argument")
+        return None
+    return SpeculativeConfig(args.speculative, *(() if k is None else (k,)))
 
 
 def add_grammar_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,6 +194,7 @@ def serve_main(args: argparse.Namespace) -> int:
         browser_variants=args.browser_variants,
         batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
         body_timeout=args.body_timeout, grammar_limits=grammar_limits_of(args),
+        speculative=speculative_of(args),
     )
 
 
@@ -215,6 +255,7 @@ def serving_app(
     batch_invariant: bool = True,
     prefix_cache: bool = True,
     grammar_limits=None,
+    speculative=None,
     on_failed=None,
 ):
     """The app ``wick serve`` runs: ``models`` load in the background (compiling when needed),
@@ -238,7 +279,7 @@ def serving_app(
                 return AsyncEngine(model, quantization=quantization, device=device,
                                    kv_cache_bytes=kv_cache_bytes, progress=bars,
                                    batch_invariant=batch_invariant, prefix_cache=prefix_cache,
-                                   grammar_limits=grammar_limits)
+                                   grammar_limits=grammar_limits, speculative=speculative)
             finally:
                 bars.close()
         return model, load

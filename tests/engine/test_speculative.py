@@ -185,6 +185,10 @@ def test_completions_take_a_prediction_too():
 
 
 def test_a_bad_speculative_config_is_refused():
-    for bad in ("eagle", {"method": "ngram", "num_tokens": 0}, {"method": "ngram", "k": 3}, 5):
-        with pytest.raises(ValueError):
+    from wick.engine import InvalidRequestError
+
+    for bad in ("eagle", {"method": "ngram", "num_tokens": 0}, {"method": "ngram", "k": 3}, 5,
+                {"method": "ngram", "numTokens": True}):
+        with pytest.raises(InvalidRequestError) as e:
             build(speculative=bad)
+        assert e.value.param == "speculative"

@@ -559,3 +559,34 @@ def test_fuzz_openapi_no_5xx_and_openai_errors(fuzz_schema):
                 assert mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET"
     assert {200, 400} <= seen["POST /v1/chat/completions"], seen
     assert {200, 400} <= seen["POST /v1/completions"], seen
+
+
+def test_prediction_through_the_official_client(client, engine, names):
+    """OpenAI's ``prediction=`` argument: the text is the text without it (greedy and seeded),
+    the drafts are counted in usage.completion_tokens_details, and speculation shows in
+    /health. (This random model writes bytes that are not UTF-8, whose text does not tokenize
+    back to its tokens: how much of a faithful prediction is kept is tested on SmolLM2,
+    tests/e2e/test_speculative_real.py.)"""
+    for sampling in ({"temperature": 0}, {"temperature": 0.9, "seed": 3}):
+        kwargs = dict(model=names[0], messages=HELLO, max_tokens=24,
+                      extra_body={"ignore_eos": True}, **sampling)
+        plain = client.chat.completions.create(**kwargs)
+        text = plain.choices[0].message.content
+        before = engine.core.stats.spec_verify_steps
+        same = client.chat.completions.create(
+            **kwargs, prediction={"type": "content", "content": text})
+        assert same.choices[0].message.content == text
+        details = same.usage.completion_tokens_details
+        drafted = details.accepted_prediction_tokens + details.rejected_prediction_tokens
+        assert drafted > 0
+        assert engine.core.stats.spec_verify_steps > before
+        wrong = client.chat.completions.create(
+            **kwargs, prediction={"type": "content", "content": "Zebras " * 10})
+        assert wrong.choices[0].message.content == text
+    health = httpx.get(f"{client.base_url}".replace("/v1/", "/health")).json()
+    spec = health["engines"][names[0]]["speculation"]
+    assert spec["verify_steps"] > 0 and 0 < spec["acceptance_rate"] <= 1
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=names[0], messages=HELLO, max_tokens=2,
+                                       prediction={"type": "content", "content": 7})
+    assert e.value.body["param"] == "prediction.content"

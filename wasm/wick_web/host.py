@@ -20,6 +20,7 @@ from wick.engine.artifact import Artifact
 from wick.engine.assembly import assemble_core, no_grammar
 from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
+from wick.engine.speculative import SpeculativeConfig
 
 from .backend import WasmBackend, WebGPUBackend
 from .grammar import WebGrammarBackend
@@ -78,6 +79,7 @@ class Host:
                                       "js_encode_ms": float(self.backend.js_encode_ms),
                                       "device_wait_ms": float(self.backend.device_wait_ms)},
                            "grammar": json.loads(self.grammar_json()),
+                           "speculation": stats.speculation(),
                            # (the WebAssembly executor: its slowest kernels and its threads)
                            **(json.loads(self.backend.profile_json())
                               if hasattr(self.backend, "profile_json") else {})})
@@ -144,21 +146,25 @@ class Loaded:
 
 async def load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
                kv_cache_bytes: int = 0, create_grammar: Any = None,
-               prefix_cache: bool = True) -> Loaded:
+               prefix_cache: bool = True, speculative_json: str = "") -> Loaded:
     """``get_file(path)`` -> Uint8Array | None of the (already verified) small artifact files
     (tokenizer, kernels). The weight buffers are only allocated: the caller fills them as
     ``Host.placements_json()`` says, then awaits ``Host.ready()``. ``create_grammar``: the
     factory of web/src/grammar.ts (None: structured output is refused with a 400);
-    ``prefix_cache``: see ``EngineCore``."""
+    ``prefix_cache``, ``speculative`` (JSON of createEngine's option, "" for none): see
+    ``EngineCore``."""
     try:
+        speculative = SpeculativeConfig.parse(
+            json.loads(speculative_json) if speculative_json else None)
         return Loaded(host=await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes,
-                                       create_grammar, prefix_cache))
+                                       create_grammar, prefix_cache, speculative))
     except Exception as e:
         return Loaded(error=error_payload(e))
 
 
 async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-                kv_cache_bytes: int, create_grammar: Any, prefix_cache: bool) -> Host:
+                kv_cache_bytes: int, create_grammar: Any, prefix_cache: bool,
+                speculative: SpeculativeConfig | None) -> Host:
 
     def read(path: str) -> bytes:
         data = get_file(path)
@@ -179,7 +185,7 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
     core = assemble_core(art, backend, kv_cache_bytes=kv_cache_bytes or None,
                          tokenizer=lambda tok_json: WebTokenizer(js_tokenizer, tok_json),
-                         grammar=grammar, prefix_cache=prefix_cache,
+                         grammar=grammar, prefix_cache=prefix_cache, speculative=speculative,
                          batched_decode=not backend.software,
                          upload_weights=False)
     await backend.check()

@@ -54,6 +54,9 @@ export interface SamplingParams {
   /** wick extension (as vLLM): keep tokens with p >= min_p * max p */
   min_p?: number | null;
   response_format?: ResponseFormat | null;
+  /** OpenAI's predicted outputs: text the output is expected to resemble (a document or code
+   * being edited), drafted from and verified; the output is the same as without it */
+  prediction?: { type: "content"; content: string | { type: "text"; text: string }[] } | null;
   [key: string]: unknown;
 }
 /** OpenAI's response formats, and wick's `grammar` (xgrammar EBNF with a `root` rule). */
@@ -87,6 +90,8 @@ export interface CompletionUsage {
   prompt_tokens: number; completion_tokens: number; total_tokens: number;
   /** `cached_tokens`: prompt tokens the engine's prefix cache gave (not computed again) */
   prompt_tokens_details?: { cached_tokens?: number };
+  /** drafted tokens (a `prediction`, or the engine's speculation) the output kept or not */
+  completion_tokens_details?: { accepted_prediction_tokens?: number; rejected_prediction_tokens?: number };
 }
 export interface ChatCompletion {
   id: string;
@@ -115,6 +120,11 @@ export interface Completion {
 }
 export interface RequestOptions { signal?: AbortSignal }
 
+export interface SpeculativeOptions {
+  method: "ngram";
+  numTokens?: number;
+}
+
 export interface CreateEngineOptions {
   quantization?: string;
   onProgress?: (p: Progress) => void;
@@ -125,6 +135,11 @@ export interface CreateEngineOptions {
   /** Reuse the KV of prompt pages computed before: a chat's earlier turns, a shared system
    * prompt, n>1 choices (default true). `usage.prompt_tokens_details.cached_tokens` counts them. */
   prefixCache?: boolean;
+  /** Speculative decoding: draft tokens and verify them in one step, output unchanged.
+   * `{ method: "ngram" }` copies drafts from the prompt and the text so far; `numTokens` bounds
+   * the drafts per step (default 8; the engine drafts fewer where they are not accepted).
+   * Requests with `prediction` draft from it with or without this. */
+  speculative?: SpeculativeOptions;
   /** Use the browser Cache API for artifact files (default true). */
   cache?: boolean;
   /** A weight download that receives nothing for this long is cut and resumed (default 30000). */
@@ -502,6 +517,7 @@ function inExtension(): boolean {
 function loadMessage(model: string, options: CreateEngineOptions, baseUrl: string) {
   return { kind: "load" as const, model, quantization: options.quantization, baseUrl,
     kvCacheBytes: options.kvCacheBytes, prefixCache: options.prefixCache, cache: options.cache,
+    speculative: options.speculative,
     stallTimeoutMs: options.stallTimeoutMs,
     apiKey: options.apiKey, backend: options.backend };
 }

@@ -257,7 +257,8 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
       const grammar = (vocab: string[], type: number, prefix: boolean, size: number, stops: number[]) =>
         createGrammar(xgrammarUrl, vocab, type, prefix, size, stops);
       const loaded = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
-        msg.kvCacheBytes ?? 0, grammar, msg.prefixCache ?? true);
+        msg.kvCacheBytes ?? 0, grammar, msg.prefixCache ?? true,
+        msg.speculative ? JSON.stringify(msg.speculative) : "");
       try {
         if (loaded.error) throw new Failure(JSON.parse(loaded.error));
         host = loaded.host.copy(); // (an attribute's proxy dies with its owner's)

@@ -38,6 +38,7 @@ export interface EngineInfo {
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
       kvCacheBytes?: number; prefixCache?: boolean; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
+      speculative?: { method: string; numTokens?: number };
       backend?: Backend;
       clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
   | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
