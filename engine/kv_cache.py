@@ -310,15 +310,6 @@ class KVCache:
         del table[keep:]
         self._capacity_of[seq_id] = num_tokens
 
-    def can_look_ahead(self, start: int, num_new: int) -> bool:
-        """Whether a step can give one sequence ``num_new`` one-token entries from position
-        ``start`` (a verify step): with a window, room for the last one must not free pages
-        the first one's query still reads."""
-        if self.window is None:
-            return True
-        first_key = self._first_needed_page(start + num_new) * self.page_size
-        return max(0, start - self.window + 1) >= first_key
-
     def check_truncate(self, seq_id: int, num_tokens: int) -> None:
         """Raise ValueError where ``truncate(seq_id, num_tokens)`` may not cut."""
         if seq_id not in self._tables:
@@ -503,10 +494,6 @@ class PairedKVCache:
 
     def append(self, seq_id: int, num_new_tokens: int = 1) -> None:
         self.allocate(seq_id, self.num_tokens(seq_id) + num_new_tokens)
-
-    def can_look_ahead(self, start: int, num_new: int) -> bool:
-        return (self.main.can_look_ahead(start, num_new)
-                and self.local.can_look_ahead(start, num_new))
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         self.main.check_truncate(seq_id, num_tokens)  # both may cut, or neither changes

@@ -84,8 +84,8 @@ class PredictionDraft:
     """Drafts from a given text (OpenAI's predicted outputs: the document or code being
     edited). While the output follows the prediction, the prediction's next tokens are the
     draft; once it departs, the output's last n-gram (longest first, up to ``max_n``) is looked
-    up in the prediction, the first occurrence at or after where the output last agreed
-    preferred, and drafting continues after it (an edit changed a span, the rest is copied)."""
+    up in the prediction, the first occurrence past where the output last agreed preferred,
+    and drafting continues after it (an edit changed a span, the rest is copied)."""
 
     def __init__(self, prediction: Sequence[int], max_n: int = 3) -> None:
         self._index = NgramIndex(max_n, prediction)
@@ -122,7 +122,8 @@ class PredictionDraft:
             starts = self._index.starts(output[len(output) - n:])
             if not starts:
                 continue
-            ahead = [s for s in starts if s + n >= self._last and s + n < len(self.tokens)]
+            # past where it last agreed: the token there is the one the output replaced
+            ahead = [s for s in starts if self._last < s + n < len(self.tokens)]
             start = ahead[0] if ahead else starts[0]
             if start + n < len(self.tokens):
                 return start + n

@@ -146,15 +146,13 @@ class Scheduler:
 
     def _drafts(self, seq: Sequence, num_new: int, budget: int, rows: int) -> list[int]:
         """The proposed drafts (``seq.spec_token_ids``) this step can verify: a generating
-        sequence's, as many as the step's token budget, its compiled entry bound and a sliding
-        window allow."""
+        sequence's, as many as the step's token budget and its compiled entry bound allow."""
         drafts = seq.spec_token_ids
         if not drafts or num_new != 1 or seq.num_uncomputed_tokens != 1:
             return []
-        start = seq.num_computed_tokens
+        # (a sliding window is no bound: the pages that leave it when the sequence grows are
+        # those before the window of its first entry, KVCache.allocate)
         room = min(len(drafts), budget - 1, self.max_batch_size - rows - 1)
-        while room > 0 and not self.kv.can_look_ahead(start, room + 1):
-            room -= 1
         return drafts[:room] if room > 0 else []
 
     def _digests(self, seq: Sequence, num_pages: int) -> list[bytes]:

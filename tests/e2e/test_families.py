@@ -308,3 +308,27 @@ def test_global_and_windowed_layers_have_a_pool_each(family):
     assert max(held) <= -(-(window + 16) // 16) + 1 < -(-(50 + 40) // 16)  # it slid
     assert core.kv.main.available_pages == core.kv.main.num_pages
     assert local.available_pages == local.num_pages
+
+
+def test_speculation_keeps_transformers_greedy_tokens(family):
+    """Verify steps on every family (windowed layers included, past the window): drafts from
+    a prediction that is right but for two tokens, and n-gram drafts beside it, leave the
+    greedy tokens transformers' while most drafts are kept and the wrong ones cut off."""
+    from wick.engine.speculative import SpeculativeConfig
+
+    name, _, hf, art_dir, _ = family
+    want = reference_greedy(name)(hf, ids_of(50, 14), 40)
+    prediction = list(want)
+    prediction[9] = (prediction[9] + 1) % 256  # two tokens the model will not write
+    prediction[25] = (prediction[25] + 7) % 256
+    core = make_core(art_dir, num_pages=16, prefill_chunk_size=16,
+                     speculative=SpeculativeConfig("ngram", 6))
+    core.add_request(ids_of(50, 14), greedy(40), prompt_param="prompt", prediction=prediction)
+    got = []
+    while core.has_unfinished():
+        for o in core.step():
+            got.extend(o.token_ids)
+    assert got == want
+    s = core.stats
+    assert s.spec_accepted_tokens >= 20 and s.spec_drafted_tokens > s.spec_accepted_tokens
+    assert core.kv.available_pages == core.kv.num_pages

@@ -192,3 +192,30 @@ def test_a_bad_speculative_config_is_refused():
         with pytest.raises(InvalidRequestError) as e:
             build(speculative=bad)
         assert e.value.param == "speculative"
+
+
+@pytest.mark.parametrize("window, pool", [(6, None), (None, 6)])
+def test_speculation_in_a_windowed_cache(window, pool):
+    """A model whose every layer slides (its pages freed behind the window), and one with a
+    second, windowed pool: verify steps read the window of each entry, rejections cut both."""
+    def windowed(**core):
+        info = make_info(kv_window=window, kv_window_pool=pool, context_window=512)
+        runner = FakeRunner(64, info.page_size, window=window, num_window_pages=64 if pool else 0,
+                            local_window=pool)
+        api = EngineAPI.from_runner(runner, ByteTokenizer(), info, num_pages=64, **core)
+        runner.kv = api.core.kv
+        return api, runner
+
+    kw = dict(max_tokens=60, temperature=0)
+    expected, _ = run(windowed()[0], **kw)
+    api, runner = windowed(speculative="ngram")
+    text = expected[0][0]
+    got, usage = run(api, prediction={"type": "content", "content": text[:20] + "zz" + text[22:]},
+                     **kw)
+    assert got == expected
+    d = usage.completion_tokens_details
+    assert d.accepted_prediction_tokens > 20 and d.rejected_prediction_tokens > 0
+    kv = api.core.kv
+    for pool_ in (getattr(kv, "main", kv), getattr(kv, "local", None)):
+        if pool_ is not None:
+            assert pool_.free_pages + pool_.cached_pages == pool_.num_pages
