@@ -409,27 +409,30 @@ class EngineCore:
                 req = self._requests[self._seqs[sid].request_id]
                 if req.first_scheduled is None:
                     req.first_scheduled = started
-            for row, matcher in self._matchers(batch):
+            for group, matcher, drafts in self._matchers(batch):
                 if not hasattr(matcher, "next_token_bitmask_async"):
-                    self._set_mask(row, matcher.next_token_bitmask())
+                    self._fill_masks(group, matcher, drafts)
         return StepState(batch, outputs, started, self._clock() - started)
 
     def _propose_drafts(self) -> None:
         """Each generating sequence's drafts for the next step (the scheduler verifies them
-        when the step has room). A sequence following a grammar does not draft (its matcher
-        would have to roll back), nor one with no more than one token left to make."""
+        when the step has room), none when one token is all it has left to make. Under a
+        grammar, drafts end before the first one the grammar refuses (a matcher that cannot
+        roll back does not draft)."""
         row_cost = self.step_cost.row_cost
         for seq in self.scheduler.running:
             drafter = seq.drafter
             seq.spec_token_ids = []
-            if (drafter is None or seq.matcher is not None
-                    or seq.num_computed_tokens < seq.num_prompt_tokens):
+            matcher = seq.matcher
+            if (drafter is None or seq.num_computed_tokens < seq.num_prompt_tokens
+                    or (matcher is not None and not hasattr(matcher, "rollback"))):
                 continue
             room = seq.max_output_tokens - seq.num_output_tokens - 1
             if room > 0:
-                seq.spec_token_ids = drafter.propose(
-                    seq.token_ids, seq.num_prompt_tokens, room, row_cost,
-                    seq.params.stop_token_ids)
+                drafts = drafter.propose(seq.token_ids, seq.num_prompt_tokens, room, row_cost,
+                                         seq.params.stop_token_ids)
+                seq.spec_token_ids = (drafts if matcher is None or not drafts
+                                      else _grammar_prefix(matcher, drafts))
 
     def _claim_runner(self) -> None:
         """The device KV is the runner's: if another core stepped it since this one did (two
@@ -460,20 +463,42 @@ class EngineCore:
         self.stats.grammar_mask_digest = self._mask_hash.hexdigest()
 
     def _matchers(self, batch: Batch):
-        """(sampling row, grammar matcher) of every row whose sequence follows a grammar."""
-        for index, row in zip(batch.sample_rows, batch.sampling):
-            matcher = self._seqs[batch.seq_ids[index]].matcher
+        """(sampling rows, grammar matcher, drafts) of every sequence that follows a grammar:
+        one row, or a verify step's rows (row j: the position after ``drafts[:j]``)."""
+        rows = list(zip(batch.sample_rows, batch.sampling))
+        i = 0
+        while i < len(rows):
+            sid = batch.seq_ids[rows[i][0]]
+            drafts = batch.spec_token_ids.get(sid, ())
+            group = [row for _, row in rows[i:i + len(drafts) + 1]]
+            i += len(group)
+            matcher = self._seqs[sid].matcher
             if matcher is not None:
-                yield row, matcher
+                yield group, matcher, drafts
+
+    def _fill_masks(self, group, matcher, drafts) -> None:
+        for j, row in enumerate(group):
+            self._set_mask(row, matcher.next_token_bitmask())
+            if j < len(drafts):
+                matcher.accept(drafts[j])
+        if drafts:
+            matcher.rollback(len(drafts))
 
     def needs_async_masks(self, batch: Batch | None) -> bool:
-        return batch is not None and any(row.mask is None for row, _ in self._matchers(batch))
+        return batch is not None and any(
+            row.mask is None for group, _, _ in self._matchers(batch) for row in group)
 
     async def fill_masks_async(self, batch: Batch) -> None:
         """The masks of matchers that answer with a promise (xgrammar's wasm build)."""
-        for row, matcher in self._matchers(batch):
-            if row.mask is None:
+        for group, matcher, drafts in self._matchers(batch):
+            if group[0].mask is not None:
+                continue
+            for j, row in enumerate(group):
                 self._set_mask(row, await matcher.next_token_bitmask_async())
+                if j < len(drafts):
+                    matcher.accept(drafts[j])
+            if drafts:
+                matcher.rollback(len(drafts))
 
     def finish_step(self, state: StepState, tokens: Seq[int]) -> list[SequenceOutput]:
         """Postprocess the runner's sampled tokens (one per ``batch.sample_rows`` entry)."""
@@ -630,3 +655,18 @@ class EngineCore:
                     decode_s=(req.last_token or req.first_token) - req.first_token,
                     cached_tokens=req.sequences[0].num_cached_tokens,
                 )
+
+
+def _grammar_prefix(matcher: GrammarMatcher, drafts: list[int]) -> list[int]:
+    """The drafts up to the first one ``matcher`` refuses (or that ends its grammar); the
+    matcher is left where it was."""
+    kept = 0
+    for token in drafts:
+        if not matcher.accept(token):
+            break
+        kept += 1
+        if matcher.is_terminated():
+            break
+    if kept:
+        matcher.rollback(kept)
+    return drafts[:kept]

@@ -79,7 +79,9 @@ class GrammarSpec:
 class GrammarMatcher(Protocol):
     """One sequence's position in a compiled grammar. A matcher whose library answers with a
     promise (the wasm build) offers ``async next_token_bitmask_async()`` instead of
-    ``next_token_bitmask``; the async facade awaits it before each step."""
+    ``next_token_bitmask``; the async facade awaits it before each step. A matcher with
+    ``rollback(num_tokens)`` (undo the last accepts) lets its sequence speculate: the masks of
+    drafted positions are read by accepting the drafts, then rolling them back."""
 
     def next_token_bitmask(self) -> bytes:
         """Allowed next tokens: ceil(vocab_size / 32) little-endian int32 words, bit ``i % 32``

@@ -133,10 +133,13 @@ class Utf8Guard:
     def __init__(self, matcher: Any, table: Utf8Table) -> None:
         self._matcher, self._table = matcher, table
         self._state: State = CLOSED
+        self._history: list[State] = []  # the state before each accepted token (rollback)
         if hasattr(matcher, "next_token_bitmask_async"):
             self.next_token_bitmask_async = self._bitmask_async
         else:
             self.next_token_bitmask = self._bitmask
+        if hasattr(matcher, "rollback"):
+            self.rollback = self._rollback
 
     def _bitmask(self) -> bytes:
         return self._table.narrow(self._state, self._matcher.next_token_bitmask())
@@ -149,8 +152,15 @@ class Utf8Guard:
             return False
         # a token the mask let through keeps the text decodable; were it not (a caller that
         # skipped the mask), the next character starts afresh rather than the guard locking
+        self._history.append(self._state)
         self._state = self._table.token_state(self._state, token) or CLOSED
         return True
+
+    def _rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+            self._state = self._history[-num_tokens]
+            del self._history[-num_tokens:]
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()

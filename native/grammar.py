@@ -73,6 +73,10 @@ class XGrammarMatcher:
     def is_terminated(self) -> bool:
         return bool(self._m.is_terminated())
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepts (speculation: drafts' masks were read)."""
+        self._m.rollback(int(num_tokens))
+
 
 class XGrammarCompiled:
     def __init__(self, core, compiled, words: int) -> None:

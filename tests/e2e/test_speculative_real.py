@@ -70,3 +70,65 @@ def test_seeded_sampling_with_penalties_and_logprobs_is_unchanged(base):
         assert a.logprobs.token_logprobs == pytest.approx(b.logprobs.token_logprobs, abs=1e-5)
         assert [sorted(t) for t in a.logprobs.top_logprobs] == [
             sorted(t) for t in b.logprobs.top_logprobs]
+
+
+def _masks_by_position(runner, num_prompt: int, plain_out: list[int] | None = None):
+    """Spy on ``runner.step``: {output position: grammar mask} of every row whose position's
+    text so far is the plain output's (``plain_out``; every row when None), and
+    {output position: sampled token}."""
+    seen: dict[int, bytes] = {}
+    sampled: dict[int, int] = {}
+    step = runner.step
+
+    def spy(batch):
+        out = step(batch)
+        index = {row: s for row, s in zip(batch.sample_rows, batch.sampling)}
+        for row, s in index.items():
+            sid = batch.seq_ids[row]
+            drafts = batch.spec_token_ids.get(sid, [])
+            first = batch.seq_ids.index(sid)
+            j = row - first
+            pos = batch.kv.q_positions[batch.kv.qo_indptr[row + 1] - 1] - num_prompt + 1
+            start = pos - j
+            if plain_out is None or drafts[:j] == plain_out[start:pos]:
+                seen[pos] = s.mask
+                entry = out[batch.sample_rows.index(row)]
+                sampled[pos] = int(getattr(entry, "token", entry))
+        return out
+
+    runner.step = spy
+    return seen, sampled
+
+
+@pytest.mark.slow
+def test_json_schema_with_speculation_masks_each_position_as_without(base):
+    """xgrammar under speculation: each drafted position's mask (the matcher accepts the
+    drafts before it, then rolls back) is the mask a plain run reads there; same JSON."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "rooms": {"type": "integer"}},
+              "required": ["city", "rooms"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "house", "schema": schema}}
+    prompt = "A house in Lisbon with 4 rooms, as JSON: "
+    kw = dict(prompt=prompt, max_tokens=30, temperature=0, response_format=fmt)
+    plain_core = sibling_core(base)
+    num_prompt = len(plain_core.prompt_ids(prompt))
+    plain_masks, plain_sampled = _masks_by_position(plain_core.runner, num_prompt)
+    try:
+        plain = EngineAPI(plain_core).completions.create(**kw, logprobs=0)
+    finally:
+        del plain_core.runner.step
+    assert plain.choices[0].text.startswith("{")
+    out_ids = [plain_sampled[p] for p in sorted(plain_sampled)]
+    spec_core = sibling_core(base, speculative="ngram")
+    spec_masks, _ = _masks_by_position(spec_core.runner, num_prompt, out_ids)
+    try:
+        spec = EngineAPI(spec_core).completions.create(
+            **kw, logprobs=0, prediction={"type": "content", "content": plain.choices[0].text})
+    finally:
+        del spec_core.runner.step
+    assert spec.choices[0].text == plain.choices[0].text
+    assert spec.choices[0].logprobs.tokens == plain.choices[0].logprobs.tokens
+    assert spec_core.stats.spec_accepted_tokens > 5
+    checked = [p for p in spec_masks if p in plain_masks]
+    assert len(checked) >= len(plain_masks) - 1
+    assert all(spec_masks[p] == plain_masks[p] for p in checked)

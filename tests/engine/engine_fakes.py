@@ -261,6 +261,13 @@ class _LiteralCompiled:
 class _LiteralMatcher:
     def __init__(self, compiled) -> None:
         self.c, self.pos, self.done = compiled, 0, False
+        self.history: list[tuple[int, bool]] = []
+
+    def rollback(self, num_tokens: int) -> None:
+        assert 0 <= num_tokens <= len(self.history)
+        if num_tokens:
+            self.pos, self.done = self.history[-num_tokens]
+            del self.history[-num_tokens:]
 
     def next_token_bitmask(self) -> bytes:
         words = array.array("i", [0] * ((self.c.backend.vocab_size + 31) // 32))
@@ -269,13 +276,15 @@ class _LiteralMatcher:
         return words.tobytes()
 
     def accept(self, token: int) -> bool:
+        before = (self.pos, self.done)
         if self.pos < len(self.c.text) and token == self.c.text[self.pos]:
             self.pos += 1
-            return True
-        if self.pos == len(self.c.text) and token == self.c.backend.eos_id:
+        elif self.pos == len(self.c.text) and token == self.c.backend.eos_id:
             self.done = True
-            return True
-        return False
+        else:
+            return False
+        self.history.append(before)
+        return True
 
     def is_terminated(self) -> bool:
         return self.done

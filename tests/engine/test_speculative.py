@@ -219,3 +219,45 @@ def test_speculation_in_a_windowed_cache(window, pool):
     for pool_ in (getattr(kv, "main", kv), getattr(kv, "local", None)):
         if pool_ is not None:
             assert pool_.free_pages + pool_.cached_pages == pool_.num_pages
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_grammar_masks_each_drafted_position(asynchronous):
+    """Under a grammar every verify row gets the mask of its own position (the matcher
+    accepts the drafts before it, then rolls them back); drafts the grammar refuses are cut
+    before verification; the output is the grammar's, and the matcher ends where a plain
+    run's does (sync matchers and the wasm build's promise-answering ones)."""
+    import asyncio
+
+    from engine_fakes import IM_END, AsyncFakeRunner, LiteralGrammar
+
+    from wick.engine import AsyncEngineAPI
+    from wick.engine.core import EngineCore
+
+    info = make_info()
+    grammar = LiteralGrammar(info.vocab_size, IM_END, asynchronous)
+    runner = AsyncFakeRunner(64, info.page_size)
+    core = EngineCore(runner, ByteTokenizer(), info, num_pages=64, grammar=grammar,
+                      speculative="ngram")
+    runner.kv = core.kv
+    api = AsyncEngineAPI(core)
+    text = "the rock, the rock, the bay"
+    fmt = {"type": "grammar", "grammar": f'root ::= "{text}"'}
+    r = asyncio.run(api.chat.completions.create(
+        messages=MSGS, response_format=fmt, temperature=0.7, seed=1,
+        prediction={"type": "content", "content": "the rock, the cat, the bay!!"}))
+    assert r.choices[0].message.content == text and r.choices[0].finish_reason == "stop"
+    steps = verify_steps(runner)
+    assert steps
+    for batch in steps:
+        (sid, drafts), = batch.spec_token_ids.items()
+        for j, row in enumerate(batch.sampling):
+            allowed = [t for t in range(info.vocab_size)
+                       if row.mask[4 * (t // 32) + (t % 32) // 8] >> (t % 8) & 1]
+            # the literal grammar allows one next byte: row j's is the draft it checks (a
+            # draft the grammar refused, "cat", was cut before the step)
+            assert allowed == ([drafts[j]] if j < len(drafts) else allowed) and len(allowed) == 1
+    d = r.usage.completion_tokens_details
+    assert d.accepted_prediction_tokens >= 10
+    assert core.stats.spec_drafted_tokens == d.accepted_prediction_tokens + (
+        d.rejected_prediction_tokens)

@@ -107,6 +107,10 @@ class WebMatcher:
     def is_terminated(self) -> bool:
         return bool(self._m.isTerminated())
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepts (speculation: drafts' masks were read)."""
+        self._m.rollback(int(num_tokens))
+
     def close(self) -> None:
         if self._m is not None:
             self._m.dispose()
