@@ -103,6 +103,7 @@ class _Prepared:
     # a reasoning model's tags, and whether the prompt opened the think block (None: no split)
     reasoning: tuple[str, str, bool] | None = None
     prediction: list[int] | None = None  # the tokens of the request's predicted output
+    echo: str | None = None  # a completion's prompt text, echoed before its output
 
 
 @dataclass(slots=True)
@@ -116,6 +117,8 @@ class _Submitted:
     tools: bool = False
     reasoning: tuple[str, str, bool] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    echo: str | None = None  # the prompt text to echo (completions)
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -131,18 +134,22 @@ class _Collected:
     cached_tokens: int = 0  # choice 0's: the prompt is counted once, as OpenAI does
     accepted_drafts: list[int] = field(default_factory=list)  # per choice, so far
     rejected_drafts: list[int] = field(default_factory=list)
+    prompt_logprobs: list[list[SampledToken]] = field(default_factory=list)  # per choice
+    echoed: list[bool] = field(default_factory=list)  # per choice: its echo was streamed
 
     @classmethod
     def empty(cls, n: int, reasoning: tuple[str, str, bool] | None = None) -> _Collected:
         return cls([[] for _ in range(n)], [None] * n, [0] * n, [[] for _ in range(n)],
                    [ToolCallParser() for _ in range(n)],
                    [ReasoningParser(*reasoning) if reasoning else None for _ in range(n)],
-                   accepted_drafts=[0] * n, rejected_drafts=[0] * n)
+                   accepted_drafts=[0] * n, rejected_drafts=[0] * n,
+                   prompt_logprobs=[[] for _ in range(n)], echoed=[False] * n)
 
     def add(self, out: SequenceOutput) -> None:
         self.texts[out.index].append(out.text)
         self.completion_tokens[out.index] = out.num_output_tokens
         self.logprobs[out.index].extend(out.logprobs)
+        self.prompt_logprobs[out.index].extend(out.prompt_logprobs)
         self.accepted_drafts[out.index] = out.num_accepted_drafts
         self.rejected_drafts[out.index] = out.num_rejected_drafts
         if out.index == 0:
@@ -192,6 +199,10 @@ class _Frontend:
             logit_bias=req.logit_bias_pairs,
             logprobs=req.num_logprobs >= 0,
             top_logprobs=max(req.num_logprobs, 0),
+            # an echo with logprobs lists the prompt's; with max_tokens 0 the prompt is still
+            # run (its last token's row would sample: it is left out)
+            prompt_logprobs=(max(req.num_logprobs, 0) if getattr(req, "echo", False) and (
+                req.num_logprobs >= 0 or req.max_tokens == 0) else -1),
         )
 
     def _grammar_spec(self, req: SamplingFields, tools: bool) -> GrammarSpec | None:
@@ -223,7 +234,7 @@ class _Frontend:
         """Validate, render the chat template and tokenize. Reads the model's info and the
         tokenizer only, so it may run on another thread than the step loop."""
         self._check_size(kind, kwargs)
-        tools, reasoning = False, None
+        tools, reasoning, echo = False, None, None
         limits = self.core.grammar_limits
         if kind == "chat":
             req: SamplingFields = ChatCompletionRequest.from_dict(kwargs)
@@ -240,11 +251,14 @@ class _Frontend:
             # Token ids are used as given (no BOS added): the caller chose them.
             ids = self.core.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
             param = "prompt"
+            if req.echo:
+                echo = prompt if isinstance(prompt, str) else self.core.tokenizer.decode(
+                    ids, skip_special_tokens=False)
         text = prediction_text(req.prediction)
         prediction = self.core.tokenizer.encode(text) if text else None
         return _Prepared(kind, ids, self._params(req), req.n, param, req.include_usage,
                          req.stream, grammar_spec=self._grammar_spec(req, tools), tools=tools,
-                         reasoning=reasoning, prediction=prediction)
+                         reasoning=reasoning, prediction=prediction, echo=echo)
 
     def _chat_prompt(self, req: ChatCompletionRequest
                      ) -> tuple[list[int], bool, tuple[str, str, bool] | None]:
@@ -380,7 +394,8 @@ class _Frontend:
                                     prompt_param=prep.prompt_param, grammar=prep.grammar,
                                     prediction=prep.prediction)
         return _Submitted(rid, prep.kind, prep.n, len(prep.prompt_ids), prep.include_usage,
-                          prep.params.logprobs, prep.tools, prep.reasoning)
+                          prep.params.logprobs, prep.tools, prep.reasoning, echo=prep.echo,
+                          prompt_ids=prep.prompt_ids if prep.echo is not None else [])
 
     # -- logprobs ---------------------------------------------------------------------------
 
@@ -447,14 +462,30 @@ class _Frontend:
                     self._chat_logprobs(col.logprobs[i]) if sub.logprobs else None))
             return ChatCompletion(id=f"chatcmpl-{sub.request_id}", created=sub.created,
                                   model=self.model, choices=choices, usage=usage)
-        return Completion(
-            id=f"cmpl-{sub.request_id}", created=sub.created, model=self.model,
-            choices=[CompletionChoice(
-                texts[i], i, col.finish[i],
-                self._completion_logprobs(col.logprobs[i], 0) if sub.logprobs else None)
-                for i in range(sub.n)],
-            usage=usage,
-        )
+        choices = []
+        for i in range(sub.n):
+            echo, logprobs = "", None
+            if sub.echo is not None:
+                echo = sub.echo
+                if sub.logprobs:
+                    logprobs = self._echo_logprobs(sub, col.prompt_logprobs[i])
+            if sub.logprobs:  # (offsets into the text returned: the echo's, then the output's)
+                more = self._completion_logprobs(col.logprobs[i], len(echo))
+                logprobs = more if logprobs is None else logprobs.extend(more)
+            choices.append(CompletionChoice(echo + texts[i], i, col.finish[i], logprobs))
+        return Completion(id=f"cmpl-{sub.request_id}", created=sub.created, model=self.model,
+                          choices=choices, usage=usage)
+
+    def _echo_logprobs(self, sub: _Submitted, entries: list[SampledToken]) -> CompletionLogprobs:
+        """The prompt's tokens in the legacy shape: the first has no logprob (nothing comes
+        before it), each other the model's logprob of it and its position's most likely."""
+        out = CompletionLogprobs()
+        first = self._token_text(sub.prompt_ids[0])[0]
+        out.tokens.append(first)
+        out.token_logprobs.append(None)
+        out.top_logprobs.append(None)
+        out.text_offset.append(0)
+        return out.extend(self._completion_logprobs(entries, len(first)))
 
     def _first_chunks(self, sub: _Submitted) -> list[Any]:
         if sub.kind != "chat":
@@ -464,7 +495,7 @@ class _Frontend:
 
     def _chunks_for(self, sub: _Submitted, out: SequenceOutput, col: _Collected) -> list[Any]:
         # the offset of this output's text in its choice, before adding it (legacy logprobs)
-        offset = sum(len(t) for t in col.texts[out.index])
+        offset = sum(len(t) for t in col.texts[out.index]) + len(sub.echo or "")
         col.add(out)
         chunks: list[Any] = []
         # a token's logprobs go out with the step that sampled it, even when its text is
@@ -497,10 +528,22 @@ class _Frontend:
             if finish is not None:
                 chunks.append(self._chat_chunk(
                     sub, [ChunkChoice(out.index, ChoiceDelta(), finish)]))
-        elif out.text or lp or out.finish_reason is not None:
-            chunks.append(self._completion_chunk(sub, [CompletionChoice(
-                out.text, out.index, out.finish_reason,
-                self._completion_logprobs(lp, offset) if lp else None)]))
+        else:
+            text = out.text
+            if sub.echo is not None and not col.echoed[out.index] and (
+                    out.token_ids or out.finish_reason is not None):
+                # the prompt (and its logprobs) goes out once all of it was read
+                col.echoed[out.index] = True
+                echo_lp = (self._echo_logprobs(sub, col.prompt_logprobs[out.index])
+                           if sub.logprobs else None)
+                more = self._completion_logprobs(lp, offset) if lp else None
+                lp_out = echo_lp.extend(more) if echo_lp and more else (echo_lp or more)
+                chunks.append(self._completion_chunk(sub, [CompletionChoice(
+                    sub.echo + text, out.index, out.finish_reason, lp_out)]))
+            elif text or lp or out.finish_reason is not None:
+                chunks.append(self._completion_chunk(sub, [CompletionChoice(
+                    text, out.index, out.finish_reason,
+                    self._completion_logprobs(lp, offset) if lp else None)]))
         return chunks
 
     def _last_chunks(self, sub: _Submitted, col: _Collected) -> list[Any]:

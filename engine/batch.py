@@ -69,7 +69,8 @@ class KVIndex:
 @dataclass(slots=True)
 class Batch:
     """A verify step (speculation, ``spec_token_ids``) gives a sequence one entry per token
-    it checks: its entries are consecutive in ``seq_ids``, one token each, each a sample row."""
+    it checks, and a prefill that returns the prompt's logprobs (``prompt_rows``) one per prompt
+    token: its entries are consecutive in ``seq_ids``, one token each, each a sample row."""
 
     seq_ids: list[int]  # (b,) the sequence of each entry, in step order
     token_ids: list[int]  # (n,) new tokens of all sequences, concatenated
@@ -81,6 +82,9 @@ class Batch:
     decode_only: bool = False
     # seq_id -> the drafted tokens this step verifies (after the sequence's last token)
     spec_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    # seq_id -> how many of its (leading) sample rows read prompt tokens' logprobs
+    # (``Sequence.prompt_logprob_row``) rather than sample
+    prompt_rows: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

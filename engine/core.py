@@ -60,6 +60,9 @@ class SequenceOutput:
     # speculation so far: drafted tokens the model kept, and those it did not
     num_accepted_drafts: int = 0
     num_rejected_drafts: int = 0
+    # prompt tokens' logprobs read this step (SamplingParams.prompt_logprobs), in order from
+    # the prompt's second token
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -201,6 +204,7 @@ class EngineCore:
             max_batch_size=max_batch_size or info.max_batch_size,
             token_budget=prefill_chunk_size or info.prefill_chunk_size,
             separate_prefill=batch_invariant,
+            vocab_size=info.vocab_size,
         )
         self.speculative = SpeculativeConfig.parse(speculative)
         self.step_cost = StepCost()  # what a verify row adds to a decode step
@@ -464,17 +468,13 @@ class EngineCore:
 
     def _matchers(self, batch: Batch):
         """(sampling rows, grammar matcher, drafts) of every sequence that follows a grammar:
-        one row, or a verify step's rows (row j: the position after ``drafts[:j]``)."""
-        rows = list(zip(batch.sample_rows, batch.sampling))
-        i = 0
-        while i < len(rows):
-            sid = batch.seq_ids[rows[i][0]]
-            drafts = batch.spec_token_ids.get(sid, ())
-            group = [row for _, row in rows[i:i + len(drafts) + 1]]
-            i += len(group)
+        one row, or a verify step's rows (row j: the position after ``drafts[:j]``); rows that
+        read prompt logprobs are not the grammar's."""
+        for sid, start, end in _row_groups(batch, range(len(batch.sample_rows))):
             matcher = self._seqs[sid].matcher
-            if matcher is not None:
-                yield group, matcher, drafts
+            start += batch.prompt_rows.get(sid, 0)
+            if matcher is not None and start < end:
+                yield batch.sampling[start:end], matcher, batch.spec_token_ids.get(sid, ())
 
     def _fill_masks(self, group, matcher, drafts) -> None:
         for j, row in enumerate(group):
@@ -515,21 +515,38 @@ class EngineCore:
             for i, sid in enumerate(batch.seq_ids):
                 if sid not in batch.spec_token_ids:  # (a verify step counts what it keeps)
                     self._seqs[sid].num_computed_tokens += qo[i + 1] - qo[i]
-            i = 0
-            while i < len(tokens):
-                seq = self._seqs[batch.seq_ids[batch.sample_rows[i]]]
-                drafts = batch.spec_token_ids.get(seq.seq_id, ())
-                group = tokens[i:i + len(drafts) + 1]
-                i += len(group)
-                if drafts:
-                    outputs.append(self._accept_verified(seq, drafts, group, t0))
+            for sid, start, end in _row_groups(batch, tokens):
+                seq = self._seqs[sid]
+                prompt = batch.prompt_rows.get(sid, 0)
+                lps = [entry for entry in tokens[start:start + prompt]]
+                drafts = batch.spec_token_ids.get(sid, ())
+                if start + prompt == end:  # prompt logprobs only (a prompt chunk)
+                    out = self._prompt_progress(seq, t0)
+                elif drafts:
+                    out = self._accept_verified(seq, drafts, tokens[start + prompt:end], t0)
                 else:
-                    outputs.append(self._accept_sampled(seq, group[0], t0))
+                    out = self._accept_sampled(seq, tokens[start + prompt], t0)
+                if lps:
+                    out.prompt_logprobs[:0] = lps
+                if out.finish_reason is not None or lps or out.token_ids:
+                    outputs.append(out)
             self.stats.tokens_computed += batch.num_tokens
             self._record_step(state, t0, len(set(batch.seq_ids)))
             if batch.decode_only:
                 self.step_cost.record(len(batch.seq_ids), t0 - state.started - state.host_s)
         return outputs
+
+    def _prompt_progress(self, seq: Sequence, now: float) -> SequenceOutput:
+        """After a prompt chunk whose rows read logprobs only: a sequence that makes no output
+        (max_tokens 0) ends once its prompt's logprobs are all read."""
+        if seq.max_output_tokens == 0 and seq.num_computed_tokens >= seq.prompt_end:
+            req = self._requests[seq.request_id]
+            req.first_token = req.last_token = now
+            self._finish(seq, "length")
+            return SequenceOutput(seq.request_id, seq.index, "", [], "length",
+                                  seq.num_prompt_tokens, 0, seq.num_cached_tokens)
+        return SequenceOutput(seq.request_id, seq.index, "", [], None, seq.num_prompt_tokens,
+                              seq.num_output_tokens, seq.num_cached_tokens)
 
     def _accept_sampled(self, seq: Sequence, entry: int | SampledToken,
                         now: float) -> SequenceOutput:
@@ -670,3 +687,16 @@ def _grammar_prefix(matcher: GrammarMatcher, drafts: list[int]) -> list[int]:
     if kept:
         matcher.rollback(kept)
     return drafts[:kept]
+
+
+def _row_groups(batch: Batch, rows):
+    """(seq_id, first, end) of each sequence's consecutive sample rows (indexes into
+    ``batch.sample_rows``, and so into ``rows``, one entry per sample row)."""
+    i, n = 0, len(rows)
+    while i < n:
+        sid = batch.seq_ids[batch.sample_rows[i]]
+        j = i + 1
+        while j < n and batch.seq_ids[batch.sample_rows[j]] == sid:
+            j += 1
+        yield sid, i, j
+        i = j

@@ -33,7 +33,6 @@ _DEFAULT_ONLY_CHAT: dict[str, tuple[Any, ...]] = {
 }
 _DEFAULT_ONLY_COMPLETION: dict[str, tuple[Any, ...]] = {
     **_DEFAULT_ONLY_COMMON,
-    "echo": (None, False),
     "suffix": (None, ""),
 }
 # Accepted and ignored: they change nothing about the output.
@@ -175,7 +174,9 @@ class SamplingFields:
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str):
             raise _type_error("model", "a string", self.model)
-        _check_optional_int("max_tokens", self.max_tokens, 1)
+        # (a completion that echoes its prompt may ask for no new token: its prompt's logprobs)
+        _check_optional_int("max_tokens", self.max_tokens, 0 if getattr(self, "echo", False)
+                            else 1)
         if not _is_number(self.temperature):
             raise _type_error("temperature", "a number", self.temperature)
         if not 0.0 <= self.temperature <= 2.0:
@@ -618,8 +619,12 @@ class CompletionRequest(SamplingFields):
     """A text completion. ``prompt`` is a string (tokenized with BOS rules) or token ids (as-is)."""
 
     prompt: str | list[int] = ""
+    # the prompt before the completion's text, and (with logprobs) each prompt token's logprob
+    # after the first (OpenAI's legacy echo; lm-evaluation-harness scores with it)
+    echo: bool = False
 
     def __post_init__(self) -> None:
+        _check_bool("echo", self.echo)
         SamplingFields.__post_init__(self)
         # the legacy shape: how many most likely tokens to list beside each sampled one
         _check_optional_int("logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS)
@@ -644,7 +649,7 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def from_dict(cls, d: Any) -> CompletionRequest:
         # (a completion's logprobs is a count; a chat's a boolean)
-        kwargs = _split_fields(d, ("prompt", "best_of"), _DEFAULT_ONLY_COMPLETION,
+        kwargs = _split_fields(d, ("prompt", "best_of", "echo"), _DEFAULT_ONLY_COMPLETION,
                                _INTEGER_FIELDS | {"logprobs"})
         if isinstance(kwargs.get("prompt"), list):
             kwargs["prompt"] = token_ids_of(kwargs["prompt"])
@@ -743,9 +748,18 @@ class CompletionLogprobs:
     """The completions API's legacy shape: parallel lists, one entry per sampled token."""
 
     tokens: list[str] = field(default_factory=list)
-    token_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = field(default_factory=list)
+    # (None: an echoed prompt's first token, which nothing predicts)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
     text_offset: list[int] = field(default_factory=list)
+
+    def extend(self, more: CompletionLogprobs) -> CompletionLogprobs:
+        """These entries followed by ``more``'s (offsets as ``more`` has them)."""
+        self.tokens += more.tokens
+        self.token_logprobs += more.token_logprobs
+        self.top_logprobs += more.top_logprobs
+        self.text_offset += more.text_offset
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,

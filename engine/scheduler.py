@@ -31,13 +31,13 @@ from collections import deque
 
 from .batch import Batch
 from .errors import KVCacheFullError
-from .kv_cache import KVCache, extend_page_digests, pages_for
+from .kv_cache import NO_HIT, KVCache, extend_page_digests, pages_for
 from .sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
     def __init__(self, kv: KVCache, *, max_batch_size: int, token_budget: int,
-                 separate_prefill: bool = False) -> None:
+                 separate_prefill: bool = False, vocab_size: int = 0) -> None:
         if max_batch_size < 1 or token_budget < 1:
             raise ValueError(f"max_batch_size={max_batch_size} and token_budget={token_budget} "
                              "must be >= 1")
@@ -45,6 +45,7 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.token_budget = token_budget  # new tokens per step, all sequences together
         self.separate_prefill = separate_prefill
+        self.mask_words = (vocab_size + 31) // 32  # a grammar bitmask's words (prompt rows)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.num_preemptions = 0
@@ -96,7 +97,10 @@ class Scheduler:
             if decode_step is not None and _generating(seq) != decode_step:
                 i += 1  # not this step's kind
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._prompt_rows_cap(
+                seq, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget), rows)
+            if num_new < 1:
+                break  # the step's entries are used up
             target = seq.num_computed_tokens + num_new
             drafts = self._drafts(seq, num_new, budget, rows)
             if drafts:  # verified only where the pool has room now: never preempt for them
@@ -116,7 +120,7 @@ class Scheduler:
             self.kv.allocate(seq.seq_id, target + len(drafts))
             chunks.append((seq, num_new, drafts))
             budget -= num_new + len(drafts)
-            rows += 1 + len(drafts)
+            rows += len(drafts) + (num_new if seq.params.prompt_logprobs >= 0 else 1)
             i += 1
 
         while (not preempted and not decode_step and self.waiting
@@ -124,9 +128,15 @@ class Scheduler:
             seq = self.waiting[0]
             if self._waits_for_leader(seq):
                 break  # FIFO: nobody overtakes the head of the queue
-            hit = self.kv.lookup(self._digests(seq, (seq.num_tokens - 1) // self.kv.page_size),
-                                 seq.num_tokens)
-            num_new = min(seq.num_tokens - hit.num_tokens, budget)
+            hit = NO_HIT
+            if seq.params.prompt_logprobs < 0:  # (prompt logprobs need every position's logits)
+                hit = self.kv.lookup(
+                    self._digests(seq, (seq.num_tokens - 1) // self.kv.page_size),
+                    seq.num_tokens)
+            num_new = self._prompt_rows_cap(seq, hit.num_tokens,
+                                            min(seq.num_tokens - hit.num_tokens, budget), rows)
+            if num_new < 1:
+                break
             if not self.kv.can_allocate(seq.seq_id, hit.num_tokens + num_new, hit):
                 break
             self.waiting.popleft()
@@ -138,11 +148,19 @@ class Scheduler:
             self.running.append(seq)
             chunks.append((seq, num_new, []))
             budget -= num_new
-            rows += 1
+            rows += num_new if seq.params.prompt_logprobs >= 0 else 1
 
         if not chunks:
             return None
         return self._batch(chunks, decode_only=all(_generating(seq) for seq, _, _ in chunks))
+
+    def _prompt_rows_cap(self, seq: Sequence, start: int, num_new: int, rows: int) -> int:
+        """A chunk's new tokens, for a sequence whose prompt logprobs are asked: each prompt
+        token is an entry of its own (its logits are read), so the step's entry bound caps the
+        chunk, and the prefill ends at ``seq.prompt_end``."""
+        if seq.params.prompt_logprobs < 0 or start >= seq.num_prompt_tokens:
+            return num_new
+        return min(num_new, seq.prompt_end - start, self.max_batch_size - rows)
 
     def _drafts(self, seq: Sequence, num_new: int, budget: int, rows: int) -> list[int]:
         """The proposed drafts (``seq.spec_token_ids``) this step can verify: a generating
@@ -192,8 +210,23 @@ class Scheduler:
         sample_rows: list[int] = []
         sampling = []
         spec: dict[int, list[int]] = {}
+        prompt_rows: dict[int, int] = {}
         for seq, num_new, drafts in chunks:
             start = seq.num_computed_tokens
+            if seq.params.prompt_logprobs >= 0 and start < seq.num_prompt_tokens:
+                # one entry per prompt token; a row reads the next prompt token's logprob,
+                # the last prompt token's row samples (when the sequence makes output)
+                for pos in range(start, start + num_new):
+                    if pos + 1 < seq.num_prompt_tokens:
+                        sampling.append(seq.prompt_logprob_row(pos, self.mask_words))
+                        prompt_rows[seq.seq_id] = prompt_rows.get(seq.seq_id, 0) + 1
+                    else:
+                        sampling.append(seq.sampling_row())
+                    sample_rows.append(len(seq_ids))
+                    seq_ids.append(seq.seq_id)
+                    entries.append((seq.seq_id, pos, 1))
+                    token_ids.append(seq.token_ids[pos])
+                continue
             if drafts:  # a verify step: one entry per token, each sampling its next token
                 spec[seq.seq_id] = drafts
                 for j, token in enumerate([seq.token_ids[start], *drafts]):
@@ -217,6 +250,7 @@ class Scheduler:
             sampling=sampling,
             decode_only=decode_only,
             spec_token_ids=spec,
+            prompt_rows=prompt_rows,
         )
 
 

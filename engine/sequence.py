@@ -41,6 +41,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logit
     logprobs: bool = False  # return the sampled token's logprob
     top_logprobs: int = 0  # and this many most likely tokens' (needs logprobs)
+    # -1: none; k >= 0: each prompt token's logprob (after the first) and the k most likely
+    # tokens' at its position (the completions API's echo; max_tokens may then be 0)
+    prompt_logprobs: int = -1
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature:
@@ -49,8 +52,11 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        least = 0 if self.prompt_logprobs >= 0 else 1
+        if self.max_tokens is not None and self.max_tokens < least:
+            raise ValueError(f"max_tokens must be >= {least}, got {self.max_tokens}")
+        if not -1 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [-1, {MAX_TOP_LOGPROBS}]")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not self.repetition_penalty > 0.0:
@@ -141,8 +147,10 @@ class Sequence:
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError("a sequence needs at least one prompt token")
-        if self.max_output_tokens < 1:
-            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+        least = 0 if self.params.prompt_logprobs >= 0 else 1
+        if self.max_output_tokens < least:
+            raise ValueError(f"max_output_tokens must be >= {least}, got "
+                             f"{self.max_output_tokens}")
         self.token_ids = list(self.prompt_ids)
         self.sampling_key = sampling_key(self.params.seed, self.index)
         self.stop_filter = StopStringFilter(self.params.stop)
@@ -173,6 +181,24 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def prompt_end(self) -> int:
+        """The tokens its prefill computes: the whole prompt, or, when it makes no output (a
+        prompt's logprobs only), all but the last prompt token (whose row would sample)."""
+        if self.max_output_tokens:
+            return self.num_prompt_tokens
+        return max(1, self.num_prompt_tokens - 1)
+
+    def prompt_logprob_row(self, position: int, mask_words: int) -> SamplingRow:
+        """The row that reads the logprob of prompt token ``position + 1`` from the logits at
+        ``position``: its mask allows that token only, so the token "sampled" is the prompt's,
+        and the logprobs (of the model's logits, before the mask) are its."""
+        token = self.prompt_ids[position + 1]
+        mask = bytearray(4 * mask_words)
+        mask[token // 8] = 1 << (token % 8)
+        return SamplingRow(temperature=0.0, top_p=1.0, top_k=0, uniform=0.0, mask=bytes(mask),
+                           num_top_logprobs=self.params.prompt_logprobs)
 
     def sampling_row(self) -> SamplingRow:
         """The row for this step's sample. Its uniform depends on this sequence's key and the

@@ -240,8 +240,15 @@ def completion_request(served: Served) -> dict[str, Any]:
         "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                      "description": "how many most likely tokens to list"},
         "best_of": {"type": "integer", "description": "equal to n (wick does not rank)"},
+        "echo": {"type": "boolean", "description": "the prompt before the output; with "
+                 "logprobs, each prompt token's logprob (max_tokens may then be 0)"},
+        "max_tokens": {"type": "integer", "minimum": 0, "maximum": served.max_tokens},
     }
-    return _request(props, "prompt", _DEFAULT_ONLY_COMPLETION, [STREAM_OPTIONS_NEED_STREAM])
+    return _request(props, "prompt", _DEFAULT_ONLY_COMPLETION, [
+        STREAM_OPTIONS_NEED_STREAM,
+        # no new token: only when the prompt is echoed
+        {"if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+         "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}}])
 
 
 def _request(props: dict[str, Any], required: str, default_only: dict[str, tuple[Any, ...]],

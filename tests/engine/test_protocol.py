@@ -156,9 +156,14 @@ def test_completion_request_prompts():
         with pytest.raises(cls) as e:
             CompletionRequest.from_dict({"prompt": bad})
         assert e.value.param == "prompt"
-    with pytest.raises(UnsupportedParameterError) as e:
-        CompletionRequest.from_dict({"prompt": "a", "echo": True})
-    assert e.value.param == "echo"
+    assert CompletionRequest.from_dict({"prompt": "a", "echo": True, "max_tokens": 0}).echo
+    for bad in ({"prompt": "a", "echo": "yes"}, {"prompt": "a", "echo": 1}):
+        with pytest.raises(InvalidRequestError) as e:
+            CompletionRequest.from_dict(bad)
+        assert e.value.param == "echo"
+    with pytest.raises(InvalidRequestError) as e:  # no new token: only with an echo
+        CompletionRequest.from_dict({"prompt": "a", "max_tokens": 0})
+    assert e.value.param == "max_tokens"
     with pytest.raises(InvalidRequestError) as e:
         CompletionRequest.from_dict({"prompt": "a", "messages": MSGS})
     assert e.value.param == "messages"

@@ -590,3 +590,28 @@ def test_prediction_through_the_official_client(client, engine, names):
         client.chat.completions.create(model=names[0], messages=HELLO, max_tokens=2,
                                        prediction={"type": "content", "content": 7})
     assert e.value.body["param"] == "prediction.content"
+
+
+def test_echo_with_logprobs_through_the_official_client(client, engine, names):
+    """The completions API's echo (lm-evaluation-harness's loglikelihood request): the prompt
+    back with each token's logprob, none for the first, no new token with max_tokens=0."""
+    prompt = "Hello there, general Kenobi"
+    ids = engine.core.prompt_ids(prompt)
+    r = client.completions.create(model=names[0], prompt=prompt, echo=True, logprobs=2,
+                                  max_tokens=0, temperature=0)
+    c = r.choices[0]
+    assert c.text == prompt and r.usage.completion_tokens == 0
+    assert len(c.logprobs.tokens) == len(ids)
+    assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
+    assert all(lp <= 0 for lp in c.logprobs.token_logprobs[1:])
+    assert all(len(top) <= 2 for top in c.logprobs.top_logprobs[1:])
+    more = client.completions.create(model=names[0], prompt=prompt, echo=True, logprobs=2,
+                                     max_tokens=3, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert more.choices[0].logprobs.token_logprobs[:len(ids)] == pytest.approx(
+        c.logprobs.token_logprobs[:len(ids)][:1] + c.logprobs.token_logprobs[1:len(ids)],
+        abs=1e-5)
+    assert len(more.choices[0].logprobs.tokens) == len(ids) + 3
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=names[0], prompt=prompt, max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
