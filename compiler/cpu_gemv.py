@@ -28,6 +28,7 @@ from tvm.script import tirx as T
 
 GROUP = 32  # weights per scale/minimum (compiler/quantization.py GROUP_SIZE)
 HALF = GROUP // 2
+ROWS = 4  # input rows per tile: each group's weights are dequantized once per tile
 
 
 def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
@@ -77,46 +78,52 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
 
     # (the macro sees the names the functions that use it see: K, N, G and module globals)
     @T.macro(hygienic=False)
-    def body(b, x, w, s, m, out, lanes):
+    def body(b, x, w, s, m, out, lanes, rows):
         wb = T.decl_buffer((N * K // 2,), "uint8", data=w.data)  # the same bytes, one by one
-        # the input rows split into each group's even and odd elements, and each group's sum
+        # the input rows split into each group's even and odd elements
         xs = T.alloc_buffer((b, G, 2, HALF), "float32")
-        xsum = T.alloc_buffer((b, G), "float32")
         for i in range(b):
             for g in range(G):
-                xsum[i, g] = T.float32(0)
                 for t in range(HALF):
                     xs[i, g, 0, t] = x[i, g * GROUP + 2 * t]
                     xs[i, g, 1, t] = x[i, g * GROUP + 2 * t + 1]
-                    xsum[i, g] = xsum[i, g] + x[i, g * GROUP + 2 * t] + x[i, g * GROUP + 2 * t + 1]
         for j in T.parallel(N):
-            for i in range(b):
-                acc = T.alloc_buffer((HALF,), "float32")  # (inside the parallel loop: private)
-                part = T.alloc_buffer((HALF,), "float32")
-                tail = T.alloc_buffer((1,), "float32")
-                tail[0] = T.float32(0)
-                for t in T.vectorized(HALF):
-                    acc[t] = T.float32(0)
+            for i0 in range((b + rows - 1) // rows):
+                # (inside the parallel loop: private) a tile of rows shares each group's
+                # weights, dequantized once
+                acc = T.alloc_buffer((rows, HALF), "float32")
+                lo = T.alloc_buffer((HALF,), "float32")
+                hi = T.alloc_buffer((HALF,), "float32")
+                for r in T.unroll(rows):
+                    for t in T.vectorized(HALF):
+                        acc[r, t] = T.float32(0)
                 for g in range(G):
                     for c in T.unroll(HALF // lanes):
                         # (no let-bound index here: TVM's vectorizer keeps a let scalar)
                         for u in T.vectorized(lanes):
-                            part[c * lanes + u] = (
-                                T.Cast("float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
-                                       & T.uint8(15)) * xs[i, g, 0, c * lanes + u]
-                                + T.Cast("float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
-                                         >> T.uint8(4)) * xs[i, g, 1, c * lanes + u])
-                    for t in T.vectorized(HALF):
-                        acc[t] = acc[t] + s[j, g] * part[t]
-                    tail[0] = tail[0] + m[j, g] * xsum[i, g]
-                # the 16 lanes pairwise (vector adds), then the minimums' share
-                for h in T.vectorized(8):
-                    acc[h] = acc[h] + acc[h + 8]
-                for h in T.vectorized(4):
-                    acc[h] = acc[h] + acc[h + 4]
-                for h in T.vectorized(2):
-                    acc[h] = acc[h] + acc[h + 2]
-                out[i, j] = acc[0] + acc[1] + tail[0]
+                            lo[c * lanes + u] = T.Cast(
+                                "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
+                                & T.uint8(15)) * s[j, g] + m[j, g]
+                            hi[c * lanes + u] = T.Cast(
+                                "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
+                                >> T.uint8(4)) * s[j, g] + m[j, g]
+                    for r in T.unroll(rows):
+                        if i0 * rows + r < b:
+                            for t in T.vectorized(HALF):
+                                acc[r, t] = (acc[r, t] + lo[t] * xs[i0 * rows + r, g, 0, t]
+                                             + hi[t] * xs[i0 * rows + r, g, 1, t])
+                # each row's 16 lanes pairwise (vector adds): the same sums in the same order
+                # whatever the tile, so a row's result never depends on the rows beside it
+                # (batch invariance)
+                for r in T.unroll(rows):
+                    if i0 * rows + r < b:
+                        for h in T.vectorized(8):
+                            acc[r, h] = acc[r, h] + acc[r, h + 8]
+                        for h in T.vectorized(4):
+                            acc[r, h] = acc[r, h] + acc[r, h + 4]
+                        for h in T.vectorized(2):
+                            acc[r, h] = acc[r, h] + acc[r, h + 2]
+                        out[i0 * rows + r, j] = acc[r, 0] + acc[r, 1]
 
     @T.prim_func(s_tir=True)
     def q4_matmul(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
@@ -128,7 +135,10 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
         s = T.match_buffer(var_s, (N, G), "float32")
         m = T.match_buffer(var_m, (N, G), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        body(b, x, w, s, m, out, lanes)
+        if b == 1:  # (the same sums per row: a tile of one, without the tile's tests)
+            body(b, x, w, s, m, out, lanes, 1)
+        else:
+            body(b, x, w, s, m, out, lanes, ROWS)
 
     @T.prim_func(s_tir=True)
     def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
@@ -141,7 +151,10 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
         m = T.match_buffer(var_m, (N, G), "float32")
         r = T.match_buffer(var_r, (b, N), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        body(b, x, w, s, m, out, lanes)
+        if b == 1:  # (the same sums per row: a tile of one, without the tile's tests)
+            body(b, x, w, s, m, out, lanes, 1)
+        else:
+            body(b, x, w, s, m, out, lanes, ROWS)
         for i, j in T.grid(b, N):  # the residual (x + y == y + x exactly in float32)
             out[i, j] = r[i, j] + out[i, j]
 

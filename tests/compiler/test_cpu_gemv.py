@@ -64,3 +64,29 @@ def test_matches_numpy_on_dequantized_weights(N, K, residual):
         lib["f"](*tensors)
         got = tensors[-1].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(residual):
+    """Batch invariance (and speculation's exactness): rows are tiled so that a group's
+    weights are dequantized once per tile, and a row's sums run in the same order alone, in
+    a full tile or in a partial one."""
+    N, K = 40, 96
+    quant = get_quantization("q4f32_1")
+    rng = np.random.default_rng(3)
+    packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
+    func = schedule(te_matmul(N, K, residual=residual), cpu_target())
+    lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
+                         target=cpu_target())
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    r = rng.standard_normal((9, N)).astype(np.float32)
+
+    def run(rows):
+        args = [x[rows], packed, scale, minimum] + ([r[rows]] if residual else [])
+        tensors = [tvm.runtime.tensor(a) for a in args + [np.zeros((len(rows), N), np.float32)]]
+        lib["f"](*tensors)
+        return tensors[-1].numpy()
+
+    alone = np.concatenate([run([i]) for i in range(9)])
+    for rows in (list(range(9)), [4, 0, 8, 2, 6], [7, 3]):
+        assert np.array_equal(run(rows), alone[rows]), rows
