@@ -44,9 +44,9 @@ def native(tiny_artifact, tiny_q4_artifact):
     return out
 
 
-RUN = """async ([model, quantization, backend, messages, prompt, n]) => {
+RUN = """async ([model, quantization, backend, messages, prompt, n, speculative]) => {
     const progress = [];
-    const engine = await wick.createEngine(model, {quantization, backend,
+    const engine = await wick.createEngine(model, {quantization, backend, speculative,
         onProgress: (p) => progress.push(p.stage)});
     const chat = await engine.chat.completions.create({messages, max_tokens: n, temperature: 0});
     const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0, logprobs: 2});
@@ -93,15 +93,17 @@ def test_auto_backend_without_webgpu_runs_wasm_kernels_with_native_tokens(
 def test_an_isolated_page_runs_the_kernels_on_every_core(context, web_server, native):
     """Cross-origin isolated (as `wick serve` sends its pages), the engine runs the threaded
     module: helper threads over a shared memory take tasks of the kernels' parallel loops, and
-    the tokens are the same."""
+    the tokens are the same, with n-gram speculation on (issue #28) too."""
     page = Page(context, web_server.url, headers=ISOLATION)
-    out = page.run(RUN, [native["model"], "q4f32_1", "wasm", MESSAGES, PROMPT, N])
+    out = page.run(RUN, [native["model"], "q4f32_1", "wasm", MESSAGES, PROMPT, N,
+                         {"method": "ngram", "numTokens": 4}])
     cores = page.run("() => [navigator.hardwareConcurrency, crossOriginIsolated]")
     assert cores[1] is True
     info = out["info"]
     assert info["backend"] == "wasm" and info["threads"] == min(cores[0], 16) > 1
     assert out["stats"]["threads"] == info["threads"]
     assert out["stats"]["helperTasks"] > 100  # the helpers took part
+    assert set(out["stats"]["speculation"]) >= {"verify_steps", "acceptance_rate"}
     _same(out, native["q4f32_1"])
     assert not page.console_errors
 
@@ -178,8 +180,12 @@ def test_smollm2_on_wasm_gives_transformers_greedy_tokens(context, smol_server):
         const comp = await engine.completions.create({prompt, max_tokens: 16, temperature: 0});
         const ms = performance.now() - t0;
         const chat = await engine.chat.completions.create({messages, max_tokens: 16, temperature: 0});
+        // speculation in the browser: the output predicted, verified several rows a step
+        const predicted = await engine.completions.create({prompt, max_tokens: 16, temperature: 0,
+            prediction: {type: "content", content: comp.choices[0].text}});
+        const stats = await engine.stats();
         await engine.unload();
-        return {comp, chat, ms, backend: engine.info.backend};
+        return {comp, chat, ms, backend: engine.info.backend, predicted, stats};
     }""", [prompt, SMOL_MESSAGES], timeout=600_000)
     print(f"SmolLM2 q0f32 on wasm in Chromium: 16 tokens in {out['ms'] / 1e3:.1f} s")
     assert out["backend"] == "wasm"
@@ -188,4 +194,9 @@ def test_smollm2_on_wasm_gives_transformers_greedy_tokens(context, smol_server):
     assert out["chat"]["choices"][0]["message"]["content"] == \
         want_chat["choices"][0]["message"]["content"]
     assert out["chat"]["usage"] == want_chat["usage"]
+    predicted = out["predicted"]
+    assert predicted["choices"][0]["text"] == out["comp"]["choices"][0]["text"]
+    details = predicted["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] >= 10
+    assert out["stats"]["speculation"]["verify_steps"] > 0
     assert not page.console_errors
