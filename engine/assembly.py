@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from .artifact import Artifact
 from .core import EngineCore
+from .draft_model import DraftModel
 from .grammar import VocabInfo
 from .grammar_limits import GrammarLimits
 from .model_info import ModelInfo
@@ -37,10 +38,12 @@ def assemble_core(art: Artifact, backend: Any, *,
                   prefix_cache: bool = True,
                   grammar_limits: GrammarLimits = GrammarLimits(),
                   speculative: Any = None,
+                  draft_artifact: Artifact | None = None,
                   **runner_options: Any) -> EngineCore:
     """The engine core for ``art`` on ``backend``. ``tokenizer(tokenizer_json)`` builds the
     host's tokenizer; ``grammar`` its structured-output backend (which ``grammar_limits`` bound);
-    ``speculative`` the engine-level speculation (engine/speculative.py); ``runner_options`` go
+    ``speculative`` the engine-level speculation (engine/speculative.py), whose method ``draft``
+    runs ``draft_artifact`` on the same backend with a KV pool of its own; ``runner_options`` go
     to the
     runner (``progress``, ``batched_decode``, ``upload_weights``)."""
     pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
@@ -49,7 +52,15 @@ def assemble_core(art: Artifact, backend: Any, *,
     tokenizer_json = art.tokenizer_json()
     info = ModelInfo.from_manifest(art.manifest)
     grammar_backend, vocab = grammar(tokenizer_json, info)
+    draft = None
+    if draft_artifact is not None:
+        draft_pages = kv_pages_for(draft_artifact.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
+                                   backend.max_storage_binding)
+        options = {k: v for k, v in runner_options.items() if k != "progress"}
+        draft = DraftModel(runner_class(draft_artifact, backend, num_pages=draft_pages,
+                                        **options),
+                           ModelInfo.from_manifest(draft_artifact.manifest), draft_pages)
     return EngineCore(runner, tokenizer(tokenizer_json), info, num_pages=pages,
                       batch_invariant=batch_invariant, prefix_cache=prefix_cache,
                       grammar=grammar_backend, vocab=vocab, grammar_limits=grammar_limits,
-                      speculative=speculative)
+                      speculative=speculative, draft=draft)

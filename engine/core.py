@@ -29,6 +29,7 @@ from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
 from .speculative import SequenceDrafter, SpeculativeConfig
 from .draft_length import StepCost
+from .draft_model import DraftModel
 from .tokenizer import Tokenizer
 from .utf8_guard import Utf8Guard, Utf8Table
 
@@ -171,6 +172,7 @@ class EngineCore:
         vocab: VocabInfo | None = None,
         grammar_limits: GrammarLimits = GrammarLimits(),
         speculative: SpeculativeConfig | dict | str | None = None,
+        draft: DraftModel | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``batch_invariant`` (the default): never mix prompt and decode work in a step, so
@@ -181,7 +183,8 @@ class EngineCore:
         (None: requests that need one are refused), within ``grammar_limits`` (checked before
         it sees a grammar); ``vocab`` gives each token's bytes for logprobs. ``speculative``
         (``SpeculativeConfig``, its dict or method name): draft for every sequence
-        (engine/speculative.py); without it only requests with a ``prediction`` draft."""
+        (engine/speculative.py); without it only requests with a ``prediction`` draft.
+        ``draft``: the drafting model of method ``draft`` (engine/draft_model.py)."""
         # The compiled kernels bound the step: smaller limits are fine, larger ones are not.
         for name, value, bound in (("max_batch_size", max_batch_size, info.max_batch_size),
                                    ("prefill_chunk_size", prefill_chunk_size,
@@ -207,6 +210,14 @@ class EngineCore:
             vocab_size=info.vocab_size,
         )
         self.speculative = SpeculativeConfig.parse(speculative)
+        if (self.speculative is not None and self.speculative.method == "draft") != (
+                draft is not None):
+            raise InvalidRequestError("speculative method 'draft' needs its draft model (and "
+                                      "a draft model needs that method)", param="speculative",
+                                      code="invalid_value")
+        if draft is not None:
+            draft.check_vocabulary(info)
+        self.draft = draft
         self.step_cost = StepCost()  # what a verify row adds to a decode step
         self.stats = EngineStats()
         self._mask_hash = hashlib.sha256()
@@ -327,7 +338,8 @@ class EngineCore:
             return None
         most = spec.num_tokens if spec is not None else SpeculativeConfig().num_tokens
         return SequenceDrafter(max_tokens=min(most, self.scheduler.max_batch_size - 1),
-                               ngram=spec is not None, prediction=prediction)
+                               ngram=spec is not None and spec.method == "ngram",
+                               model=self.draft is not None, prediction=prediction)
 
     def _check_length(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
         """The most output tokens a sequence may make; raises when the request cannot fit."""
@@ -424,6 +436,8 @@ class EngineCore:
         grammar, drafts end before the first one the grammar refuses (a matcher that cannot
         roll back does not draft)."""
         row_cost = self.step_cost.row_cost
+        model_cost = row_cost + self._draft_step_cost()
+        wanted: dict[int, tuple[list[int], int]] = {}  # for the draft model
         for seq in self.scheduler.running:
             drafter = seq.drafter
             seq.spec_token_ids = []
@@ -432,11 +446,35 @@ class EngineCore:
                     or (matcher is not None and not hasattr(matcher, "rollback"))):
                 continue
             room = seq.max_output_tokens - seq.num_output_tokens - 1
-            if room > 0:
-                drafts = drafter.propose(seq.token_ids, seq.num_prompt_tokens, room, row_cost,
-                                         seq.params.stop_token_ids)
-                seq.spec_token_ids = (drafts if matcher is None or not drafts
-                                      else _grammar_prefix(matcher, drafts))
+            k = drafter.draft_length(room, model_cost if drafter.model else row_cost) \
+                if room > 0 else 0
+            if k < 1:
+                continue
+            drafts = drafter.propose(seq.token_ids, seq.num_prompt_tokens, k,
+                                     seq.params.stop_token_ids)
+            if drafts or not drafter.model:
+                seq.spec_token_ids = self._allowed(seq, drafts)
+            else:
+                wanted[seq.seq_id] = (seq.token_ids, k)
+        if wanted:
+            for sid, drafts in self.draft.propose(wanted).items():
+                seq = self._seqs[sid]
+                stops = seq.params.stop_token_ids
+                cut = next((i for i, t in enumerate(drafts) if t in stops), len(drafts))
+                seq.spec_token_ids = self._allowed(seq, drafts[:cut])
+
+    def _allowed(self, seq: Sequence, drafts: list[int]) -> list[int]:
+        """The drafts a sequence's grammar takes (all, without one)."""
+        if seq.matcher is None or not drafts:
+            return drafts
+        return _grammar_prefix(seq.matcher, drafts)
+
+    def _draft_step_cost(self) -> float:
+        """A draft model's step as a fraction of the engine's one-row step (0 without one)."""
+        one = self.step_cost.one_row_seconds
+        if self.draft is None or not self.draft.num_steps or not one:
+            return 0.0 if self.draft is None else 0.3  # (until measured)
+        return self.draft.seconds_per_step / one
 
     def _claim_runner(self) -> None:
         """The device KV is the runner's: if another core stepped it since this one did (two
@@ -656,6 +694,8 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish(reason)
+        if self.draft is not None:
+            self.draft.release(seq.seq_id)
         close = getattr(seq.matcher, "close", None)
         if close is not None:  # a wasm matcher holds memory outside Python's reach
             close()

@@ -83,6 +83,11 @@ class StepCost:
             1 - self._decay)
 
     @property
+    def one_row_seconds(self) -> float | None:
+        """The mean time of a one-row step (None before one ran)."""
+        return self._mean.get(1)
+
+    @property
     def row_cost(self) -> float:
         one = self._mean.get(1)
         wider = [(r, t) for r, t in self._mean.items() if r > 1]

@@ -27,19 +27,25 @@ from .draft_length import AcceptanceEstimate, best_draft_length
 from .errors import InvalidRequestError
 from .ngram_draft import NgramIndex, PredictionDraft
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft")
+DRAFT_QUANTIZATION = "q4f32_1"  # a draft model's default variant: the 4-bit twin
 DEFAULT_NUM_TOKENS = 8  # drafts per verify step at most (the engine adapts below it)
 NGRAM_MAX = 3  # the longest n-gram looked up
 PREDICTION_PRIOR = 0.9  # the acceptance expected of a request's prediction before any verify
+MODEL_PRIOR = 0.8  # ... and of a draft model
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     """Engine-level speculation: ``method`` drafts for every sequence, at most ``num_tokens``
-    a step (a request's ``prediction`` drafts with or without it)."""
+    a step (a request's ``prediction`` drafts with or without it). ``draft``: the model
+    ``model`` (None: the engine's own) in ``quantization`` (None: its 4-bit twin) drafts
+    (engine/draft_model.py)."""
 
     method: str = "ngram"
     num_tokens: int = DEFAULT_NUM_TOKENS
+    model: str | None = None
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -49,6 +55,12 @@ class SpeculativeConfig:
                 1 <= self.num_tokens <= 64):
             raise _invalid(f"speculative num_tokens must be an integer in [1, 64], got "
                            f"{self.num_tokens!r}")
+        for name in ("model", "quantization"):
+            value = getattr(self, name)
+            if value is not None and (self.method != "draft" or not isinstance(value, str)
+                                      or not value):
+                raise _invalid(f"speculative {name} names the draft model (method 'draft'), "
+                               f"got {value!r}")
 
     @classmethod
     def parse(cls, value: Any) -> SpeculativeConfig | None:
@@ -60,16 +72,20 @@ class SpeculativeConfig:
             return cls(value)
         if not isinstance(value, dict):
             raise _invalid(f"speculative must be a method name or an object, got {value!r}")
-        known = {"method", "num_tokens", "numTokens"}
+        known = {"method", "num_tokens", "numTokens", "model", "quantization"}
         unknown = sorted(set(value) - known)
         if unknown:
             raise _invalid(f"speculative: unknown field {unknown[0]!r} (known: method, "
-                           "num_tokens)")
+                           "num_tokens, model, quantization)")
         return cls(value.get("method", "ngram"),
-                   value.get("num_tokens", value.get("numTokens", DEFAULT_NUM_TOKENS)))
+                   value.get("num_tokens", value.get("numTokens", DEFAULT_NUM_TOKENS)),
+                   value.get("model"), value.get("quantization"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "num_tokens": self.num_tokens}
+        out: dict[str, Any] = {"method": self.method, "num_tokens": self.num_tokens}
+        if self.method == "draft":
+            out.update(model=self.model, quantization=self.quantization)
+        return out
 
 
 def _invalid(message: str) -> InvalidRequestError:
@@ -82,21 +98,33 @@ class SequenceDrafter:
     acceptance. Counts what its verify steps drafted and kept (usage's
     ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``)."""
 
-    def __init__(self, *, max_tokens: int, ngram: bool,
+    def __init__(self, *, max_tokens: int, ngram: bool, model: bool = False,
                  prediction: Seq[int] | None = None) -> None:
         self.max_tokens = max_tokens
+        self.model = model  # the engine's draft model drafts where the others have nothing
         self._ngram = NgramIndex(NGRAM_MAX) if ngram else None
         self._prediction = PredictionDraft(prediction, NGRAM_MAX) if prediction else None
         self._synced = 0  # leading tokens of the sequence the drafters have seen
-        # a prediction is the caller's word that the output resembles it: trusted more
-        self.acceptance = AcceptanceEstimate(prior=PREDICTION_PRIOR if prediction else 0.6)
+        # a prediction is the caller's word that the output resembles it, and a draft model
+        # is chosen to agree: both are trusted more than the text's n-grams
+        self.acceptance = AcceptanceEstimate(
+            prior=PREDICTION_PRIOR if prediction else MODEL_PRIOR if model else 0.6)
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_verify_steps = 0
 
-    def propose(self, tokens: Seq[int], num_prompt: int, room: int, row_cost: float,
+    def draft_length(self, room: int, row_cost: float) -> int:
+        """How many to draft now, at most ``room``: 0 where drafting does not pay (the
+        estimate then relaxes toward its prior: retried later)."""
+        k = min(room, best_draft_length(self.acceptance.alpha, self.max_tokens, row_cost))
+        if k < 1:
+            self.acceptance.update(0, 0)
+        return max(k, 0)
+
+    def propose(self, tokens: Seq[int], num_prompt: int, k: int,
                 stop_ids: Seq[int]) -> list[int]:
-        """Drafts to follow ``tokens`` (the sequence's prompt and output), at most ``room``."""
+        """At most ``k`` drafts to follow ``tokens`` (the sequence's prompt and output) from
+        the prediction or the text (a draft model's come from ``DraftModel.propose``)."""
         if self._synced < len(tokens):
             new = tokens[self._synced:]
             if self._ngram is not None:
@@ -104,10 +132,6 @@ class SequenceDrafter:
             if self._prediction is not None:
                 self._prediction.advance(tokens[max(self._synced, num_prompt):])
             self._synced = len(tokens)
-        k = min(room, best_draft_length(self.acceptance.alpha, self.max_tokens, row_cost))
-        if k < 1:
-            self.acceptance.update(0, 0)  # relaxes toward the prior: retried later
-            return []
         drafts: list[int] = []
         if self._prediction is not None:
             drafts = self._prediction.draft(tokens[num_prompt:], k, stop_ids)

@@ -23,6 +23,7 @@ from ..engine.errors import (
     ModelNotFoundError,
 )
 from ..engine.grammar_limits import GrammarLimits
+from ..engine.speculative import DRAFT_QUANTIZATION, SpeculativeConfig
 from ..engine.runner import Runner
 
 Progress = Callable[[str, int, int], None]
@@ -100,6 +101,10 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
     art = load_artifact(model, quantization, backend.features, progress,
                         getattr(backend, "prefers_f32", False))
     options = {"kv_cache_bytes": kv_cache_bytes, "progress": progress, **core_options}
+    options["speculative"] = SpeculativeConfig.parse(core_options.get("speculative"))
+    if options["speculative"] is not None and options["speculative"].method == "draft":
+        options["draft_artifact"] = _draft_artifact(model, options["speculative"], backend,
+                                                    progress)
     try:
         return _core_for(art, backend, **options), Path(art.location)
     except (ArtifactError, DeviceError) as err:
@@ -127,6 +132,19 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
         art = load_artifact(model, quantization, backend.features, progress,
                         getattr(backend, "prefers_f32", False))
         return _core_for(art, backend, **options), Path(art.location)
+
+
+def _draft_artifact(model: str, spec: SpeculativeConfig, backend,
+                    progress: Progress | None) -> Artifact:
+    """The draft model's artifact: ``spec.model`` (default: the engine's own model) in
+    ``spec.quantization`` (default: its 4-bit twin), compiled when needed."""
+    name = spec.model or model
+    if spec.model is None and (Path(model) / MANIFEST_NAME).is_file():
+        raise InvalidRequestError(
+            f"{model} is a compiled artifact: name the draft model (--draft-model, or "
+            "speculative={'method': 'draft', 'model': ...})", param="speculative")
+    return load_artifact(name, spec.quantization or DRAFT_QUANTIZATION, backend.features,
+                         progress, getattr(backend, "prefers_f32", False))
 
 
 def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: Progress | None,

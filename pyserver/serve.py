@@ -95,13 +95,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
     """Engine-level speculative decoding (engine/speculative.py), for ``serve`` and ``chat``."""
-    from ..engine.speculative import DEFAULT_NUM_TOKENS, METHODS
+    from ..engine.speculative import DEFAULT_NUM_TOKENS, DRAFT_QUANTIZATION, METHODS
 
     p.add_argument("--speculative", choices=METHODS,
                    help="draft tokens and verify them in one step, output unchanged: ngram "
                         "copies them from the prompt and the text so far (pays when output "
-                        "repeats its input: edits, quotes, extraction). Requests with OpenAI's "
-                        "`prediction` draft from it with or without this")
+                        "repeats its input: edits, quotes, extraction); draft runs a smaller "
+                        "model (--draft-model; default: the model's own 4-bit twin). Requests "
+                        "with OpenAI's `prediction` draft from it with or without this")
+    p.add_argument("--draft-model", metavar="MODEL",
+                   help="the draft model of --speculative draft (same tokenizer; default: the "
+                        "served model itself)")
+    p.add_argument("--draft-quantization", metavar="Q",
+                   help=f"its variant (default {DRAFT_QUANTIZATION})")
     p.add_argument("--num-speculative-tokens", type=_draft_count, metavar="K",
                    help=f"most drafts per step (default {DEFAULT_NUM_TOKENS}); the engine "
                         "drafts fewer, or none, where a sequence's drafts are not accepted")
@@ -120,15 +126,20 @@ def _draft_count(text: str) -> int:
 def speculative_of(args: argparse.Namespace):
     """The ``speculative`` option of ``add_speculative_arguments``' flags (None: off)."""
     from ..engine.errors import WickError
-    from ..engine.speculative import SpeculativeConfig
+    from ..engine.speculative import DEFAULT_NUM_TOKENS, SpeculativeConfig
 
     k = args.num_speculative_tokens
     if args.speculative is None:
         if k is not None:
             raise WickError("--num-speculative-tokens bounds engine-level speculation: add "
-                            "--speculative ngram", code="invalid_argument")
+                            "--speculative ngram (or draft)", code="invalid_argument")
+    if args.speculative != "draft" and (args.draft_model or args.draft_quantization):
+        raise WickError("--draft-model and --draft-quantization go with --speculative draft",
+                        code="invalid_argument")
+    if args.speculative is None:
         return None
-    return SpeculativeConfig(args.speculative, *(() if k is None else (k,)))
+    return SpeculativeConfig(args.speculative, k if k is not None else DEFAULT_NUM_TOKENS,
+                             args.draft_model, args.draft_quantization)
 
 
 def add_grammar_arguments(p: argparse.ArgumentParser) -> None:

@@ -132,3 +132,29 @@ def test_json_schema_with_speculation_masks_each_position_as_without(base):
     checked = [p for p in spec_masks if p in plain_masks]
     assert len(checked) >= len(plain_masks) - 1
     assert all(spec_masks[p] == plain_masks[p] for p in checked)
+
+
+@pytest.mark.slow
+def test_a_4bit_twin_drafts_for_its_f32_model(base, compiled):
+    """``speculative={"method": "draft"}``: SmolLM2 q4f32_1 drafts for SmolLM2 q0f32 (its own
+    runner and KV pool on the same CPU backend). Greedy and seeded outputs are the plain
+    ones; the twin agrees with the f32 model on most tokens; its pages go back."""
+    from wick.engine.draft_model import DraftModel
+    from wick.engine.model_info import ModelInfo
+    from wick.engine.runner import Runner
+
+    from tests.e2e.helpers import load_artifact
+
+    art = load_artifact(compiled(SMOLLM2, "q4f32_1"))
+    draft = DraftModel(Runner(art, base.runner.backend, num_pages=64),
+                       ModelInfo.from_manifest(art.manifest), 64)
+    chat = [{"role": "user", "content": "Name three rivers of Europe and one fact on each."}]
+    for kw in (dict(max_tokens=40, temperature=0), dict(max_tokens=24, temperature=0.8, seed=2)):
+        plain = EngineAPI(sibling_core(base)).chat.completions.create(messages=chat, **kw)
+        core = sibling_core(base, speculative={"method": "draft", "num_tokens": 4}, draft=draft)
+        spec = EngineAPI(core).chat.completions.create(messages=chat, **kw)
+        assert spec.choices[0].message.content == plain.choices[0].message.content
+        assert core.stats.spec_verify_steps > 0
+        if kw["temperature"] == 0:
+            assert core.stats.spec_acceptance_rate > 0.5, core.stats.speculation()
+        assert draft.kv.free_pages == draft.kv.num_pages  # released with the sequence

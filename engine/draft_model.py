@@ -1,0 +1,134 @@
+"""A smaller model drafting for the engine's model (speculative decoding, issue #28): the
+``draft`` method. Typically the same model compiled to 4 bits drafting for its f32/f16/8-bit
+self (wick compiles every variant of a model), or a smaller model of the same family.
+
+The drafter keeps a mirror of each generating sequence in its own KV pool, on its own runner.
+Every engine step it first brings each mirror to the sequence's tokens (the K/V of drafts the
+engine rejected is cut off, the tokens it kept and the one it sampled are computed, in chunks
+of the draft model's prefill), then runs greedy decode steps, all mirrors batched, until each
+has its drafts. Drafts are greedy (a point mass): the verify step's sample-and-compare keeps
+the engine's output exact, greedy or sampled (engine/speculative.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from .batch import Batch, SamplingRow
+from .kv_cache import kv_cache_for
+from .model_info import ModelInfo
+
+
+@dataclass(slots=True)
+class _Mirror:
+    tokens: list[int] = field(default_factory=list)  # the sequence's, then the drafts
+    computed: int = 0  # leading tokens whose K/V the draft pool holds
+    drafts: list[int] = field(default_factory=list)
+    wanted: int = 0
+
+
+class DraftModel:
+    """The drafting model's runner (a ``Runner`` over its own artifact) and KV pool."""
+
+    def __init__(self, runner, info: ModelInfo, num_pages: int) -> None:
+        self.runner = runner
+        self.info = info
+        self.kv = kv_cache_for(info.page_size, num_pages, window=info.kv_window,
+                               window_pool=info.kv_window_pool,
+                               num_window_pages=getattr(runner, "num_window_pages", 0),
+                               prefix_cache=False)
+        self._mirrors: dict[int, _Mirror] = {}
+        self.seconds_per_step = 0.0  # mean of its decode steps (for the draft length)
+        self.num_steps = 0
+
+    def check_vocabulary(self, target: ModelInfo) -> None:
+        """The drafter must speak the target's tokens."""
+        from .errors import InvalidRequestError
+
+        if self.info.vocab_size != target.vocab_size:
+            raise InvalidRequestError(
+                f"the draft model {self.info.model_id} has a vocabulary of "
+                f"{self.info.vocab_size} tokens, {target.model_id} one of {target.vocab_size}: "
+                "a draft model must share the model's tokenizer", param="speculative",
+                code="draft_vocabulary")
+
+    def release(self, seq_id: int) -> None:
+        """Forget a sequence (finished or aborted): its pages go back."""
+        if self._mirrors.pop(seq_id, None) is not None and self.kv.has(seq_id):
+            self.kv.free(seq_id)
+
+    def propose(self, wanted: dict[int, tuple[Seq[int], int]]) -> dict[int, list[int]]:
+        """``{seq_id: (its tokens, how many drafts)}`` -> ``{seq_id: drafts}`` (fewer, or
+        none, where the draft pool is full)."""
+        for sid, (tokens, k) in wanted.items():
+            m = self._mirrors.setdefault(sid, _Mirror())
+            common = 0
+            for a, b in zip(m.tokens[:m.computed], tokens):
+                if a != b:
+                    break
+                common += 1
+            if m.computed > common:
+                self.kv.truncate(sid, common)  # drafts the engine did not keep
+                m.computed = common
+            m.tokens, m.drafts, m.wanted = list(tokens), [], k
+        active = [sid for sid, (_, k) in wanted.items() if k > 0]
+        while active:
+            batch_of = self._batch(active)
+            if batch_of is None:
+                break
+            batch, chunks = batch_of
+            t0 = time.perf_counter()
+            sampled = self.runner.step(batch)
+            if batch.decode_only:
+                self.num_steps += 1
+                seconds = time.perf_counter() - t0
+                self.seconds_per_step += (seconds - self.seconds_per_step) / min(
+                    self.num_steps, 20)
+            samples = iter(sampled)
+            for sid, num_new, samples_here in chunks:
+                m = self._mirrors[sid]
+                m.computed += num_new
+                if samples_here:
+                    token = _token(next(samples))
+                    m.drafts.append(token)
+                    m.tokens.append(token)
+            active = [sid for sid in active if len(self._mirrors[sid].drafts)
+                      < self._mirrors[sid].wanted]
+        return {sid: self._mirrors[sid].drafts for sid in wanted}
+
+    def _batch(self, active: list[int]) -> tuple[Batch, list] | None:
+        budget = self.info.prefill_chunk_size
+        entries, token_ids, seq_ids, sample_rows, chunks = [], [], [], [], []
+        for sid in active[:self.info.max_batch_size]:
+            m = self._mirrors[sid]
+            num_new = min(len(m.tokens) - m.computed, budget)
+            if num_new < 1:
+                continue
+            target = m.computed + num_new
+            if not self.kv.can_allocate(sid, target):
+                m.wanted = len(m.drafts)  # the pool is full: this sequence drafts no more
+                continue
+            self.kv.allocate(sid, target)
+            samples_here = target == len(m.tokens)
+            if samples_here:
+                sample_rows.append(len(seq_ids))
+            seq_ids.append(sid)
+            entries.append((sid, m.computed, num_new))
+            token_ids.extend(m.tokens[m.computed:target])
+            chunks.append((sid, num_new, samples_here))
+            budget -= num_new
+            if budget < 1:
+                break
+        if not entries:
+            return None
+        batch = Batch(seq_ids=seq_ids, token_ids=token_ids, kv=self.kv.index_for(entries),
+                      sample_rows=sample_rows,
+                      sampling=[SamplingRow(temperature=0.0, top_p=1.0, top_k=0, uniform=0.0)
+                                for _ in sample_rows],
+                      decode_only=all(n == 1 for _, n, _ in chunks))
+        return batch, chunks
+
+
+def _token(entry) -> int:
+    return int(getattr(entry, "token", entry))
