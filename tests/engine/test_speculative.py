@@ -261,3 +261,59 @@ def test_a_grammar_masks_each_drafted_position(asynchronous):
     assert d.accepted_prediction_tokens >= 10
     assert core.stats.spec_drafted_tokens == d.accepted_prediction_tokens + (
         d.rejected_prediction_tokens)
+
+
+def _chi_square_p(table: list[list[int]]) -> float:
+    """The p-value of Pearson's chi-square test of homogeneity of a 2 x c table (the survival
+    function of chi-square by the Wilson-Hilferty normal approximation)."""
+    import math
+
+    cols = [sum(c) for c in zip(*table)]
+    total = sum(cols)
+    stat = 0.0
+    for row in table:
+        n = sum(row)
+        for observed, col in zip(row, cols):
+            expected = n * col / total
+            stat += (observed - expected) ** 2 / expected
+    dof = len(cols) - 1
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def test_sampled_speculation_keeps_the_distribution():
+    """Many seeded draws (disjoint seeds) of tokens 1-3, with drafts from a prediction and
+    without: a chi-square test finds the same joint distribution; and a biased verifier (one
+    that keeps a draft whenever the model's token is merely likely) is found out."""
+    import random
+
+    likely = build()[0].completions.create(prompt="ab", max_tokens=4, temperature=0)
+    likely = likely.choices[0].text  # drafts of the most likely path: kept often, not always
+
+    def draws(seeds, **core):
+        api, _ = build(**core)
+        out = []
+        for seed in seeds:
+            kw = dict(prompt="ab", max_tokens=4, temperature=0.7, seed=seed)
+            if core:
+                kw["prediction"] = {"type": "content", "content": likely}
+            out.append(api.completions.create(**kw).choices[0].text[1:4])
+        return out, api.core.stats
+
+    n = 1200
+    plain, _ = draws(range(n))
+    spec, stats = draws(range(n, 2 * n), speculative="ngram")
+    assert stats.spec_accepted_tokens > 100 and stats.spec_drafted_tokens > (
+        stats.spec_accepted_tokens + 100)  # drafts were kept and refused, many times
+    cats = sorted(set(plain) | set(spec))
+    keep = [c for c in cats if plain.count(c) + spec.count(c) >= 20]
+    table = [[sum(t == c for t in arm) for c in keep] + [sum(t not in keep for t in arm)]
+             for arm in (plain, spec)]
+    assert len(keep) >= 8
+    assert _chi_square_p(table) > 0.001, table
+    # the test has power: outputs drawn with every draft accepted are a different law
+    rng = random.Random(0)
+    forced = [likely[1:4] if rng.random() < 0.3 else t for t in plain]
+    table = [[sum(t == c for t in arm) for c in keep] + [sum(t not in keep for t in arm)]
+             for arm in (plain, forced)]
+    assert _chi_square_p(table) < 1e-6
