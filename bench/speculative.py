@@ -150,11 +150,13 @@ def bench_transformers(tokens: int, threads: int) -> list[dict]:
             kw = dict(max_new_tokens=tokens, do_sample=False, **extra)
             if api == "chat":  # as wick's ignore_eos
                 kw.update(min_new_tokens=tokens)
-            with torch.inference_mode():
-                model.generate(ids, max_new_tokens=4, do_sample=False)  # warm
-                t0 = time.perf_counter()
-                out = model.generate(ids, **kw)
-                seconds = time.perf_counter() - t0
+            with torch.inference_mode():  # (PyTorch's first runs of a shape are slow: the
+                seconds = float("inf")          # best of three, after a warm run)
+                model.generate(ids, **kw)
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    out = model.generate(ids, **kw)
+                    seconds = min(seconds, time.perf_counter() - t0)
             n = out.shape[1] - ids.shape[1]
             outs[label] = out[0, ids.shape[1]:].tolist()
             rows.append({"task": task, "config": label, "tokens": n,
