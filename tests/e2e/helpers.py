@@ -366,8 +366,44 @@ def hf_model_from_artifact(art: Artifact, like):
     return model.eval()
 
 
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Within this block transformers parses each GGUF file once. Its loaders read a GGUF
+    with ``gguf.GGUFReader`` (pure Python) once for the config, again for the weights and again
+    for a tokenizer; a large vocabulary makes each parse slow (Gemma 3's 262k tokens: ~15 s on
+    CI). The reader only maps the file and reads it, so one reader serves every load."""
+    import gguf
+
+    real = gguf.GGUFReader
+    readers: dict = {}
+
+    def reader(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader  # transformers imports it from gguf at each load
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
 def load_hf(path: Path | str, **kwargs):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
+    with gguf_parsed_once():
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                    **kwargs).eval()
+
+
+def load_hf_gguf(path: Path):
+    """transformers' model (float32) and tokenizer from the GGUF file ``path``, its metadata
+    parsed once for both."""
+    from transformers import AutoTokenizer
+
+    with gguf_parsed_once():
+        return (load_hf(path.parent, gguf_file=path.name),
+                AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
