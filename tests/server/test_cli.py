@@ -186,14 +186,16 @@ def test_killed_compile_leaves_nothing_in_the_cache(wick_env):
     assert result.returncode == 0 and not stale.exists()
 
 
-def test_compile_rebuilds_a_damaged_cached_artifact(tiny_llama_dir, wick_env, tmp_path):
+def test_compile_rebuilds_a_damaged_cached_artifact(artifact, tiny_llama_dir, wick_env, tmp_path):
     """Sizes are checked on every cache hit; a load that finds a bad hash marks the artifact,
     and the next compile checks every hash and rebuilds it."""
     import json
 
     out = tmp_path / "art"
+    shutil.copytree(artifact, out)  # what this compile wrote (a compile of its own: 15 s)
     args = ("compile", str(tiny_llama_dir), "--quantization", "q0f32", "--output", str(out))
-    assert wick(wick_env, *args).returncode == 0
+    result = wick(wick_env, *args)
+    assert result.returncode == 0 and "cached" in result.stderr, result.stderr
     shard_entry = json.loads((out / "wick-artifact.json").read_text())["shards"][0]
     shard = out / shard_entry["file"]
     good = shard.read_bytes()
