@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -150,8 +151,11 @@ class _Collected:
         self.completion_tokens[out.index] = out.num_output_tokens
         self.logprobs[out.index].extend(out.logprobs)
         self.prompt_logprobs[out.index].extend(out.prompt_logprobs)
-        self.accepted_drafts[out.index] = out.num_accepted_drafts
-        self.rejected_drafts[out.index] = out.num_rejected_drafts
+        # (running counts; an abort's output carries none)
+        self.accepted_drafts[out.index] = max(self.accepted_drafts[out.index],
+                                              out.num_accepted_drafts)
+        self.rejected_drafts[out.index] = max(self.rejected_drafts[out.index],
+                                              out.num_rejected_drafts)
         if out.index == 0:
             self.cached_tokens = out.num_cached_tokens
         if out.finish_reason is not None:
@@ -476,6 +480,19 @@ class _Frontend:
         return Completion(id=f"cmpl-{sub.request_id}", created=sub.created, model=self.model,
                           choices=choices, usage=usage)
 
+    def _echo_only(self, prep: _Prepared) -> list[Completion]:
+        """A request that only echoes its prompt (no new token, no prompt logprob to read):
+        answered without the model. The response, or as a stream its chunk(s)."""
+        sub = _Submitted(uuid.uuid4().hex, prep.kind, prep.n, len(prep.prompt_ids),
+                         prep.include_usage, prep.params.logprobs, echo=prep.echo,
+                         prompt_ids=prep.prompt_ids)
+        col = _Collected.empty(prep.n)
+        col.finish = ["length"] * prep.n
+        full = self._response(sub, col)
+        if not prep.stream:
+            return [full]
+        return [self._completion_chunk(sub, full.choices), *self._last_chunks(sub, col)]
+
     def _echo_logprobs(self, sub: _Submitted, entries: list[SampledToken]) -> CompletionLogprobs:
         """The prompt's tokens in the legacy shape: the first has no logprob (nothing comes
         before it), each other the model's logprob of it and its position's most likely."""
@@ -569,6 +586,12 @@ class _Frontend:
     def _completion_chunk(self, sub: _Submitted, choices: list[CompletionChoice],
                           usage: CompletionUsage | None = None) -> Completion:
         return Completion(f"cmpl-{sub.request_id}", sub.created, self.model, choices, usage)
+
+
+def _echo_only(prep: _Prepared) -> bool:
+    """A completion that asks for its prompt back and nothing the model computes."""
+    return prep.echo is not None and prep.params.max_tokens == 0 and (
+        not prep.params.logprobs or len(prep.prompt_ids) < 2)
 
 
 def _with_calls(content: str, calls: list[ToolCall]) -> ChatMessage:
@@ -699,6 +722,9 @@ class EngineAPI(_Frontend):
 
     def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
         prep = self._prepare(kind, kwargs)
+        if _echo_only(prep):
+            chunks = self._echo_only(prep)
+            return ChunkStream(iter(chunks), lambda: None) if prep.stream else chunks[0]
         if prep.grammar_spec is not None:
             prep.grammar = self._compile(prep.grammar_spec)
         sub = self._add(prep)
@@ -827,6 +853,13 @@ class AsyncEngineAPI(_Frontend):
 
     async def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
         prep = await self.prepare_off_loop(lambda: self._prepare(kind, kwargs))
+        if _echo_only(prep):
+            chunks = self._echo_only(prep)
+
+            async def replay() -> AsyncIterator[Any]:
+                for chunk in chunks:
+                    yield chunk
+            return AsyncChunkStream(replay(), lambda: None) if prep.stream else chunks[0]
         if prep.grammar_spec is not None:
             prep.grammar = await self._compile_async(prep.grammar_spec)
         sub = self._add(prep)

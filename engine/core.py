@@ -27,7 +27,12 @@ from .kv_cache import kv_cache_for
 from .model_info import ModelInfo
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
-from .speculative import SequenceDrafter, SpeculativeConfig
+from .ngram_draft import NgramIndex
+from .speculative import NGRAM_MAX, SequenceDrafter, SpeculativeConfig
+
+# prediction tokens kept past a request's max_tokens (a prediction that tokenizes a little
+# longer than the output still drafts to its end)
+PREDICTION_SLACK = 64
 from .draft_length import StepCost
 from .draft_model import DraftModel
 from .tokenizer import Tokenizer
@@ -305,7 +310,14 @@ class EngineCore:
                 f"Invalid value for 'logit_bias': token ids {biased[:5]} are outside the "
                 f"vocabulary [0, {vocab}).", param="logit_bias", code="invalid_value")
         max_output = self._check_length(len(prompt), params.max_tokens, prompt_param)
-        self._check_choices(n, len(prompt), params.max_tokens)
+        self._check_choices(n, len(prompt), params.max_tokens, params)
+        if params.max_tokens == 0 and len(prompt) < 2:
+            raise InvalidRequestError(
+                "max_tokens 0 reads the prompt's logprobs: a one-token prompt has none.",
+                param="max_tokens", code="invalid_value")
+        predicted = None
+        if prediction:  # one index for the request's choices; no more of it than it can use
+            predicted = NgramIndex(NGRAM_MAX, prediction[:max_output + PREDICTION_SLACK])
         rid = request_id or uuid.uuid4().hex
         if rid in self._requests:
             raise InvalidRequestError(f"Request id {rid!r} is already in use.",
@@ -320,7 +332,7 @@ class EngineCore:
                 max_output_tokens=max_output,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, prompt),
                 matcher=self._matcher(grammar) if grammar is not None else None,
-                drafter=self._drafter(prediction),
+                drafter=self._drafter(predicted),
             )
             for i in range(n)
         ]
@@ -332,7 +344,7 @@ class EngineCore:
         self._requests[rid] = _Request(rid, seqs, len(prompt))
         return rid
 
-    def _drafter(self, prediction: Seq[int] | None) -> SequenceDrafter | None:
+    def _drafter(self, prediction: NgramIndex | None) -> SequenceDrafter | None:
         spec = self.speculative
         if spec is None and not prediction:
             return None
@@ -355,7 +367,8 @@ class EngineCore:
             )
         return max_tokens if max_tokens is not None else self.max_total_tokens - num_prompt
 
-    def _check_choices(self, n: int, num_prompt: int, max_tokens: int | None) -> None:
+    def _check_choices(self, n: int, num_prompt: int, max_tokens: int | None,
+                       params: SamplingParams) -> None:
         """One request's choices must be able to run side by side: at most one step's worth
         of sequences, and all their prompts (plus the tokens asked for) in the KV pool at
         once. Otherwise one request would hold the engine for everyone, thrashing by
@@ -371,7 +384,8 @@ class EngineCore:
         if self.kv.window is not None:  # a windowed sequence holds a bounded number of pages
             each = min(each, self.kv.window_pages(self.scheduler.token_budget)
                        * self.kv.page_size)
-        elif self.kv.prefix_cache:  # the choices share the prompt's full pages
+        elif self.kv.prefix_cache and params.prompt_logprobs < 0:
+            # the choices share the prompt's full pages (not when reading its logprobs)
             shared = (num_prompt - 1) // self.kv.page_size * self.kv.page_size
         need = shared + n * (each - shared)
         if n > 1 and need > self.kv.capacity_tokens:
@@ -435,12 +449,15 @@ class EngineCore:
         when the step has room), none when one token is all it has left to make. Under a
         grammar, drafts end before the first one the grammar refuses (a matcher that cannot
         roll back does not draft)."""
+        for seq in self.scheduler.running:
+            seq.spec_token_ids = []
+        if not self.scheduler.next_step_decodes():
+            return  # a prompt step: nothing is verified in it
         row_cost = self.step_cost.row_cost
         model_cost = row_cost + self._draft_step_cost()
         wanted: dict[int, tuple[list[int], int]] = {}  # for the draft model
         for seq in self.scheduler.running:
             drafter = seq.drafter
-            seq.spec_token_ids = []
             matcher = seq.matcher
             if (drafter is None or seq.num_computed_tokens < seq.num_prompt_tokens
                     or (matcher is not None and not hasattr(matcher, "rollback"))):
@@ -449,6 +466,8 @@ class EngineCore:
             k = drafter.draft_length(room, model_cost if drafter.model else row_cost) \
                 if room > 0 else 0
             if k < 1:
+                if drafter.model:  # its pages are better used by sequences that draft
+                    self.draft.release(seq.seq_id)
                 continue
             drafts = drafter.propose(seq.token_ids, seq.num_prompt_tokens, k,
                                      seq.params.stop_token_ids)
@@ -556,7 +575,8 @@ class EngineCore:
             for sid, start, end in _row_groups(batch, tokens):
                 seq = self._seqs[sid]
                 prompt = batch.prompt_rows.get(sid, 0)
-                lps = [entry for entry in tokens[start:start + prompt]]
+                lps = list(tokens[start:start + prompt])
+                seq.num_prompt_logprobs_read += prompt
                 drafts = batch.spec_token_ids.get(sid, ())
                 if start + prompt == end:  # prompt logprobs only (a prompt chunk)
                     out = self._prompt_progress(seq, t0)

@@ -70,13 +70,16 @@ class StepCost:
     time of steps of each row count (recent steps weigh more), and the cost per row between
     one-row steps and wider ones. ``prior`` holds until both kinds were seen."""
 
-    def __init__(self, prior: float = 0.4, decay: float = 0.95) -> None:
+    def __init__(self, prior: float = 0.4, decay: float = 0.95, learn: bool = True) -> None:
+        """``learn=False``: the row cost stays ``prior`` (draft lengths that do not depend on
+        how busy the machine is: tests)."""
         self.prior = prior
         self._decay = decay
+        self._learn = learn
         self._mean: dict[int, float] = {}  # rows -> mean seconds
 
     def record(self, rows: int, seconds: float) -> None:
-        if rows < 1 or seconds <= 0:
+        if rows < 1 or seconds <= 0 or not self._learn:
             return
         old = self._mean.get(rows)
         self._mean[rows] = seconds if old is None else old * self._decay + seconds * (

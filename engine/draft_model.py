@@ -64,15 +64,17 @@ class DraftModel:
         for sid, (tokens, k) in wanted.items():
             m = self._mirrors.setdefault(sid, _Mirror())
             common = 0
-            for a, b in zip(m.tokens[:m.computed], tokens):
+            for a, b in zip(m.tokens[:m.computed], tokens[:-1]):
                 if a != b:
                     break
-                common += 1
+                common += 1  # (the last token is computed again: its logits draft)
             if m.computed > common:
                 self.kv.truncate(sid, common)  # drafts the engine did not keep
                 m.computed = common
+            # no position past the draft model's window
+            k = max(0, min(k, self.info.context_window - len(tokens)))
             m.tokens, m.drafts, m.wanted = list(tokens), [], k
-        active = [sid for sid, (_, k) in wanted.items() if k > 0]
+        active = [sid for sid in wanted if self._mirrors[sid].wanted > 0]
         while active:
             batch_of = self._batch(active)
             if batch_of is None:

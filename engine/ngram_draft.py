@@ -87,8 +87,10 @@ class PredictionDraft:
     up in the prediction, the first occurrence past where the output last agreed preferred,
     and drafting continues after it (an edit changed a span, the rest is copied)."""
 
-    def __init__(self, prediction: Sequence[int], max_n: int = 3) -> None:
-        self._index = NgramIndex(max_n, prediction)
+    def __init__(self, prediction: Sequence[int] | NgramIndex, max_n: int = 3) -> None:
+        # an index may be shared by several drafts (a request's choices): it is only read
+        self._index = (prediction if isinstance(prediction, NgramIndex)
+                       else NgramIndex(max_n, prediction))
         self.tokens = self._index.tokens
         self.cursor: int | None = 0  # prediction tokens the output has followed; None: lost
         self._last = 0  # where it last agreed

@@ -76,15 +76,28 @@ class Scheduler:
         self._commit(seq)
         self.kv.free(seq.seq_id)
 
+    def next_step_decodes(self) -> bool:
+        """Whether the next step gives generating sequences their next token (in
+        batch-invariant mode prompt steps and decode steps take turns): only then are drafts
+        worth proposing."""
+        if not self.separate_prefill:
+            return True
+        return self._decode_step() is not False
+
+    def _decode_step(self) -> bool | None:
+        """None: a mixed step; else whether the step is a decode step."""
+        if not self.separate_prefill:
+            return None
+        generating = any(_generating(s) for s in self.running)
+        prompts = bool(self.waiting) or any(not _generating(s) for s in self.running)
+        return generating and (not prompts or not self._last_was_decode)
+
     def schedule(self) -> Batch | None:
         """The next step's batch, or None when there is nothing to run."""
         for seq in self.running:
             self._commit(seq)
-        decode_step = None  # mixed
-        if self.separate_prefill:
-            generating = any(_generating(s) for s in self.running)
-            prompts = bool(self.waiting) or any(not _generating(s) for s in self.running)
-            decode_step = generating and (not prompts or not self._last_was_decode)
+        decode_step = self._decode_step()
+        if decode_step is not None:
             self._last_was_decode = decode_step
         budget = self.token_budget
         chunks: list[tuple[Sequence, int, list[int]]] = []  # (sequence, new tokens, drafts)
@@ -120,7 +133,8 @@ class Scheduler:
             self.kv.allocate(seq.seq_id, target + len(drafts))
             chunks.append((seq, num_new, drafts))
             budget -= num_new + len(drafts)
-            rows += len(drafts) + (num_new if seq.params.prompt_logprobs >= 0 else 1)
+            rows += len(drafts) + (
+                num_new if _reads_prompt_logprobs(seq, seq.num_computed_tokens) else 1)
             i += 1
 
         while (not preempted and not decode_step and self.waiting
@@ -148,7 +162,7 @@ class Scheduler:
             self.running.append(seq)
             chunks.append((seq, num_new, []))
             budget -= num_new
-            rows += num_new if seq.params.prompt_logprobs >= 0 else 1
+            rows += num_new if _reads_prompt_logprobs(seq, hit.num_tokens) else 1
 
         if not chunks:
             return None
@@ -156,10 +170,12 @@ class Scheduler:
 
     def _prompt_rows_cap(self, seq: Sequence, start: int, num_new: int, rows: int) -> int:
         """A chunk's new tokens, for a sequence whose prompt logprobs are asked: each prompt
-        token is an entry of its own (its logits are read), so the step's entry bound caps the
-        chunk, and the prefill ends at ``seq.prompt_end``."""
-        if seq.params.prompt_logprobs < 0 or start >= seq.num_prompt_tokens:
-            return num_new
+        token whose logprob is still to read is an entry of its own (its logits are read), so
+        the step's entry bound caps the chunk, and the prefill ends at ``seq.prompt_end``.
+        Positions read before (a preempted sequence recomputes them) are an ordinary chunk."""
+        if not _reads_prompt_logprobs(seq, start):
+            read = seq.num_prompt_logprobs_read
+            return min(num_new, read - start) if start < read else num_new
         return min(num_new, seq.prompt_end - start, self.max_batch_size - rows)
 
     def _drafts(self, seq: Sequence, num_new: int, budget: int, rows: int) -> list[int]:
@@ -188,7 +204,8 @@ class Scheduler:
         """Choice i > 0 waits while choice 0 computes the prompt's full pages it will share
         (never for a leader that is not running: that one is queued ahead of it, or done)."""
         lead = seq.leader
-        if lead is None or not self.kv.prefix_cache or lead.status is not SequenceStatus.RUNNING:
+        if (lead is None or not self.kv.prefix_cache or seq.params.prompt_logprobs >= 0
+                or lead.status is not SequenceStatus.RUNNING):
             return False
         shared = (lead.num_prompt_tokens - 1) // self.kv.page_size * self.kv.page_size
         return lead.num_computed_tokens < shared
@@ -213,16 +230,17 @@ class Scheduler:
         prompt_rows: dict[int, int] = {}
         for seq, num_new, drafts in chunks:
             start = seq.num_computed_tokens
-            if seq.params.prompt_logprobs >= 0 and start < seq.num_prompt_tokens:
+            if _reads_prompt_logprobs(seq, start):
                 # one entry per prompt token; a row reads the next prompt token's logprob,
-                # the last prompt token's row samples (when the sequence makes output)
+                # the last known token's row samples (when the sequence makes output)
                 for pos in range(start, start + num_new):
                     if pos + 1 < seq.num_prompt_tokens:
                         sampling.append(seq.prompt_logprob_row(pos, self.mask_words))
                         prompt_rows[seq.seq_id] = prompt_rows.get(seq.seq_id, 0) + 1
-                    else:
+                        sample_rows.append(len(seq_ids))
+                    elif pos + 1 == seq.num_tokens:
                         sampling.append(seq.sampling_row())
-                    sample_rows.append(len(seq_ids))
+                        sample_rows.append(len(seq_ids))
                     seq_ids.append(seq.seq_id)
                     entries.append((seq.seq_id, pos, 1))
                     token_ids.append(seq.token_ids[pos])
@@ -252,6 +270,13 @@ class Scheduler:
             spec_token_ids=spec,
             prompt_rows=prompt_rows,
         )
+
+
+def _reads_prompt_logprobs(seq: Sequence, start: int) -> bool:
+    """Whether a chunk from ``start`` reads prompt logprobs (asked for, and not all read:
+    a preempted sequence computes again what it read before as an ordinary chunk)."""
+    return (seq.params.prompt_logprobs >= 0 and start < seq.num_prompt_tokens - 1
+            and start >= seq.num_prompt_logprobs_read)
 
 
 def _generating(seq: Sequence) -> bool:

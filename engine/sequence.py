@@ -142,6 +142,8 @@ class Sequence:
     # for the next step (the scheduler may verify them or not)
     drafter: SequenceDrafter | None = None
     spec_token_ids: list[int] = field(default_factory=list)
+    # prompt logprobs (SamplingParams.prompt_logprobs): positions whose row was read, so far
+    num_prompt_logprobs_read: int = 0
     _prompt_tokens: frozenset[int] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:

@@ -99,11 +99,12 @@ class SequenceDrafter:
     ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``)."""
 
     def __init__(self, *, max_tokens: int, ngram: bool, model: bool = False,
-                 prediction: Seq[int] | None = None) -> None:
+                 prediction: NgramIndex | None = None) -> None:
         self.max_tokens = max_tokens
         self.model = model  # the engine's draft model drafts where the others have nothing
         self._ngram = NgramIndex(NGRAM_MAX) if ngram else None
-        self._prediction = PredictionDraft(prediction, NGRAM_MAX) if prediction else None
+        # (the prediction's index is the request's, shared by its choices: read only)
+        self._prediction = PredictionDraft(prediction) if prediction else None
         self._synced = 0  # leading tokens of the sequence the drafters have seen
         # a prediction is the caller's word that the output resembles it, and a draft model
         # is chosen to agree: both are trusted more than the text's n-grams

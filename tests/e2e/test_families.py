@@ -321,8 +321,11 @@ def test_speculation_keeps_transformers_greedy_tokens(family):
     prediction = list(want)
     prediction[9] = (prediction[9] + 1) % 256  # two tokens the model will not write
     prediction[25] = (prediction[25] + 7) % 256
+    from wick.engine.draft_length import StepCost
+
     core = make_core(art_dir, num_pages=16, prefill_chunk_size=16,
                      speculative=SpeculativeConfig("ngram", 6))
+    core.step_cost = StepCost(prior=0.2, learn=False)  # (draft lengths not the load's)
     core.add_request(ids_of(50, 14), greedy(40), prompt_param="prompt", prediction=prediction)
     got = []
     while core.has_unfinished():

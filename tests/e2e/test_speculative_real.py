@@ -22,6 +22,14 @@ def base(compiled):
     return make_core(compiled(SMOLLM2, "q0f32"), CpuBackend.create(), num_pages=128)
 
 
+def fixed(core):
+    """The core with a fixed row cost: draft lengths that do not follow this machine's load."""
+    from wick.engine.draft_length import StepCost
+
+    core.step_cost = StepCost(prior=0.2, learn=False)
+    return core
+
+
 def completion(core, **kw):
     api = EngineAPI(core)
     with record(core.runner) as rec:
@@ -35,9 +43,9 @@ def test_copying_with_ngram_or_a_prediction_is_the_plain_output_in_fewer_steps(b
     plain, plain_rec = completion(sibling_core(base), **kw)
     text = plain.choices[0].text
     assert text.startswith(" on the rock at the edge of the bay")  # the model copies
-    ngram_core = sibling_core(base, speculative={"method": "ngram", "num_tokens": 6})
+    ngram_core = fixed(sibling_core(base, speculative={"method": "ngram", "num_tokens": 6}))
     ngram, ngram_rec = completion(ngram_core, **kw)
-    pred_core = sibling_core(base)
+    pred_core = fixed(sibling_core(base))
     pred, pred_rec = completion(pred_core, prediction={"type": "content", "content": text}, **kw)
     assert ngram.choices[0].text == pred.choices[0].text == text
     assert ngram.choices[0].logprobs.tokens == pred.choices[0].logprobs.tokens == (
@@ -59,7 +67,7 @@ def test_seeded_sampling_with_penalties_and_logprobs_is_unchanged(base):
     kw = dict(max_tokens=24, temperature=0.8, top_p=0.95, seed=5, n=2, logprobs=2,
               frequency_penalty=0.3, presence_penalty=0.2)
     plain, _ = completion(sibling_core(base), **kw)
-    spec_core = sibling_core(base, speculative="ngram")
+    spec_core = fixed(sibling_core(base, speculative="ngram"))
     prediction = {"type": "content", "content": plain.choices[0].text}
     spec, _ = completion(spec_core, prediction=prediction, **kw)
     assert spec_core.stats.spec_accepted_tokens > 0
@@ -119,7 +127,7 @@ def test_json_schema_with_speculation_masks_each_position_as_without(base):
         del plain_core.runner.step
     assert plain.choices[0].text.startswith("{")
     out_ids = [plain_sampled[p] for p in sorted(plain_sampled)]
-    spec_core = sibling_core(base, speculative="ngram")
+    spec_core = fixed(sibling_core(base, speculative="ngram"))
     spec_masks, _ = _masks_by_position(spec_core.runner, num_prompt, out_ids)
     try:
         spec = EngineAPI(spec_core).completions.create(
@@ -151,7 +159,8 @@ def test_a_4bit_twin_drafts_for_its_f32_model(base, compiled):
     chat = [{"role": "user", "content": "Name three rivers of Europe and one fact on each."}]
     for kw in (dict(max_tokens=40, temperature=0), dict(max_tokens=24, temperature=0.8, seed=2)):
         plain = EngineAPI(sibling_core(base)).chat.completions.create(messages=chat, **kw)
-        core = sibling_core(base, speculative={"method": "draft", "num_tokens": 4}, draft=draft)
+        core = fixed(sibling_core(base, speculative={"method": "draft", "num_tokens": 4},
+                                  draft=draft))
         spec = EngineAPI(core).chat.completions.create(messages=chat, **kw)
         assert spec.choices[0].message.content == plain.choices[0].message.content
         assert core.stats.spec_verify_steps > 0

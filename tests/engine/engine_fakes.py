@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Sequence
 
 from wick.engine import Batch, ModelInfo, SamplingRow
+from wick.engine.batch import SampledToken
 
 BOS, EOS, IM_START, IM_END = 256, 257, 258, 259
 SPECIALS = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
@@ -200,7 +201,11 @@ class FakeRunner:
                 local = self._context(self.local_slots, kv.window, row, self.local_window)
                 assert local == context[len(context) - len(local):], "the windowed pool " \
                     "holds other tokens than the main pool"
-            out.append(fake_next_token(context, sampling, self.eos_id))
+            token = fake_next_token(context, sampling, self.eos_id)
+            if sampling.num_top_logprobs >= 0:  # a made-up logprob, a function of the context
+                lp = -((zlib.crc32(array.array("H", context + [token]).tobytes()) % 997) / 100)
+                token = SampledToken(token, lp, ((token, lp),) * sampling.num_top_logprobs)
+            out.append(token)
         return out
 
 

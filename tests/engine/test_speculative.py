@@ -9,16 +9,23 @@ import pytest
 
 from engine_fakes import EOS, ByteTokenizer, FakeRunner, make_info
 from wick.engine import EngineAPI
+from wick.engine.draft_length import StepCost
 from wick.engine.sequence import SamplingParams, Sequence
 from wick.engine.detokenize import IncrementalDetokenizer
 
 MSGS = [{"role": "user", "content": "Copy: the lighthouse stood on the rock."}]
 
 
+def FixedCost(prior: float) -> StepCost:
+    """What a row costs, fixed: the draft lengths do not follow this machine's load."""
+    return StepCost(prior=prior, learn=False)
+
+
 def build(num_pages: int = 256, eos: int | None = None, **core) -> tuple[EngineAPI, FakeRunner]:
     info = make_info()
     runner = FakeRunner(num_pages, info.page_size, eos_id=eos)
     api = EngineAPI.from_runner(runner, ByteTokenizer(), info, num_pages=num_pages, **core)
+    api.core.step_cost = FixedCost(prior=0.2)
     runner.kv = api.core.kv
     finish_step = api.core.finish_step
 
@@ -203,6 +210,7 @@ def test_speculation_in_a_windowed_cache(window, pool):
         runner = FakeRunner(64, info.page_size, window=window, num_window_pages=64 if pool else 0,
                             local_window=pool)
         api = EngineAPI.from_runner(runner, ByteTokenizer(), info, num_pages=64, **core)
+        api.core.step_cost = FixedCost(prior=0.2)
         runner.kv = api.core.kv
         return api, runner
 
@@ -239,6 +247,7 @@ def test_a_grammar_masks_each_drafted_position(asynchronous):
     runner = AsyncFakeRunner(64, info.page_size)
     core = EngineCore(runner, ByteTokenizer(), info, num_pages=64, grammar=grammar,
                       speculative="ngram")
+    core.step_cost = FixedCost(prior=0.2)
     runner.kv = core.kv
     api = AsyncEngineAPI(core)
     text = "the rock, the rock, the bay"
@@ -317,3 +326,84 @@ def test_sampled_speculation_keeps_the_distribution():
     table = [[sum(t == c for t in arm) for c in keep] + [sum(t not in keep for t in arm)]
              for arm in (plain, forced)]
     assert _chi_square_p(table) < 1e-6
+
+
+def test_echo_reads_the_prompt_once_through_preemption():
+    """Prompt logprobs of two requests in a pool too small for both: the preempted one
+    computes its prompt again as an ordinary chunk (its logprobs were read), never twice; its
+    tokens and logprobs are those of a run with room to spare."""
+    from wick.engine.sequence import SamplingParams
+
+    def run_two(num_pages):
+        api, _ = build(num_pages=num_pages)
+        core = api.core
+        params = SamplingParams(temperature=0, max_tokens=20, prompt_logprobs=0)
+        prompts = [list(b"the lighthouse stood on the rock"), list(b"and every night its keeper")]
+        rids = [core.add_request(p, params, prompt_param="prompt") for p in prompts]
+        out = {rid: ([], []) for rid in rids}
+        while core.has_unfinished():
+            for o in core.step():
+                out[o.request_id][0].extend(o.token_ids)
+                out[o.request_id][1].extend(lp.logprob for lp in o.prompt_logprobs)
+        return [out[r] for r in rids], core
+
+    want, _ = run_two(256)
+    got, core = run_two(16)
+    assert core.scheduler.num_preemptions > 0
+    assert got == want
+    assert [len(lps) for _, lps in got] == [31, 25]  # each prompt token after the first, once
+    assert core.kv.free_pages + core.kv.cached_pages == core.kv.num_pages
+
+
+def test_echo_with_no_new_token():
+    api, runner = build()
+    r = api.completions.create(prompt="abcdef", echo=True, logprobs=1, max_tokens=0)
+    c = r.choices[0]
+    assert (c.text, c.finish_reason, r.usage.completion_tokens) == ("abcdef", "length", 0)
+    ids = api.core.prompt_ids("abcdef")
+    assert len(c.logprobs.tokens) == len(ids) and c.logprobs.token_logprobs[0] is None
+    assert all(lp is not None for lp in c.logprobs.token_logprobs[1:])
+    steps = len(runner.batches)
+    bare = api.completions.create(prompt="abcdef", echo=True, max_tokens=0)  # no logprobs
+    assert bare.choices[0].text == "abcdef" and bare.choices[0].logprobs is None
+    one = api.completions.create(prompt=[65], echo=True, max_tokens=0, logprobs=0)
+    assert one.choices[0].text == "A" and one.usage.completion_tokens == 0
+    assert one.choices[0].logprobs.token_logprobs == [None]
+    assert len(runner.batches) == steps  # nothing to compute for either
+
+
+def test_a_draft_model_drafts_every_decode_step_and_gives_its_pages_back():
+    """The draft model (here the fake model itself: a perfect drafter) keeps a mirror of each
+    sequence: every decode step verifies drafts, even when prompt steps come between (batch
+    invariant mode), all of them kept; the output is the plain one; the mirrors' pages go
+    back when the sequences end."""
+    from wick.engine.draft_model import DraftModel
+    from wick.engine.sequence import SamplingParams
+
+    info = make_info()
+    runner, drafter = FakeRunner(256, info.page_size), FakeRunner(256, info.page_size)
+    draft = DraftModel(drafter, info, 256)
+    api = EngineAPI.from_runner(runner, ByteTokenizer(), info, num_pages=256,
+                                speculative={"method": "draft", "num_tokens": 4}, draft=draft)
+    api.core.step_cost = FixedCost(prior=0.2)
+    runner.kv, drafter.kv = api.core.kv, draft.kv
+    core = api.core
+    params = SamplingParams(temperature=0, max_tokens=40)
+    rid = core.add_request(list(b"Hello there"), params)
+    out = []
+    for _ in range(3):
+        out += [t for o in core.step() for t in o.token_ids]
+    core.add_request(list(b"x" * 200), SamplingParams(temperature=0, max_tokens=5))
+    while core.has_unfinished():
+        out += [t for o in core.step() if o.request_id == rid for t in o.token_ids]
+    plain = build()[0].core
+    plain_rid = plain.add_request(list(b"Hello there"), params)
+    want = []
+    while plain.has_unfinished():
+        want += [t for o in plain.step() if o.request_id == plain_rid for t in o.token_ids]
+    assert out == want
+    decode_steps = [b for b in runner.batches if b.decode_only]
+    assert all(b.spec_token_ids for b in decode_steps[1:-1])
+    s = core.stats
+    assert s.spec_accepted_tokens == s.spec_drafted_tokens > 20
+    assert draft.kv.free_pages == draft.kv.num_pages

@@ -78,12 +78,16 @@ export interface CompletionCreateParamsBase extends SamplingParams {
   prompt: string | number[];
   /** legacy shape: how many most likely tokens to list beside each sampled one (0-20) */
   logprobs?: number | null;
+  /** the prompt before the output; with logprobs, each prompt token's logprob (max_tokens may
+   * then be 0) */
+  echo?: boolean | null;
 }
 export interface TopLogprob { token: string; logprob: number; bytes: number[] | null }
 export interface ChatCompletionTokenLogprob extends TopLogprob { top_logprobs: TopLogprob[] }
 export interface ChoiceLogprobs { content: ChatCompletionTokenLogprob[] | null; refusal: null }
 export interface CompletionLogprobs {
-  tokens: string[]; token_logprobs: number[]; top_logprobs: Record<string, number>[];
+  /** (null: an echoed prompt's first token, which nothing predicts) */
+  tokens: string[]; token_logprobs: (number | null)[]; top_logprobs: (Record<string, number> | null)[];
   text_offset: number[];
 }
 export interface CompletionUsage {
