@@ -37,6 +37,36 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+# The tiny Llama's small build (context 128, chunks of 64, 4 sequences): the browser tests'
+# model and the native backend tests' (tests/native), each variant compiled once per session.
+TINY_SMALL = {"context_window": 128, "prefill_chunk_size": 64, "max_batch_size": 4}
+TINY_SHARD_BYTES = 96 << 10  # several shards: per-shard caching, resuming, deferred uploads
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tiny_llama_dir, compiled) -> Path:
+    """The tiny Llama in q0f32, small build, in several shards."""
+    return compiled(tiny_llama_dir, "q0f32", shard_max_bytes=TINY_SHARD_BYTES, **TINY_SMALL)
+
+
+@pytest.fixture(scope="session")
+def tiny_f16_artifact(tiny_llama_dir, compiled) -> Path:
+    """The same model as q4f16_1 (SwiftShader has no shader-f16: the browser must refuse it)."""
+    return compiled(tiny_llama_dir, "q4f16_1", **TINY_SMALL)
+
+
+@pytest.fixture(scope="session")
+def tiny_long_artifact(tmp_path_factory, compiled) -> Path:
+    """A tiny Llama with a 2048-token window, q0f32, up to 8 sequences: room for a
+    tool-calling system prompt (~800 byte tokens). The structured-output tests' model, in the
+    browser (tests/browser) and through the REST API (tests/server): one compile for both."""
+    from tests.tiny_models import make_tiny_llama
+
+    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-long") / "tiny-llama-long", seed=3,
+                          context=2048)
+    return compiled(src, "q0f32", context_window=2048, max_batch_size=8)
+
+
 @pytest.fixture(scope="session")
 def compiled():
     """compiled(model, quantization, **options) -> artifact dir, cached for the session."""

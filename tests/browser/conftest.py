@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TINY_SMALL
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("WICK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--disable-quic", "--enable-unsafe-webgpu",
 ]
-WINDOW = 128
+WINDOW = TINY_SMALL["context_window"]  # the tiny artifacts'
 # what `wick serve` sends with its pages: cross-origin isolated, so they may share memory
 ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin",
              "Cross-Origin-Embedder-Policy": "require-corp"}
@@ -75,38 +77,14 @@ def browser(playwright):
     b.close()
 
 
-TINY_SHARD_BYTES = 96 << 10  # several shards, so that per-shard caching and resuming show
-
-
-@pytest.fixture(scope="session")
-def tiny_artifact(tiny_llama_dir, compiled) -> Path:
-    return compiled(tiny_llama_dir, "q0f32", context_window=WINDOW, prefill_chunk_size=64,
-                    max_batch_size=4, shard_max_bytes=TINY_SHARD_BYTES)
-
-
-@pytest.fixture(scope="session")
-def tiny_f16_artifact(tiny_llama_dir, compiled) -> Path:
-    """The same model as q4f16_1: SwiftShader has no shader-f16, so the browser must refuse it."""
-    return compiled(tiny_llama_dir, "q4f16_1", context_window=WINDOW, prefill_chunk_size=64,
-                    max_batch_size=4)
+# tiny_artifact (q0f32), tiny_f16_artifact (q4f16_1) and tiny_long_artifact: tests/conftest.py,
+# shared with tests/native and tests/server
 
 
 @pytest.fixture(scope="session")
 def tiny_q4_artifact(tiny_llama_dir, compiled) -> Path:
     """The same model as q4f32_1: the 4-bit dequantizing kernels without shader-f16."""
-    return compiled(tiny_llama_dir, "q4f32_1", context_window=WINDOW, prefill_chunk_size=64,
-                    max_batch_size=4)
-
-
-@pytest.fixture(scope="session")
-def tiny_long_artifact(tmp_path_factory, compiled) -> Path:
-    """A tiny model with a 1024-token window: room for the tool-calling system prompt (~800
-    byte tokens)."""
-    from tests.tiny_models import make_tiny_llama
-
-    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-long") / "tiny-llama-long", seed=3,
-                          context=1024)
-    return compiled(src, "q0f32", context_window=1024, prefill_chunk_size=256, max_batch_size=4)
+    return compiled(tiny_llama_dir, "q4f32_1", **TINY_SMALL)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,6 @@ from wick.engine.errors import DeviceError
 from wick.native import nvrtc
 from wick.native.cuda_backend import CudaBackend
 
-TINY = {"prefill_chunk_size": 64, "max_batch_size": 4}
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)')
 _C_TYPES = {"int": ctypes.c_int32, "int64_t": ctypes.c_int64, "uint": ctypes.c_uint32,
             "float": ctypes.c_float, "unsigned int": ctypes.c_uint32}
@@ -153,8 +152,10 @@ def _source(art_dir: Path) -> tuple[str, dict]:
 
 
 @pytest.mark.parametrize("quant", ["q0f32", "q4f16_1"])
-def test_tiny_model_cuda_source_compiles_with_nvrtc(tiny_llama_dir, compiled, quant):
-    source, entry = _source(compiled(tiny_llama_dir, quant, **TINY))
+def test_tiny_model_cuda_source_compiles_with_nvrtc(quant, request):
+    # the tiny Llama's small build (tests/conftest.py), shared with the browser tests
+    art = request.getfixturevalue({"q0f32": "tiny_artifact", "q4f16_1": "tiny_f16_artifact"}[quant])
+    source, entry = _source(art)
     signatures = kernel_signatures(source)
     # every kernel the launches name is in the source, with the metadata's scalars and block
     assert {k["name"] for k in entry["kernels"]} == set(signatures)
@@ -221,11 +222,11 @@ def test_older_gpu_is_refused_with_the_working_device():
         be.load_library({"arch": "sm_80", "kernels": []}, "x/kernels.cu", b"")
 
 
-def test_engine_steps_on_the_cuda_backend(tiny_llama_dir, compiled):
+def test_engine_steps_on_the_cuda_backend(tiny_f16_artifact):
     """The real runner and engine over the fake device: prefill, batched decode and sampling
     launch every kernel with arguments matching its signature, and the decode steps of one
     batch size run as one graph."""
-    art = compiled(tiny_llama_dir, "q4f16_1", **TINY)
+    art = tiny_f16_artifact
     source, entry = _source(art)
     drv = FakeDriver(source)
     be = CudaBackend(drv)
@@ -238,8 +239,7 @@ def test_engine_steps_on_the_cuda_backend(tiny_llama_dir, compiled):
     assert be.graph_launches >= 3 and drv.graph_runs == be.graph_launches
 
 
-def test_auto_falls_back_when_cuda_cannot_run_the_model(tiny_llama_dir, compiled, monkeypatch,
-                                                         caplog):
+def test_auto_falls_back_when_cuda_cannot_run_the_model(tiny_f16_artifact, monkeypatch, caplog):
     """``device="auto"`` picked CUDA on a GPU older than the kernels' sm_80: the model loads on
     the next device instead (here the CPU kernels), and the log says why."""
     import wick.native.devices as devices
@@ -248,7 +248,7 @@ def test_auto_falls_back_when_cuda_cannot_run_the_model(tiny_llama_dir, compiled
     old_gpu = FakeDriver("")
     old_gpu.compute_capability = (7, 5)
     monkeypatch.setattr(devices, "_cuda_if_present", lambda: CudaBackend(old_gpu))
-    art = compiled(tiny_llama_dir, "q4f16_1", **TINY)
+    art = tiny_f16_artifact
     with caplog.at_level("WARNING", logger="wick.engine"):
         core = build_core(str(art), device="auto", kv_cache_bytes=1 << 20)
     assert core.runner.backend.kind == "cpu"

@@ -30,8 +30,8 @@ class _NoF16Backend:
         raise AssertionError(f"the runner used the device ({item}) before checking features")
 
 
-def test_f16_artifact_on_device_without_shader_f16_names_working_variants(tiny_llama_dir, compiled):
-    art = _artifact(compiled(tiny_llama_dir, "q4f16_1", prefill_chunk_size=64, max_batch_size=4))
+def test_f16_artifact_on_device_without_shader_f16_names_working_variants(tiny_f16_artifact):
+    art = _artifact(tiny_f16_artifact)
     assert art.required_features == ["shader-f16"]
     with pytest.raises(MissingFeatureError) as err:
         Runner(art, _NoF16Backend(), num_pages=4)
@@ -56,8 +56,8 @@ def test_engine_picks_f32_variant_and_rejects_f16_without_feature():
     assert pick_quantization("gemma-3-270m", None, set()) == "q8f32_1"
 
 
-def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_llama_dir, compiled, backend):
-    art = _artifact(compiled(tiny_llama_dir, "q0f32", prefill_chunk_size=64, max_batch_size=4))
+def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_artifact, backend):
+    art = _artifact(tiny_artifact)
     runner = Runner(art, backend, num_pages=16)
     runs = []
     real_run = backend.run
@@ -84,11 +84,10 @@ def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_llama_dir
     assert len(runner.decode._cache) <= 2 and len(runner.forward._cache) == 1
 
 
-def test_deferred_weights_filled_from_placements_equal_uploaded(tiny_llama_dir, compiled, backend):
+def test_deferred_weights_filled_from_placements_equal_uploaded(tiny_artifact, backend):
     """upload_weights=False (the browser's path) writes nothing: the placements cover every
     parameter byte once, and filling them from the shard files gives the uploaded runner's tokens."""
-    path = compiled(tiny_llama_dir, "q0f32", prefill_chunk_size=64, max_batch_size=4,
-                    shard_max_bytes=96 << 10)
+    path = tiny_artifact  # (in shards of 96 KiB)
     art = _artifact(path)
     assert len(art.manifest["shards"]) > 1
 

@@ -20,12 +20,9 @@ LONG_WINDOW = 2048
 
 
 @pytest.fixture(scope="module")
-def tiny_long(tmp_path_factory, compiled):
-    from tests.tiny_models import make_tiny_llama
-
-    src = make_tiny_llama(tmp_path_factory.mktemp("tiny-long") / "tiny-llama-long", seed=3,
-                          context=LONG_WINDOW)
-    return compiled(src, "q0f32", context_window=LONG_WINDOW, max_batch_size=8)
+def tiny_long(tiny_long_artifact):
+    """(tests/conftest.py: the browser's structured-output tests run it too)"""
+    return tiny_long_artifact
 
 
 @pytest.fixture(scope="module")
