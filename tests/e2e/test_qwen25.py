@@ -17,6 +17,9 @@ pytestmark = pytest.mark.slow
 
 QWEN = "qwen2.5-coder-0.5b-instruct"
 MESSAGES = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
+# the same question under a short system message of its own: 30 prompt tokens, one prefill tile
+# (the template's default system prompt makes 40, and each further 32 rows cost ~15 s on lavapipe)
+CHAT = [{"role": "system", "content": "You are a helpful assistant."}, *MESSAGES]
 # one step of all_position_logits (the artifact's max batch, 32): a forward pass of this model on
 # lavapipe costs about the same for 1 to 32 rows (~25 s), 48 tokens took two
 NUM_TOKENS = 32
@@ -65,9 +68,9 @@ def test_the_builtin_is_the_qwen2_family_with_its_template(qwen_core, qwen_hf):
 def test_greedy_chat_equals_transformers(qwen_core, qwen_hf):
     core = qwen_core("q0f32")
     api = EngineAPI(core)
-    ids = core.chat_prompt_ids(MESSAGES)
+    ids = core.chat_prompt_ids(CHAT)
     with record(core.runner) as rec:
-        r = api.chat.completions.create(messages=MESSAGES, temperature=0, max_tokens=12)
+        r = api.chat.completions.create(messages=CHAT, temperature=0, max_tokens=12)
     want = hf_greedy(qwen_hf[0], ids, 12, stop_at_eos=True)
     print(f"wick: {rec.sampled}\nhf:   {want}\ntext: {r.choices[0].message.content!r}")
     assert rec.sampled == want
