@@ -67,9 +67,12 @@ def smol_loaded(smol):
 def hf_reference(smol):
     """transformers' fp32 model and tokenizer read from the same GGUF file."""
     transformers = pytest.importorskip("transformers")
+    from tests.e2e.helpers import gguf_parsed_once
+
     path = smol[0].path
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with gguf_parsed_once():  # (one parse of the GGUF's metadata for both)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     return model.config, state, tokenizer
 
