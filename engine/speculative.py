@@ -33,6 +33,7 @@ DEFAULT_NUM_TOKENS = 8  # drafts per verify step at most (the engine adapts belo
 NGRAM_MAX = 3  # the longest n-gram looked up
 PREDICTION_PRIOR = 0.9  # the acceptance expected of a request's prediction before any verify
 MODEL_PRIOR = 0.8  # ... and of a draft model
+MAX_BACKOFF = 32  # most steps a sequence waits to draft again after failed verify steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +114,17 @@ class SequenceDrafter:
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_verify_steps = 0
+        self._failures = 0  # verify steps in a row that kept no draft
+        self._wait = 0  # steps to go before drafting again
 
     def draft_length(self, room: int, row_cost: float) -> int:
         """How many to draft now, at most ``room``: 0 where drafting does not pay (the
-        estimate then relaxes toward its prior: retried later)."""
+        estimate then relaxes toward its prior: retried later), and for a while after a verify
+        step that kept nothing (the wait doubles with each such step in a row, up to
+        ``MAX_BACKOFF`` steps: text whose drafts keep failing stops paying for them)."""
+        if self._wait > 0:
+            self._wait -= 1
+            return 0
         k = min(room, best_draft_length(self.acceptance.alpha, self.max_tokens, row_cost))
         if k < 1:
             self.acceptance.update(0, 0)
@@ -143,6 +151,11 @@ class SequenceDrafter:
     def record(self, drafted: int, accepted: int) -> None:
         """A verify step's outcome."""
         self.acceptance.update(drafted, accepted)
+        if accepted:
+            self._failures = 0
+        else:
+            self._failures += 1
+            self._wait = min(MAX_BACKOFF, 2 ** (self._failures - 1) - 1)
         self.num_drafted += drafted
         self.num_accepted += accepted
         self.num_verify_steps += 1
