@@ -16,6 +16,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def wick_process_env(**extra: str) -> dict[str, str]:
+    """The environment of a wick process a test starts (the CLI, `wick serve`): this one's,
+    with torch unimportable (tests/no_torch/sitecustomize.py), as in a user's install."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "tests" / "no_torch"),
+                                         os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 @pytest.fixture(scope="session")
 def wick_home() -> Path:
     return Path(os.environ["WICK_HOME"])

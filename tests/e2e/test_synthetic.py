@@ -10,7 +10,6 @@ and both real backends agree on its tokens.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import wick_process_env
 from tests.e2e.helpers import greedy, ids_of, load_artifact, make_core, prefill_logits, run_core
 from wick.engine.backend import Read
 
@@ -51,7 +51,7 @@ def synthetic(tiny_llama_dir, wick_home) -> Path:
         [sys.executable, "-m", "wick.server.cli", "compile", "--synthetic",
          str(tiny_llama_dir / "config.json"), "-q", "q4f16_1", "--prefill-chunk-size", "64",
          "--max-batch-size", "4"],
-        capture_output=True, text=True, env={**os.environ, "WICK_HOME": str(wick_home)},
+        capture_output=True, text=True, env=wick_process_env(WICK_HOME=str(wick_home)),
         timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return Path(out.stdout.strip().splitlines()[-1])
@@ -116,6 +116,6 @@ def test_synthetic_config_errors_are_named(tmp_path, wick_home):
                             (bad, "not an HF model config")):
         out = subprocess.run([sys.executable, "-m", "wick.server.cli", "compile", "--synthetic",
                               str(target)], capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "WICK_HOME": str(wick_home)})
+                             env=wick_process_env(WICK_HOME=str(wick_home)))
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
         assert "wick bug" not in out.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wick_process_env
 from wick.engine.errors import InvalidRequestError
 from wick.server.chat_cli import parse_settings
 
@@ -26,7 +27,7 @@ CHAT_OPTIONS = ("--seed", "0", "--max-tokens", "8")
 
 @pytest.fixture(scope="module")
 def wick_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = wick_process_env()  # (without torch, as installed for users)
     env["WICK_HOME"] = os.environ["WICK_HOME"]  # the test session's cache (tests/conftest.py)
     env["PYTHONIOENCODING"] = "utf-8"
     # as in a container: the Vulkan loader's Wayland probe must not reach wick's stderr

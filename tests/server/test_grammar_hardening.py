@@ -10,7 +10,6 @@ process (were the crash to reach the server, it must not take pytest with it).""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.conftest import wick_process_env
 from tests.hostile_grammars import ebnf_chain, properties, ref_chain
 from tests.server.conftest import (
     HELLO,
@@ -165,7 +165,7 @@ def open_server(tiny_a, tmp_path_factory):
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "wick.server.cli", "serve", str(tiny_a), "--port", str(port),
-             *OPEN], stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+             *OPEN], stdout=out, stderr=subprocess.STDOUT, env=wick_process_env())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
