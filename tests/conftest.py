@@ -45,6 +45,23 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The built-in SmolLM2-135M-Instruct GGUF."""
+    from wick.compiler.sources import resolve_source
+
+    return resolve_source("smollm2-135m-instruct").path
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_path):
+    """transformers' SmolLM2 from the same GGUF (dequantized to float32), loaded once for the
+    browser and end-to-end tests."""
+    from tests.e2e.helpers import load_hf
+
+    return load_hf(smollm2_path.parent, gguf_file=smollm2_path.name)
+
+
 # The tiny Llama's small build (context 128, chunks of 64, 4 sequences): the browser tests'
 # model and the native backend tests' (tests/native), each variant compiled once per session.
 TINY_SMALL = {"context_window": 128, "prefill_chunk_size": 64, "max_batch_size": 4}

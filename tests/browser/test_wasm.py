@@ -156,21 +156,19 @@ def smol_server(web_bundle, compiled):
     live.stop()
 
 
-def test_smollm2_on_wasm_gives_transformers_greedy_tokens(context, smol_server):
+def test_smollm2_on_wasm_gives_transformers_greedy_tokens(context, smol_server, smollm2_hf):
     """SmolLM2 q0f32 on the WebAssembly kernels: a greedy completion of the prompt's token ids
     gives transformers' tokens on the same (dequantized) weights, and a chat the native CPU
     engine's text."""
     from tokenizers import Tokenizer
 
-    from tests.e2e.helpers import hf_greedy, load_hf
-    from wick.compiler.sources import resolve_source
+    from tests.e2e.helpers import hf_greedy
     from wick.server.local import Engine
 
     live, art = smol_server
     tok = Tokenizer.from_file(str(art / "tokenizer.json"))
     prompt = tok.encode("The three primary colors are", add_special_tokens=False).ids
-    gguf = resolve_source("smollm2-135m-instruct").path
-    want_ids = hf_greedy(load_hf(gguf.parent, gguf_file=gguf.name), prompt, 16)
+    want_ids = hf_greedy(smollm2_hf, prompt, 16)
     want_chat = Engine(str(art), device="cpu").chat.completions.create(
         messages=SMOL_MESSAGES, max_tokens=16, temperature=0).to_dict()
     page = Page(context, live.url)

@@ -35,17 +35,7 @@ def tiny_core(tiny_llama_dir, compiled):
     return make_core(compiled(tiny_llama_dir, "q0f32", **TINY_OPTIONS), num_pages=64)
 
 
-@pytest.fixture(scope="session")
-def smollm2_path():
-    from wick.compiler.sources import resolve_source
-
-    return resolve_source(SMOLLM2).path
-
-
-@pytest.fixture(scope="session")
-def smollm2_hf(smollm2_path):
-    """transformers' SmolLM2 from the same GGUF (dequantized to float32)."""
-    return load_hf(smollm2_path.parent, gguf_file=smollm2_path.name)
+# smollm2_path, smollm2_hf (transformers' SmolLM2): tests/conftest.py, shared with the browser tests
 
 
 @pytest.fixture(scope="session")
