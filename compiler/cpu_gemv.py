@@ -28,7 +28,13 @@ from tvm.script import tirx as T
 
 GROUP = 32  # weights per scale/minimum (compiler/quantization.py GROUP_SIZE)
 HALF = GROUP // 2
-ROWS = 4  # input rows per tile: each group's weights are dequantized once per tile
+# Rows per tile, widest first: a tile dequantizes each group's weights once for all its rows,
+# a step's rows go in as many of the widest tiles as fit, the rest in narrower ones (no row
+# tests inside a tile). Natively 8 rows x 2 partial sums of 16 lanes are 16 of AVX-512's 32
+# registers; WebAssembly's 128-bit registers hold a quarter of a row's lanes (V8 maps them on
+# 16 of the CPU's), so there tiles stop at 4 rows with one partial sum per row.
+NATIVE_TILES = (8, 4, 2, 1)
+WASM_TILES = (4, 2, 1)
 
 
 def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
@@ -72,13 +78,63 @@ def _block_names(func: tirx.PrimFunc) -> list[str]:
 def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> tirx.PrimFunc:
     """The kernel, with the matched function's parameters: x (b, K), w (N, K/8) uint32,
     scale (N, K/32), minimum (N, K/32), [residual (b, N)], out (b, N). ``wasm``: for
-    WebAssembly (nibbles converted 4 lanes at a time)."""
+    WebAssembly (nibbles converted 4 lanes at a time, narrower tiles, one partial sum)."""
     G = K // GROUP
     lanes = 4 if wasm else HALF
+    tiles = WASM_TILES if wasm else NATIVE_TILES
+    tiles = tiles + (1,) * (4 - len(tiles))
+    # natively a row keeps two partial sums (even weights, odd weights): two chains of
+    # multiply-adds instead of one, so a lone decode row is not bound by their latency
+    split = not wasm
 
-    # (the macro sees the names the functions that use it see: K, N, G and module globals)
+    # (a macro sees the names the functions that use it see: K, N, G, module globals and the
+    # arguments; tile sizes and flags are passed in)
     @T.macro(hygienic=False)
-    def body(b, x, w, s, m, out, lanes, rows):
+    def tile(row0, rows, xs, wb, s, m, out, j, lanes, split):
+        # (inside the parallel loop: private) ``rows`` rows share each group's weights,
+        # dequantized once
+        acc = T.alloc_buffer((rows, HALF), "float32")
+        acc2 = T.alloc_buffer((rows, HALF), "float32")
+        lo = T.alloc_buffer((HALF,), "float32")
+        hi = T.alloc_buffer((HALF,), "float32")
+        for r in T.unroll(rows):
+            for t in T.vectorized(HALF):
+                acc[r, t] = T.float32(0)
+                acc2[r, t] = T.float32(0)
+        for g in range(G):
+            for c in T.unroll(HALF // lanes):
+                # (no let-bound index here: TVM's vectorizer keeps a let scalar)
+                for u in T.vectorized(lanes):
+                    lo[c * lanes + u] = T.Cast(
+                        "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
+                        & T.uint8(15)) * s[j, g] + m[j, g]
+                    hi[c * lanes + u] = T.Cast(
+                        "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
+                        >> T.uint8(4)) * s[j, g] + m[j, g]
+            for r in T.unroll(rows):
+                for t in T.vectorized(HALF):
+                    if split:
+                        acc[r, t] = acc[r, t] + lo[t] * xs[row0 + r, g, 0, t]
+                        acc2[r, t] = acc2[r, t] + hi[t] * xs[row0 + r, g, 1, t]
+                    else:
+                        acc[r, t] = (acc[r, t] + lo[t] * xs[row0 + r, g, 0, t]
+                                     + hi[t] * xs[row0 + r, g, 1, t])
+        # each row's lanes pairwise (vector adds): the same sums in the same order whatever
+        # the tile, so a row's result never depends on the rows beside it (batch invariance)
+        for r in T.unroll(rows):
+            if split:
+                for t in T.vectorized(HALF):
+                    acc[r, t] = acc[r, t] + acc2[r, t]
+            for h in T.vectorized(8):
+                acc[r, h] = acc[r, h] + acc[r, h + 8]
+            for h in T.vectorized(4):
+                acc[r, h] = acc[r, h] + acc[r, h + 4]
+            for h in T.vectorized(2):
+                acc[r, h] = acc[r, h] + acc[r, h + 2]
+            out[row0 + r, j] = acc[r, 0] + acc[r, 1]
+
+    @T.macro(hygienic=False)
+    def body(b, x, w, s, m, out, tile, tiles, lanes, split):
         wb = T.decl_buffer((N * K // 2,), "uint8", data=w.data)  # the same bytes, one by one
         # the input rows split into each group's even and odd elements
         xs = T.alloc_buffer((b, G, 2, HALF), "float32")
@@ -88,42 +144,18 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
                     xs[i, g, 0, t] = x[i, g * GROUP + 2 * t]
                     xs[i, g, 1, t] = x[i, g * GROUP + 2 * t + 1]
         for j in T.parallel(N):
-            for i0 in range((b + rows - 1) // rows):
-                # (inside the parallel loop: private) a tile of rows shares each group's
-                # weights, dequantized once
-                acc = T.alloc_buffer((rows, HALF), "float32")
-                lo = T.alloc_buffer((HALF,), "float32")
-                hi = T.alloc_buffer((HALF,), "float32")
-                for r in T.unroll(rows):
-                    for t in T.vectorized(HALF):
-                        acc[r, t] = T.float32(0)
-                for g in range(G):
-                    for c in T.unroll(HALF // lanes):
-                        # (no let-bound index here: TVM's vectorizer keeps a let scalar)
-                        for u in T.vectorized(lanes):
-                            lo[c * lanes + u] = T.Cast(
-                                "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
-                                & T.uint8(15)) * s[j, g] + m[j, g]
-                            hi[c * lanes + u] = T.Cast(
-                                "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
-                                >> T.uint8(4)) * s[j, g] + m[j, g]
-                    for r in T.unroll(rows):
-                        if i0 * rows + r < b:
-                            for t in T.vectorized(HALF):
-                                acc[r, t] = (acc[r, t] + lo[t] * xs[i0 * rows + r, g, 0, t]
-                                             + hi[t] * xs[i0 * rows + r, g, 1, t])
-                # each row's 16 lanes pairwise (vector adds): the same sums in the same order
-                # whatever the tile, so a row's result never depends on the rows beside it
-                # (batch invariance)
-                for r in T.unroll(rows):
-                    if i0 * rows + r < b:
-                        for h in T.vectorized(8):
-                            acc[r, h] = acc[r, h] + acc[r, h + 8]
-                        for h in T.vectorized(4):
-                            acc[r, h] = acc[r, h] + acc[r, h + 4]
-                        for h in T.vectorized(2):
-                            acc[r, h] = acc[r, h] + acc[r, h + 2]
-                        out[i0 * rows + r, j] = acc[r, 0] + acc[r, 1]
+            # as many of the widest tiles as fit, then at most one of each narrower size
+            for i0 in range(b // tiles[0]):
+                tile(i0 * tiles[0], tiles[0], xs, wb, s, m, out, j, lanes, split)
+            # (tiles: four sizes; a repeated 1 at the end never runs: b % 1 is 0)
+            if b % tiles[0] >= tiles[1]:
+                tile(b - b % tiles[0], tiles[1], xs, wb, s, m, out, j, lanes, split)
+            if b % tiles[1] >= tiles[2]:
+                tile(b - b % tiles[1], tiles[2], xs, wb, s, m, out, j, lanes, split)
+            if b % tiles[2] >= tiles[3]:
+                tile(b - b % tiles[2], tiles[3], xs, wb, s, m, out, j, lanes, split)
+
+    TILE, TILES, LANES, SPLIT = tile, tiles, lanes, split  # (seen by the functions below)
 
     @T.prim_func(s_tir=True)
     def q4_matmul(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
@@ -135,10 +167,7 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
         s = T.match_buffer(var_s, (N, G), "float32")
         m = T.match_buffer(var_m, (N, G), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        if b == 1:  # (the same sums per row: a tile of one, without the tile's tests)
-            body(b, x, w, s, m, out, lanes, 1)
-        else:
-            body(b, x, w, s, m, out, lanes, ROWS)
+        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT)
 
     @T.prim_func(s_tir=True)
     def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
@@ -151,10 +180,7 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
         m = T.match_buffer(var_m, (N, G), "float32")
         r = T.match_buffer(var_r, (b, N), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        if b == 1:  # (the same sums per row: a tile of one, without the tile's tests)
-            body(b, x, w, s, m, out, lanes, 1)
-        else:
-            body(b, x, w, s, m, out, lanes, ROWS)
+        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT)
         for i, j in T.grid(b, N):  # the residual (x + y == y + x exactly in float32)
             out[i, j] = r[i, j] + out[i, j]
 

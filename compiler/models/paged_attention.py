@@ -86,15 +86,17 @@ class PagedAttention:
             rope = longrope_prim_func(s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype,
                                       s.rope_theta, rotary_dim, scaling)
             scaling = {}  # (the prefill kernel below does not rotate: rotary_mode 0)
+            self._rope_args = None  # (its own kernel serves CPUs too)
         else:
             # linear scaling (transformers: inv_freq / factor) is positions / factor, which is
             # the kernel's own ``scale``; TVM has no "linear" rope_type
             position_scale = 1.0
             if scaling.get("rope_type") == "linear":
                 position_scale, scaling = 1.0 / float(scaling["factor"]), {}
-            rope = llama_rope_with_position_map(s.rope_theta, position_scale, s.head_dim,
-                                                s.num_q_heads, s.num_kv_heads, s.dtype, scaling,
-                                                rotary_dim)
+            rope_args = (s.rope_theta, position_scale, s.head_dim, s.num_q_heads,
+                         s.num_kv_heads, s.dtype, scaling, rotary_dim)
+            rope = llama_rope_with_position_map(*rope_args)
+            self._rope_args = rope_args  # (the CPU twin's: cpu_twins)
             rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)})  # apply_rope = 1
         self.rope = rope.with_attr("global_symbol", "fused_rope" + tag)
         kv = (s.num_kv_heads, s.head_dim, s.dtype)
@@ -129,8 +131,9 @@ class PagedAttention:
 
     def cpu_twins(self) -> dict[str, Any]:
         """The CPU kernel set's replacements for this shape's GPU-only attention kernel (the
-        other kernels are plain TIR that any target schedules): TIR function name -> PrimFunc
-        with the same parameters (compiler/models/cpu_attention.py)."""
+        other kernels are plain TIR that any target schedules) and for its RoPE kernel (TVM's
+        computes each cosine once per head): TIR function name -> PrimFunc with the same
+        parameters (compiler/models/cpu_attention.py, cpu_rope.py)."""
         from .cpu_attention import cpu_attention_prim_func
 
         s = self.shape
@@ -138,8 +141,14 @@ class PagedAttention:
                 s.softcap)
         name, signature = ((self.window_name, "window") if self.windowed
                            else ("batch_prefill_paged_kv" + self.tag, "paged"))
-        return {name: cpu_attention_prim_func(*args, signature=signature)
-                .with_attr("global_symbol", name)}
+        twins = {name: cpu_attention_prim_func(*args, signature=signature)
+                 .with_attr("global_symbol", name)}
+        if self._rope_args is not None:  # (compiler/models/cpu_rope.py: each cosine once)
+            from .cpu_rope import cpu_rope_prim_func
+
+            rope = "fused_rope" + self.tag
+            twins[rope] = cpu_rope_prim_func(*self._rope_args).with_attr("global_symbol", rope)
+        return twins
 
     def page_spec(self, pages: str = "num_pages") -> nn.spec.Tensor:
         """One layer's KV tensor: (pages, 2 = k|v, kv_heads, page_size, head_dim); ``pages``

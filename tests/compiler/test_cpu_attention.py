@@ -230,9 +230,13 @@ def test_kernels_for_spec_use_the_gpu_names():
                  AttentionSpec(4, 2, 32, "float32", 1e4, window=20, softcap=30.0)]:
         pa = paged_attention(spec)
         gpu = pa.window_kernel if pa.windowed else pa.prefill
-        (name, cpu), = pa.cpu_twins().items()
-        assert name == str(gpu.attrs["global_symbol"]) == str(cpu.attrs["global_symbol"])
-        assert signature(cpu) == signature(gpu)
+        twins = pa.cpu_twins()
+        name = str(gpu.attrs["global_symbol"])
+        assert sorted(twins) == sorted([name, str(pa.rope.attrs["global_symbol"])])
+        for gpu_kernel in (gpu, pa.rope):  # attention and RoPE (cpu_rope.py)
+            cpu = twins[str(gpu_kernel.attrs["global_symbol"])]
+            assert str(cpu.attrs["global_symbol"]) == str(gpu_kernel.attrs["global_symbol"])
+            assert signature(cpu) == signature(gpu_kernel)
 
 
 # --------------------------------------------------------------------------------------------
@@ -497,9 +501,7 @@ def test_replaces_the_kernel_in_a_relax_module():
         "page_values": S(["p"], "int32"), "last": S(["b"], "int32"),
         "offset": S(["b"], "int32"), "pos": S(["n"], "int32")}})
     gv = mod.get_global_var(PAGED_NAME + TAG)
-    (name, cpu), = paged_attention(spec).cpu_twins().items()
-    assert name == PAGED_NAME + TAG
-    mod[gv] = cpu
+    mod[gv] = paged_attention(spec).cpu_twins()[PAGED_NAME + TAG]
     exe = tvm.compile(mod, target=tvm.target.Target(CPU_TARGET))
     vm = relax.VirtualMachine(exe, tvm.cpu())
     b = make_batch(MIXED, hq, hkv, d, dtype, seed=21)
