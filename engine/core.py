@@ -452,6 +452,12 @@ class EngineCore:
         for seq in self.scheduler.running:
             seq.spec_token_ids = []
         if not self.scheduler.next_step_decodes():
+            if self.draft is not None:  # (its prompt steps beside the model's)
+                self.draft.prefill({
+                    seq.seq_id: seq.token_ids[:seq.num_prompt_tokens]
+                    for seq in (*self.scheduler.running, *self.scheduler.waiting)
+                    if seq.drafter is not None and seq.drafter.model
+                    and seq.num_computed_tokens < seq.num_prompt_tokens})
             return  # a prompt step: nothing is verified in it
         row_cost = self.step_cost.row_cost
         model_cost = row_cost + self._draft_step_cost()
@@ -465,10 +471,8 @@ class EngineCore:
             room = seq.max_output_tokens - seq.num_output_tokens - 1
             k = drafter.draft_length(room, model_cost if drafter.model else row_cost) \
                 if room > 0 else 0
-            if k < 1:
-                if drafter.model:  # its pages are better used by sequences that draft
-                    self.draft.release(seq.seq_id)
-                continue
+            if k < 1:  # (a draft model keeps its mirror: it catches up on the tokens
+                continue  # made meanwhile when drafting resumes, not on the whole text)
             drafts = drafter.propose(seq.token_ids, seq.num_prompt_tokens, k,
                                      seq.params.stop_token_ids)
             if drafts or not drafter.model:
@@ -489,11 +493,12 @@ class EngineCore:
         return _grammar_prefix(seq.matcher, drafts)
 
     def _draft_step_cost(self) -> float:
-        """A draft model's step as a fraction of the engine's one-row step (0 without one)."""
+        """What a draft model's draft costs, as a fraction of the engine's one-row step (0
+        without one)."""
         one = self.step_cost.one_row_seconds
-        if self.draft is None or not self.draft.num_steps or not one:
+        if self.draft is None or not self.draft.num_proposals or not one:
             return 0.0 if self.draft is None else 0.3  # (until measured)
-        return self.draft.seconds_per_step / one
+        return self.draft.seconds_per_draft / one
 
     def _claim_runner(self) -> None:
         """The device KV is the runner's: if another core stepped it since this one did (two

@@ -67,8 +67,10 @@ class AcceptanceEstimate:
 class StepCost:
     """What one more row adds to a decode step, as a fraction of a one-row step (the
     ``row_cost`` of ``best_draft_length``), learned from the steps the engine runs: the mean
-    time of steps of each row count (recent steps weigh more), and the cost per row between
-    one-row steps and wider ones. ``prior`` holds until both kinds were seen."""
+    time of steps of each row count (recent steps weigh more), and a line through them (least
+    squares, one point per row count): its slope over its value at one row. Under speculation
+    a sequence may never run a one-row step (every step verifies), so the one-row time is the
+    line's too. ``prior`` holds until two row counts were seen."""
 
     def __init__(self, prior: float = 0.4, decay: float = 0.95, learn: bool = True) -> None:
         """``learn=False``: the row cost stays ``prior`` (draft lengths that do not depend on
@@ -85,16 +87,29 @@ class StepCost:
         self._mean[rows] = seconds if old is None else old * self._decay + seconds * (
             1 - self._decay)
 
+    def _line(self) -> tuple[float, float] | None:
+        """(seconds of a one-row step, seconds per further row), None before two row counts."""
+        if len(self._mean) < 2:
+            return None
+        n = len(self._mean)
+        mx = sum(self._mean) / n
+        my = sum(self._mean.values()) / n
+        sxx = sum((r - mx) ** 2 for r in self._mean)
+        slope = sum((r - mx) * (t - my) for r, t in self._mean.items()) / sxx
+        return my + slope * (1 - mx), slope
+
     @property
     def one_row_seconds(self) -> float | None:
-        """The mean time of a one-row step (None before one ran)."""
-        return self._mean.get(1)
+        """The time of a one-row step: measured, else the line's (None before either)."""
+        one = self._mean.get(1)
+        if one is not None:
+            return one
+        line = self._line()
+        return line[0] if line is not None and line[0] > 0 else None
 
     @property
     def row_cost(self) -> float:
-        one = self._mean.get(1)
-        wider = [(r, t) for r, t in self._mean.items() if r > 1]
-        if one is None or not wider:
+        line = self._line()
+        if line is None or line[0] <= 0:
             return self.prior
-        costs = [(t / one - 1.0) / (r - 1) for r, t in wider]
-        return min(2.0, max(0.0, sum(costs) / len(costs)))
+        return min(2.0, max(0.0, line[1] / line[0]))

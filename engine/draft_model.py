@@ -19,6 +19,8 @@ from .batch import Batch, SamplingRow
 from .kv_cache import kv_cache_for
 from .model_info import ModelInfo
 
+CATCH_UP_ROWS = 16  # at most this many new tokens of a mirror go in as one-token entries
+
 
 @dataclass(slots=True)
 class _Mirror:
@@ -39,8 +41,10 @@ class DraftModel:
                                num_window_pages=getattr(runner, "num_window_pages", 0),
                                prefix_cache=False)
         self._mirrors: dict[int, _Mirror] = {}
-        self.seconds_per_step = 0.0  # mean of its decode steps (for the draft length)
-        self.num_steps = 0
+        # what one draft costs, all told: the drafting's time over the drafts it made (its
+        # steps, the catch-up on kept tokens, the host's work), a running mean (draft length)
+        self.seconds_per_draft = 0.0
+        self.num_proposals = 0
 
     def check_vocabulary(self, target: ModelInfo) -> None:
         """The drafter must speak the target's tokens."""
@@ -58,9 +62,32 @@ class DraftModel:
         if self._mirrors.pop(seq_id, None) is not None and self.kv.has(seq_id):
             self.kv.free(seq_id)
 
+    def prefill(self, prompts: dict[int, Seq[int]]) -> None:
+        """Compute new sequences' prompts (``{seq_id: prompt tokens}``; all but the last
+        token, which drafting computes again for its logits) while the engine computes them,
+        before their first token, as vLLM's drafters do: the draft model's prompt then counts
+        to the time to first token instead of delaying the first drafts."""
+        active = []
+        for sid, tokens in prompts.items():
+            m = self._mirrors.setdefault(sid, _Mirror())
+            if m.computed == 0 and len(tokens) > 1:
+                m.tokens, m.drafts, m.wanted = list(tokens[:-1]), [], 0
+                active.append(sid)
+        while active:
+            batch_of = self._batch(active)
+            if batch_of is None:
+                break
+            batch, chunks = batch_of
+            self.runner.step(batch)  # (no sample rows)
+            for sid, num_new, _ in chunks:
+                self._mirrors[sid].computed += num_new
+            active = [sid for sid in active
+                      if self._mirrors[sid].computed < len(self._mirrors[sid].tokens)]
+
     def propose(self, wanted: dict[int, tuple[Seq[int], int]]) -> dict[int, list[int]]:
         """``{seq_id: (its tokens, how many drafts)}`` -> ``{seq_id: drafts}`` (fewer, or
         none, where the draft pool is full)."""
+        t0 = time.perf_counter()
         for sid, (tokens, k) in wanted.items():
             m = self._mirrors.setdefault(sid, _Mirror())
             common = 0
@@ -80,13 +107,7 @@ class DraftModel:
             if batch_of is None:
                 break
             batch, chunks = batch_of
-            t0 = time.perf_counter()
             sampled = self.runner.step(batch)
-            if batch.decode_only:
-                self.num_steps += 1
-                seconds = time.perf_counter() - t0
-                self.seconds_per_step += (seconds - self.seconds_per_step) / min(
-                    self.num_steps, 20)
             samples = iter(sampled)
             for sid, num_new, samples_here in chunks:
                 m = self._mirrors[sid]
@@ -97,28 +118,44 @@ class DraftModel:
                     m.tokens.append(token)
             active = [sid for sid in active if len(self._mirrors[sid].drafts)
                       < self._mirrors[sid].wanted]
+        made = sum(len(self._mirrors[sid].drafts) for sid in wanted)
+        if made:
+            self.num_proposals += 1
+            seconds = (time.perf_counter() - t0) / made
+            self.seconds_per_draft += (seconds - self.seconds_per_draft) / min(
+                self.num_proposals, 20)
         return {sid: self._mirrors[sid].drafts for sid in wanted}
 
     def _batch(self, active: list[int]) -> tuple[Batch, list] | None:
+        """The next step of the drafter: each active mirror's tokens to compute (in chunks of
+        the draft model's prefill). A few tokens (the tokens a verify step kept) go in as one
+        one-token entry each, as a verify step does, so that the step runs the decode plan:
+        in the tiled prefill plan two tokens cost as much as a whole tile (2.5 decode steps,
+        SmolLM2 q4f32_1 on a CPU)."""
         budget = self.info.prefill_chunk_size
+        rows_left = self.info.max_batch_size  # (the compiled bound on a step's entries)
         entries, token_ids, seq_ids, sample_rows, chunks = [], [], [], [], []
-        for sid in active[:self.info.max_batch_size]:
+        for sid in active:
             m = self._mirrors[sid]
             num_new = min(len(m.tokens) - m.computed, budget)
-            if num_new < 1:
+            if num_new < 1 or rows_left < 1:
                 continue
             target = m.computed + num_new
             if not self.kv.can_allocate(sid, target):
                 m.wanted = len(m.drafts)  # the pool is full: this sequence drafts no more
                 continue
             self.kv.allocate(sid, target)
-            samples_here = target == len(m.tokens)
+            one_token_entries = num_new <= rows_left and num_new <= CATCH_UP_ROWS
+            for start, n in ([(p, 1) for p in range(m.computed, target)] if one_token_entries
+                             else [(m.computed, num_new)]):
+                seq_ids.append(sid)
+                entries.append((sid, start, n))
+            rows_left -= num_new if one_token_entries else 1
+            samples_here = target == len(m.tokens) and len(m.drafts) < m.wanted
             if samples_here:
-                sample_rows.append(len(seq_ids))
-            seq_ids.append(sid)
-            entries.append((sid, m.computed, num_new))
+                sample_rows.append(len(seq_ids) - 1)  # (the last entry's row)
             token_ids.extend(m.tokens[m.computed:target])
-            chunks.append((sid, num_new, samples_here))
+            chunks.append((sid, num_new, samples_here, one_token_entries))
             budget -= num_new
             if budget < 1:
                 break
@@ -128,8 +165,8 @@ class DraftModel:
                       sample_rows=sample_rows,
                       sampling=[SamplingRow(temperature=0.0, top_p=1.0, top_k=0, uniform=0.0)
                                 for _ in sample_rows],
-                      decode_only=all(n == 1 for _, n, _ in chunks))
-        return batch, chunks
+                      decode_only=all(c[3] for c in chunks))
+        return batch, [c[:3] for c in chunks]
 
 
 def _token(entry) -> int:

@@ -156,6 +156,11 @@ def test_a_4bit_twin_drafts_for_its_f32_model(base, compiled):
     art = load_artifact(compiled(SMOLLM2, "q4f32_1"))
     draft = DraftModel(Runner(art, base.runner.backend, num_pages=64),
                        ModelInfo.from_manifest(art.manifest), 64)
+    steps = []  # the drafter's steps: (decode plan?, tokens, sampled rows)
+    run_step = draft.runner.step
+    draft.runner.step = lambda batch: (
+        steps.append((batch.decode_only, batch.num_tokens, len(batch.sample_rows)))
+        or run_step(batch))
     chat = [{"role": "user", "content": "Name three rivers of Europe and one fact on each."}]
     for kw in (dict(max_tokens=40, temperature=0), dict(max_tokens=24, temperature=0.8, seed=2)):
         plain = EngineAPI(sibling_core(base)).chat.completions.create(messages=chat, **kw)
@@ -167,3 +172,9 @@ def test_a_4bit_twin_drafts_for_its_f32_model(base, compiled):
         if kw["temperature"] == 0:
             assert core.stats.spec_acceptance_rate > 0.5, core.stats.speculation()
         assert draft.kv.free_pages == draft.kv.num_pages  # released with the sequence
+        # its prompt in one step that drafts nothing (beside the model's prompt step), then
+        # decode-plan steps only: the tokens a verify step kept are one-token entries
+        assert not steps[0][0] and steps[0][2] == 0, steps[:3]
+        assert all(decode for decode, _, _ in steps[1:]), [s for s in steps if not s[0]]
+        assert any(n > 1 for _, n, _ in steps[1:]), steps  # (a catch-up of several tokens)
+        steps.clear()

@@ -73,3 +73,20 @@ def test_the_row_cost_is_learned_from_step_times():
     for _ in range(200):  # 5 rows cost 1.4x one row: each extra row 0.1 of a step
         cost.record(5, 0.014)
     assert abs(cost.row_cost - 0.1) < 0.01
+
+
+def test_the_row_cost_without_one_row_steps():
+    """Under speculation every step may verify (2 rows or more): the one-row time and the
+    row cost come from the line through the wider steps."""
+    from wick.engine.draft_length import StepCost
+
+    cost = StepCost(prior=0.4)
+    cost.record(3, 0.014)
+    assert cost.row_cost == 0.4 and cost.one_row_seconds is None
+    for rows in (2, 3, 5, 9):  # 10 ms + 2 ms per further row
+        cost.record(rows, 0.010 + 0.002 * (rows - 1))
+    for _ in range(200):
+        for rows in (2, 3, 5, 9):
+            cost.record(rows, 0.010 + 0.002 * (rows - 1))
+    assert abs(cost.one_row_seconds - 0.010) < 1e-4
+    assert abs(cost.row_cost - 0.2) < 0.01
