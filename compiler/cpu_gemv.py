@@ -1,20 +1,22 @@
-"""A hand-written CPU kernel for the q4 (``*_1`` packing) matmul: ``out = x @ dequantize(W)^T``
-(+ a residual), replacing the scheduled TE version where the pattern matches.
+"""A hand-written CPU kernel for the q4 and q8 (``*_1`` packing) float32 matmuls: ``out = x @
+dequantize(W)^T`` (+ a residual), replacing the scheduled TE version where the pattern matches.
 
 Why by hand: the scheduled version (cpu_schedules.py rule 2) unpacks 16 nibbles from two
 words with a permute and a per-lane shift, and multiplies the dequantized weight in, about 7
-vector instructions per 16 weights. Here a group of 32 weights is one 16-byte load:
+vector instructions per 16 weights, for every row of a step. Here a group of 32 weights is one
+load (16 bytes in q4, 32 in q8), dequantized once for a tile of rows:
 
-* byte ``t`` of the group holds weights ``2t`` (low nibble) and ``2t + 1`` (high nibble), so
-  ``bytes & 15`` and ``bytes >> 4`` are the group's even and odd weights, each 16 lanes;
-* the input row is split once per call into its even and odd elements, to match;
-* a group's sum factors as ``scale * sum(q * x) + minimum * sum(x)``: the inner loop is two
-  multiply-adds of integer-valued weights, and ``sum(x)`` per group is computed once per call.
+* q4: byte ``t`` of the group holds weights ``2t`` (low nibble) and ``2t + 1`` (high nibble),
+  so ``bytes & 15`` and ``bytes >> 4`` are the group's even and odd weights, 16 lanes each;
+  q8: the group's two halves of 16 bytes;
+* the input rows are split once per call to match (even and odd elements; q8: halves);
+* a tile of rows (``NATIVE_TILES``/``WASM_TILES``) multiplies the dequantized group into each
+  row's partial sums: a step of 8 rows reads and dequantizes each weight once, not 8 times.
 
-Turning nibbles into floats: x86 converts 16 bytes in two instructions, but LLVM's
-WebAssembly backend lowers ``uitofp <16 x i8>`` (or 8) lane by lane (0.9 GB/s of weights
-measured); four lanes at a time it widens and converts in vector instructions (2.2 GB/s). So
-for WebAssembly the 16 lanes go as four unrolled chunks of 4 (``wasm=True``).
+Turning bytes into floats: x86 converts 16 bytes in two instructions, but LLVM's WebAssembly
+backend lowers ``uitofp <16 x i8>`` (or 8) lane by lane (0.9 GB/s of weights measured); four
+lanes at a time it widens and converts in vector instructions (2.2 GB/s). So for WebAssembly
+the 16 lanes go as four unrolled chunks of 4 (``wasm=True``).
 
 The sums run in another order than the GPU's (16 lanes per group, then groups), as any
 reordering of float sums does; the results agree to float32 rounding (tests compare the
@@ -54,14 +56,15 @@ def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
         K = int(x.shape[1])
     except (TypeError, ValueError):
         return None
-    ok = (str(w.dtype) == "uint32" and words * 8 == K and K % GROUP == 0
+    bits = 4 if words * 8 == K else 8 if words * 4 == K else 0
+    ok = (str(w.dtype) == "uint32" and bits and K % GROUP == 0
           and all(str(t.dtype) == "float32" for t in (x, s, m, out))
           and [int(d) for d in s.shape] == [N, K // GROUP] == [int(d) for d in m.shape]
           and len(x.shape) == 2 and len(out.shape) == 2 and int(out.shape[1]) == N)
     if residual:
         r = rest[0]
         ok = ok and str(r.dtype) == "float32" and len(r.shape) == 2 and int(r.shape[1]) == N
-    return {"N": N, "K": K, "residual": residual} if ok else None
+    return {"N": N, "K": K, "residual": residual, "bits": bits} if ok else None
 
 
 def _block_names(func: tirx.PrimFunc) -> list[str]:
@@ -75,11 +78,17 @@ def _block_names(func: tirx.PrimFunc) -> list[str]:
         return []
 
 
-def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> tirx.PrimFunc:
-    """The kernel, with the matched function's parameters: x (b, K), w (N, K/8) uint32,
-    scale (N, K/32), minimum (N, K/32), [residual (b, N)], out (b, N). ``wasm``: for
-    WebAssembly (nibbles converted 4 lanes at a time, narrower tiles, one partial sum)."""
+def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False,
+                        bits: int = 4) -> tirx.PrimFunc:
+    """The kernel, with the matched function's parameters: x (b, K), w (N, K * bits / 32)
+    uint32, scale (N, K/32), minimum (N, K/32), [residual (b, N)], out (b, N). ``wasm``: for
+    WebAssembly (weights converted 4 lanes at a time, narrower tiles, one partial sum).
+    ``bits`` 8: the q8 packing, a group's 32 bytes its 32 weights in order (its two halves
+    take the places of the q4 group's even and odd weights)."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, not {bits}")
     G = K // GROUP
+    q8 = bits == 8
     lanes = 4 if wasm else HALF
     tiles = WASM_TILES if wasm else NATIVE_TILES
     tiles = tiles + (1,) * (4 - len(tiles))
@@ -90,7 +99,7 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
     # (a macro sees the names the functions that use it see: K, N, G, module globals and the
     # arguments; tile sizes and flags are passed in)
     @T.macro(hygienic=False)
-    def tile(row0, rows, xs, wb, s, m, out, j, lanes, split):
+    def tile(row0, rows, xs, wb, s, m, out, j, lanes, split, q8):
         # (inside the parallel loop: private) ``rows`` rows share each group's weights,
         # dequantized once
         acc = T.alloc_buffer((rows, HALF), "float32")
@@ -105,12 +114,22 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
             for c in T.unroll(HALF // lanes):
                 # (no let-bound index here: TVM's vectorizer keeps a let scalar)
                 for u in T.vectorized(lanes):
-                    lo[c * lanes + u] = T.Cast(
-                        "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
-                        & T.uint8(15)) * s[j, g] + m[j, g]
-                    hi[c * lanes + u] = T.Cast(
-                        "float32", wb[j * (K // 2) + g * HALF + c * lanes + u]
-                        >> T.uint8(4)) * s[j, g] + m[j, g]
+                    # (byte offsets: an output's weights take K * bits / 8 bytes, a
+                    # group's GROUP * bits / 8)
+                    if q8:  # (a Python constant: one branch is built)
+                        lo[c * lanes + u] = T.Cast(
+                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                          + c * lanes + u]) * s[j, g] + m[j, g]
+                        hi[c * lanes + u] = T.Cast(
+                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                          + HALF + c * lanes + u]) * s[j, g] + m[j, g]
+                    else:
+                        lo[c * lanes + u] = T.Cast(
+                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                          + c * lanes + u] & T.uint8(15)) * s[j, g] + m[j, g]
+                        hi[c * lanes + u] = T.Cast(
+                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                          + c * lanes + u] >> T.uint8(4)) * s[j, g] + m[j, g]
             for r in T.unroll(rows):
                 for t in T.vectorized(HALF):
                     if split:
@@ -134,28 +153,32 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
             out[row0 + r, j] = acc[r, 0] + acc[r, 1]
 
     @T.macro(hygienic=False)
-    def body(b, x, w, s, m, out, tile, tiles, lanes, split):
-        wb = T.decl_buffer((N * K // 2,), "uint8", data=w.data)  # the same bytes, one by one
-        # the input rows split into each group's even and odd elements
+    def body(b, x, w, s, m, out, tile, tiles, lanes, split, q8):
+        wb = T.decl_buffer((N * K * bits // 8,), "uint8", data=w.data)  # the bytes one by one
+        # the input rows split into each group's even and odd elements (q8: its halves)
         xs = T.alloc_buffer((b, G, 2, HALF), "float32")
         for i in range(b):
             for g in range(G):
                 for t in range(HALF):
-                    xs[i, g, 0, t] = x[i, g * GROUP + 2 * t]
-                    xs[i, g, 1, t] = x[i, g * GROUP + 2 * t + 1]
+                    if q8:
+                        xs[i, g, 0, t] = x[i, g * GROUP + t]
+                        xs[i, g, 1, t] = x[i, g * GROUP + HALF + t]
+                    else:
+                        xs[i, g, 0, t] = x[i, g * GROUP + 2 * t]
+                        xs[i, g, 1, t] = x[i, g * GROUP + 2 * t + 1]
         for j in T.parallel(N):
             # as many of the widest tiles as fit, then at most one of each narrower size
             for i0 in range(b // tiles[0]):
-                tile(i0 * tiles[0], tiles[0], xs, wb, s, m, out, j, lanes, split)
+                tile(i0 * tiles[0], tiles[0], xs, wb, s, m, out, j, lanes, split, q8)
             # (tiles: four sizes; a repeated 1 at the end never runs: b % 1 is 0)
             if b % tiles[0] >= tiles[1]:
-                tile(b - b % tiles[0], tiles[1], xs, wb, s, m, out, j, lanes, split)
+                tile(b - b % tiles[0], tiles[1], xs, wb, s, m, out, j, lanes, split, q8)
             if b % tiles[1] >= tiles[2]:
-                tile(b - b % tiles[1], tiles[2], xs, wb, s, m, out, j, lanes, split)
+                tile(b - b % tiles[1], tiles[2], xs, wb, s, m, out, j, lanes, split, q8)
             if b % tiles[2] >= tiles[3]:
-                tile(b - b % tiles[2], tiles[3], xs, wb, s, m, out, j, lanes, split)
+                tile(b - b % tiles[2], tiles[3], xs, wb, s, m, out, j, lanes, split, q8)
 
-    TILE, TILES, LANES, SPLIT = tile, tiles, lanes, split  # (seen by the functions below)
+    TILE, TILES, LANES, SPLIT, Q8 = tile, tiles, lanes, split, q8  # (seen below)
 
     @T.prim_func(s_tir=True)
     def q4_matmul(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
@@ -163,11 +186,11 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         b = T.int64()
         x = T.match_buffer(var_x, (b, K), "float32")
-        w = T.match_buffer(var_w, (N, K // 8), "uint32")
+        w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
         s = T.match_buffer(var_s, (N, G), "float32")
         m = T.match_buffer(var_m, (N, G), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT)
+        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
 
     @T.prim_func(s_tir=True)
     def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
@@ -175,12 +198,12 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False) -> t
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         b = T.int64()
         x = T.match_buffer(var_x, (b, K), "float32")
-        w = T.match_buffer(var_w, (N, K // 8), "uint32")
+        w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
         s = T.match_buffer(var_s, (N, G), "float32")
         m = T.match_buffer(var_m, (N, G), "float32")
         r = T.match_buffer(var_r, (b, N), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT)
+        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
         for i, j in T.grid(b, N):  # the residual (x + y == y + x exactly in float32)
             out[i, j] = r[i, j] + out[i, j]
 

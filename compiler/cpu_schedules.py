@@ -17,8 +17,8 @@ default pipeline emits single-threaded scalar loops that also materialize every 
    inside.
 
 A function marked ``tirx.is_scheduled`` (the hand-written CPU twins of attention and sampling)
-is left as it is, and the float32 q4 matmul (with or without a residual add) is replaced by the
-kernel written for it in compiler/cpu_gemv.py.
+is left as it is, and the float32 q4 and q8 matmuls (with or without a residual add) are
+replaced by the kernel written for them in compiler/cpu_gemv.py.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     from .cpu_gemv import match_q4_matmul, q4_matmul_prim_func
 
     q4 = match_q4_matmul(func)
-    if q4 is not None:  # the float32 q4 matmul: a kernel written for it (compiler/cpu_gemv.py)
+    if q4 is not None:  # the float32 q4/q8 matmul: a kernel written for it (cpu_gemv.py)
         return q4_matmul_prim_func(**q4, wasm="wasm" in str(target.attrs.get("mtriple", "")))
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))

@@ -38,19 +38,21 @@ def te_matmul(N: int, K: int, *, residual: bool, dtype: str = "float32", bits: i
 
 
 def test_it_takes_over_the_float32_q4_matmul_only():
-    assert match_q4_matmul(te_matmul(64, 96, residual=False)) == {"N": 64, "K": 96, "residual": False}
+    assert match_q4_matmul(te_matmul(64, 96, residual=False)) == {
+        "N": 64, "K": 96, "residual": False, "bits": 4}
     assert match_q4_matmul(te_matmul(64, 96, residual=True))["residual"] is True
     assert match_q4_matmul(te_matmul(64, 96, residual=False, dtype="float16")) is None
-    assert match_q4_matmul(te_matmul(64, 96, residual=False, bits=8)) is None
+    assert match_q4_matmul(te_matmul(64, 96, residual=False, bits=8))["bits"] == 8
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("N,K", [(48, 64), (200, 320)])
-def test_matches_numpy_on_dequantized_weights(N, K, residual):
-    quant = get_quantization("q4f32_1")
+def test_matches_numpy_on_dequantized_weights(N, K, residual, bits):
+    quant = get_quantization(f"q{bits}f32_1")
     rng = np.random.default_rng(N + K)
     packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
-    func = schedule(te_matmul(N, K, residual=residual), cpu_target())
+    func = schedule(te_matmul(N, K, residual=residual, bits=bits), cpu_target())
     assert "q4_matmul" in func.script()  # (not the scheduled TE version)
     lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
                          target=cpu_target())
@@ -66,16 +68,17 @@ def test_matches_numpy_on_dequantized_weights(N, K, residual):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("residual", [False, True])
-def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(residual):
+def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(residual, bits):
     """Batch invariance (and speculation's exactness): rows are tiled so that a group's
     weights are dequantized once per tile, and a row's sums run in the same order alone, in
     a full tile or in a partial one."""
     N, K = 40, 96
-    quant = get_quantization("q4f32_1")
+    quant = get_quantization(f"q{bits}f32_1")
     rng = np.random.default_rng(3)
     packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
-    func = schedule(te_matmul(N, K, residual=residual), cpu_target())
+    func = schedule(te_matmul(N, K, residual=residual, bits=bits), cpu_target())
     lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
                          target=cpu_target())
     x = rng.standard_normal((9, K)).astype(np.float32)
