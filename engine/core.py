@@ -496,7 +496,7 @@ class EngineCore:
         """What a draft model's draft costs, as a fraction of the engine's one-row step (0
         without one)."""
         one = self.step_cost.one_row_seconds
-        if self.draft is None or not self.draft.num_proposals or not one:
+        if self.draft is None or not self.draft.seconds_per_draft or not one:
             return 0.0 if self.draft is None else 0.3  # (until measured)
         return self.draft.seconds_per_draft / one
 

@@ -79,9 +79,16 @@ class StepCost:
         self._decay = decay
         self._learn = learn
         self._mean: dict[int, float] = {}  # rows -> mean seconds
+        self._seen: set[int] = set()  # row counts whose first step ran
 
     def record(self, rows: int, seconds: float) -> None:
         if rows < 1 or seconds <= 0 or not self._learn:
+            return
+        if rows not in self._seen:
+            # a row count's first step is cold (the backend prepares that shape's calls) and
+            # can take 10x the next: kept, a width seldom used would look dear for good, and
+            # the engine, drafting less, would never run it again to learn otherwise
+            self._seen.add(rows)
             return
         old = self._mean.get(rows)
         self._mean[rows] = seconds if old is None else old * self._decay + seconds * (

@@ -120,10 +120,13 @@ class DraftModel:
                       < self._mirrors[sid].wanted]
         made = sum(len(self._mirrors[sid].drafts) for sid in wanted)
         if made:
+            # (the first is cold, as a first step of any shape: not timed, or it would make
+            # drafts look dear until the drafter, drafting less, never learns otherwise)
             self.num_proposals += 1
-            seconds = (time.perf_counter() - t0) / made
-            self.seconds_per_draft += (seconds - self.seconds_per_draft) / min(
-                self.num_proposals, 20)
+            if self.num_proposals > 1:
+                seconds = (time.perf_counter() - t0) / made
+                self.seconds_per_draft += (seconds - self.seconds_per_draft) / min(
+                    self.num_proposals - 1, 20)
         return {sid: self._mirrors[sid].drafts for sid in wanted}
 
     def _batch(self, active: list[int]) -> tuple[Batch, list] | None:

@@ -82,7 +82,9 @@ def test_the_row_cost_without_one_row_steps():
 
     cost = StepCost(prior=0.4)
     cost.record(3, 0.014)
+    cost.record(3, 0.014)
     assert cost.row_cost == 0.4 and cost.one_row_seconds is None
+    cost.record(2, 0.5)  # a cold first step of a width counts for nothing
     for rows in (2, 3, 5, 9):  # 10 ms + 2 ms per further row
         cost.record(rows, 0.010 + 0.002 * (rows - 1))
     for _ in range(200):
