@@ -15,6 +15,8 @@ weighing less (acceptance changes as the text moves from copying to writing).
 
 from __future__ import annotations
 
+import statistics
+
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Mean tokens a verify step of ``k`` drafts yields at per-draft acceptance ``alpha``."""
@@ -98,12 +100,9 @@ class StepCost:
         """(seconds of a one-row step, seconds per further row), None before two row counts."""
         if len(self._mean) < 2:
             return None
-        n = len(self._mean)
-        mx = sum(self._mean) / n
-        my = sum(self._mean.values()) / n
-        sxx = sum((r - mx) ** 2 for r in self._mean)
-        slope = sum((r - mx) * (t - my) for r, t in self._mean.items()) / sxx
-        return my + slope * (1 - mx), slope
+        slope, intercept = statistics.linear_regression(list(self._mean),
+                                                        list(self._mean.values()))
+        return intercept + slope, slope
 
     @property
     def one_row_seconds(self) -> float | None:

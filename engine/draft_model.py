@@ -138,6 +138,7 @@ class DraftModel:
         budget = self.info.prefill_chunk_size
         rows_left = self.info.max_batch_size  # (the compiled bound on a step's entries)
         entries, token_ids, seq_ids, sample_rows, chunks = [], [], [], [], []
+        decode_only = True  # (every mirror's tokens went in as one-token entries)
         for sid in active:
             m = self._mirrors[sid]
             num_new = min(len(m.tokens) - m.computed, budget)
@@ -154,11 +155,12 @@ class DraftModel:
                 seq_ids.append(sid)
                 entries.append((sid, start, n))
             rows_left -= num_new if one_token_entries else 1
+            decode_only = decode_only and one_token_entries
             samples_here = target == len(m.tokens) and len(m.drafts) < m.wanted
             if samples_here:
                 sample_rows.append(len(seq_ids) - 1)  # (the last entry's row)
             token_ids.extend(m.tokens[m.computed:target])
-            chunks.append((sid, num_new, samples_here, one_token_entries))
+            chunks.append((sid, num_new, samples_here))
             budget -= num_new
             if budget < 1:
                 break
@@ -168,8 +170,8 @@ class DraftModel:
                       sample_rows=sample_rows,
                       sampling=[SamplingRow(temperature=0.0, top_p=1.0, top_k=0, uniform=0.0)
                                 for _ in sample_rows],
-                      decode_only=all(c[3] for c in chunks))
-        return batch, [c[:3] for c in chunks]
+                      decode_only=decode_only)
+        return batch, chunks
 
 
 def _token(entry) -> int:
