@@ -25,6 +25,8 @@ logits with the WGSL kernels and transformers).
 
 from __future__ import annotations
 
+import functools
+
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -78,6 +80,7 @@ def _block_names(func: tirx.PrimFunc) -> list[str]:
         return []
 
 
+@functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes; parsing takes ~0.3 s)
 def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False,
                         bits: int = 4) -> tirx.PrimFunc:
     """The kernel, with the matched function's parameters: x (b, K), w (N, K * bits / 32)
@@ -180,6 +183,23 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False,
 
     TILE, TILES, LANES, SPLIT, Q8 = tile, tiles, lanes, split, q8  # (seen below)
 
+    if residual:  # (only the function returned is parsed)
+        @T.prim_func(s_tir=True)
+        def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
+                          var_r: T.handle, var_out: T.handle):
+            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+            b = T.int64()
+            x = T.match_buffer(var_x, (b, K), "float32")
+            w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
+            s = T.match_buffer(var_s, (N, G), "float32")
+            m = T.match_buffer(var_m, (N, G), "float32")
+            r = T.match_buffer(var_r, (b, N), "float32")
+            out = T.match_buffer(var_out, (b, N), "float32")
+            body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
+            for i, j in T.grid(b, N):  # the residual (x + y == y + x exactly in float32)
+                out[i, j] = r[i, j] + out[i, j]
+        return q4_matmul_add
+
     @T.prim_func(s_tir=True)
     def q4_matmul(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
                   var_out: T.handle):
@@ -192,19 +212,4 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False,
         out = T.match_buffer(var_out, (b, N), "float32")
         body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
 
-    @T.prim_func(s_tir=True)
-    def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
-                      var_r: T.handle, var_out: T.handle):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        b = T.int64()
-        x = T.match_buffer(var_x, (b, K), "float32")
-        w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
-        s = T.match_buffer(var_s, (N, G), "float32")
-        m = T.match_buffer(var_m, (N, G), "float32")
-        r = T.match_buffer(var_r, (b, N), "float32")
-        out = T.match_buffer(var_out, (b, N), "float32")
-        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
-        for i, j in T.grid(b, N):  # the residual (x + y == y + x exactly in float32)
-            out[i, j] = r[i, j] + out[i, j]
-
-    return q4_matmul_add if residual else q4_matmul
+    return q4_matmul
