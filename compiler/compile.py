@@ -24,6 +24,7 @@ from . import paths
 from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
 from .cpu_kernels import build_cpu_library
 from .cuda_kernels import build_cuda_source, cuda_target
+from .embedding_files import special_tokens
 from .wasm_kernels import build_wasm_libraries
 from .lower import lower, merge, webgpu_target
 from .models import family_for
@@ -167,7 +168,8 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantiza
 
 def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window: int,
                    prefill_chunk: int, max_batch: int, quant: Quantization,
-                   kv_window: int | None = None, kv_window_pool: int | None = None) -> dict:
+                   kv_window: int | None = None, kv_window_pool: int | None = None,
+                   embedding: dict | None = None) -> dict:
     """The manifest's ``model`` section (engine/model_info.py reads it). ``family`` is the
     compiler's family module; ``model_type`` what the checkpoint called itself."""
     eos = hf.get("eos_token_id")
@@ -194,7 +196,27 @@ def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window:
         "chat_template": tok_cfg.get("chat_template"),
         "kv_window": kv_window,
         "kv_window_pool": kv_window_pool,
+        "task": "embed" if embedding else "generate",
+        "embedding": embedding,
     }
+
+
+def _embedding_section(module, cfg, hf: dict, tokenizer_json: str,
+                       prefill_chunk: int) -> dict | None:
+    """An embedding model's ``model.embedding``: how it pools, the vector's size, the longest
+    input (sentence-transformers' ``max_seq_length``, special tokens included; an input is
+    one step, so at most ``prefill_chunk`` tokens), and the special tokens the engine puts
+    around an input."""
+    if getattr(module, "task", "generate") != "embed":
+        return None
+    files = hf.get("embedding") or {}
+    prefix, suffix = special_tokens(tokenizer_json)
+    most = min(files.get("max_seq_length") or cfg.context_window, cfg.context_window,
+               prefill_chunk)
+    return {"pooling": files.get("pooling", getattr(cfg, "pooling", None)),
+            "normalize": bool(files.get("normalize", getattr(cfg, "normalize", False))),
+            "dimensions": cfg.hidden_size, "max_input_tokens": most,
+            "prefix_ids": prefix, "suffix_ids": suffix}
 
 
 def _reusable(out: Path, key: str) -> bool:
@@ -306,6 +328,9 @@ def build_module(family, cfg, quant: Quantization, max_param_bytes: int):
     with the sampler, batched decode, single-sequence decode) and its named parameters."""
     module = family.Model(cfg, quant, webgpu_target(), max_param_bytes=max_param_bytes)
     prefill_mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
+    if getattr(module, "task", "generate") == "embed":
+        # an embedding model: forward returns pooled vectors; nothing samples or decodes
+        return module, (prefill_mod,), named
     prefill_mod.update(_sampler_module(cfg.vocab_size))
     decode_mod, _ = module.export_tvm(spec={"decode": module.forward_spec(n="b")})
     # decode1 runs b == 1 only but keeps b symbolic, so that dlight pads its GEMVs to one row
@@ -321,12 +346,17 @@ def lower_module(module, modules, vocab_size: int, prefill_chunk_size: int, max_
     """Lower ``build_module``'s modules into every kernel set: the lowered plans and kernels,
     and the library kernel sets (CPU, WebAssembly, CUDA source) as ``write_artifact`` takes
     them. ``extra_tir``: TIR functions to compile beside the plans' (called by name)."""
-    prefill_mod, decode_mod, decode1_mod = modules
     target = webgpu_target()
     report("lower (TVM)", 0, 3)
-    twins = {**module.cpu_twins(), **_sampler_cpu_twins(vocab_size)}
     cuda_twins = module.gpu_twins(cuda_target())
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
+    if len(modules) == 1:  # an embedding model: its forward plan alone
+        lowered = lower(modules[0], {"forward": bounds}, target, schedule="prefill",
+                        cpu_twins=module.cpu_twins(), cuda_twins=cuda_twins, extra_tir=extra_tir)
+        report("lower (TVM)", 3, 3)
+        return lowered, _build_libraries(lowered, report)
+    prefill_mod, decode_mod, decode1_mod = modules
+    twins = {**module.cpu_twins(), **_sampler_cpu_twins(vocab_size)}
     sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
     lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
                                   "process_logits": sampler_bounds, "logprobs": sampler_bounds},
@@ -341,13 +371,18 @@ def lower_module(module, modules, vocab_size: int, prefill_chunk_size: int, max_
                                    schedule="decode1", cpu_twins=twins, cuda_twins=cuda_twins),
                      prefix="decode1_")
     report("lower (TVM)", 3, 3)
+    return lowered, _build_libraries(lowered, report)
+
+
+def _build_libraries(lowered, report: Progress) -> dict:
+    """The library kernel sets of ``lowered``: CPU, WebAssembly, CUDA source."""
     report("compile CPU kernels", 0, 2)
     libraries = {"cpu": build_cpu_library(lowered.cpu_functions)}
     report("compile CPU kernels", 1, 2)  # then the same functions for browsers without WebGPU
     libraries.update(build_wasm_libraries(lowered.cpu_functions))
     report("compile CPU kernels", 2, 2)
     libraries["cuda"] = build_cuda_source(lowered.cuda)  # (source: NVRTC compiles it at load)
-    return lowered, libraries
+    return libraries
 
 
 def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict, source: dict,
@@ -433,7 +468,9 @@ def compile_model(
         model=_model_section(family.NAME, cfg, hf, loaded.tokenizer_config,
                              context_window=window, prefill_chunk=prefill_chunk_size,
                              max_batch=max_batch_size, quant=quant, kv_window=module.kv_window(),
-                             kv_window_pool=module.window_pool()),
+                             kv_window_pool=module.window_pool(),
+                             embedding=_embedding_section(module, cfg, hf, loaded.tokenizer_json,
+                                                          prefill_chunk_size)),
         source={"model": origin, "sha256": source_hash}, options=options)
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,

@@ -48,7 +48,8 @@ def weight_files(path: Path) -> list[Path]:
 def tracked_files(path: Path) -> list[Path]:
     """Everything ``load`` reads: what the content hash covers."""
     check_files(path)
-    optional = ("tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+    optional = ("tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                "modules.json", "1_Pooling/config.json", "sentence_bert_config.json")
     return sorted(
         [path / n for n in REQUIRED_FILES]
         + [path / n for n in optional if (path / n).is_file()]
@@ -134,7 +135,7 @@ def load_weights(
 
 def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:
     """(tokenizer.json text, tokenizer_config with plain-string special tokens)."""
-    tokenizer_json = (path / "tokenizer.json").read_text(encoding="utf-8")
+    tokenizer_json = without_padding((path / "tokenizer.json").read_text(encoding="utf-8"))
     config_file = path / "tokenizer_config.json"
     config = _read_json(config_file) if config_file.is_file() else {}
     for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
@@ -145,6 +146,21 @@ def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:
     if "chat_template" not in config and template.is_file():
         config["chat_template"] = template.read_text(encoding="utf-8")
     return tokenizer_json, config
+
+
+def without_padding(tokenizer_json: str) -> str:
+    """tokenizer.json without a padding or truncation setting (sentence-transformers exports
+    often keep ``Fixed: 128`` padding): the engine's encode must give a text's own tokens;
+    lengths are the engine's to check."""
+    try:
+        parsed = json.loads(tokenizer_json)
+    except ValueError:
+        return tokenizer_json  # (the tokenizer's own loader names the damage)
+    if not isinstance(parsed, dict) or (parsed.get("padding") is None
+                                        and parsed.get("truncation") is None):
+        return tokenizer_json
+    parsed["padding"] = parsed["truncation"] = None
+    return json.dumps(parsed, ensure_ascii=False)
 
 
 def rope_settings(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

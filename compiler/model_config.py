@@ -19,6 +19,15 @@ class InvalidConfig(WickError):
     default_code = "invalid_model_config"
 
 
+class UnsupportedConfig(WickError):
+    """The checkpoint's config (or the asked quantization) needs something this family does
+    not implement; the message says what, and what works instead where something does."""
+
+    default_status = 400
+    default_type = "invalid_request_error"
+    default_code = "unsupported_model"
+
+
 # (field, lowest, highest): far beyond any published model, so that only a damaged config
 # (or a typo) fails here, not when its weights do not match
 CONFIG_BOUNDS = (("vocab_size", 1, 1 << 24), ("hidden_size", 1, 1 << 16),

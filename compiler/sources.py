@@ -31,6 +31,7 @@ import numpy as np
 
 from ..engine.errors import ModelNotFoundError, WickError
 from . import hf_source
+from .embedding_files import sentence_transformers_config
 from .gguf_source import NOT_WEIGHTS, GGUFModel
 from .model_config import check_config
 from .paths import sources_dir, wick_home
@@ -140,8 +141,15 @@ class HFSource(ModelSource):
     def load(self, progress: Progress | None = None) -> LoadedModel:
         hf_source.check_files(self.path)
         config = hf_source.load_config(self.path)
+        embedding = sentence_transformers_config(self.path)
+        if embedding is not None:  # an embedding model (compiler/embedding_files.py)
+            config["embedding"] = embedding
         tokenizer_json, tokenizer_config = hf_source.load_tokenizer(self.path)
         weights, dtypes = hf_source.load_weights(self.path, config, progress)
+        if "embed_tokens.weight" in weights:  # a bare decoder (Qwen3Model, as embedders are
+            # saved): the names its ...ForCausalLM would give them
+            weights = {"model." + k: v for k, v in weights.items()}
+            dtypes = {"model." + k: v for k, v in dtypes.items()}
         return LoadedModel(config, weights, tokenizer_json, tokenizer_config, dtypes)
 
 

@@ -69,6 +69,8 @@ class SequenceOutput:
     # prompt tokens' logprobs read this step (SamplingParams.prompt_logprobs), in order from
     # the prompt's second token
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
+    # an embedding input's vector (float32 values), when it finishes
+    embedding: Seq[float] | None = None
 
 
 @dataclass(slots=True)
@@ -291,6 +293,10 @@ class EngineCore:
         given (``self.grammar.compile(spec)``), each drafting from ``prediction`` (tokens of
         the text the output is expected to resemble) when given. Raises before any device
         work."""
+        if self.info.task == "embed":
+            raise InvalidRequestError(f"{self.info.model_id} is an embedding model: it makes "
+                                      "no text (use embeddings)", param="model",
+                                      code="model_not_generative")
         prompt = list(prompt_ids)
         if not prompt:
             raise InvalidRequestError("The prompt is empty.", param=prompt_param,
@@ -342,6 +348,41 @@ class EngineCore:
             self.scheduler.add(seq)
             self._seqs[seq.seq_id] = seq
         self._requests[rid] = _Request(rid, seqs, len(prompt))
+        return rid
+
+    def add_embedding(self, input_ids: Seq[int], *, request_id: str | None = None,
+                      param: str = "input") -> str:
+        """Queue one embedding input (its token ids, special tokens included, within the
+        model's ``max_input_tokens``): a request of one sequence whose prompt step returns its
+        vector (``SequenceOutput.embedding``). Raises before any device work."""
+        info = self.info
+        if info.task != "embed":
+            raise InvalidRequestError(f"{info.model_id} is not an embedding model: it makes "
+                                      "text (use chat or completions)", param="model",
+                                      code="model_not_embedding")
+        ids = list(input_ids)
+        if not ids:
+            raise InvalidRequestError("An input is empty.", param=param, code="invalid_value")
+        bad = [t for t in ids if not 0 <= t < info.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"Token ids {bad[:5]} are outside the vocabulary "
+                                      f"[0, {info.vocab_size}).", param=param,
+                                      code="invalid_value")
+        most = min(info.embedding["max_input_tokens"], self.scheduler.token_budget)
+        if len(ids) > most:
+            raise InvalidRequestError(f"An input has {len(ids)} tokens; this model takes at "
+                                      f"most {most}.", param=param,
+                                      code="context_length_exceeded")
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._requests:
+            raise InvalidRequestError(f"Request id {rid!r} is already in use.",
+                                      code="duplicate_request_id")
+        seq = Sequence(seq_id=next(self._seq_ids), request_id=rid, index=0, prompt_ids=ids,
+                       params=SamplingParams(temperature=0.0), max_output_tokens=0,
+                       detokenizer=IncrementalDetokenizer(self.tokenizer, ids), embed=True)
+        self.scheduler.add(seq)
+        self._seqs[seq.seq_id] = seq
+        self._requests[rid] = _Request(rid, [seq], len(ids))
         return rid
 
     def _drafter(self, prediction: NgramIndex | None) -> SequenceDrafter | None:
@@ -583,7 +624,9 @@ class EngineCore:
                 lps = list(tokens[start:start + prompt])
                 seq.num_prompt_logprobs_read += prompt
                 drafts = batch.spec_token_ids.get(sid, ())
-                if start + prompt == end:  # prompt logprobs only (a prompt chunk)
+                if seq.embed:
+                    out = self._accept_embedding(seq, tokens[start], t0)
+                elif start + prompt == end:  # prompt logprobs only (a prompt chunk)
                     out = self._prompt_progress(seq, t0)
                 elif drafts:
                     out = self._accept_verified(seq, drafts, tokens[start + prompt:end], t0)
@@ -610,6 +653,14 @@ class EngineCore:
                                   seq.num_prompt_tokens, 0, seq.num_cached_tokens)
         return SequenceOutput(seq.request_id, seq.index, "", [], None, seq.num_prompt_tokens,
                               seq.num_output_tokens, seq.num_cached_tokens)
+
+    def _accept_embedding(self, seq: Sequence, vector: Seq[float],
+                          now: float) -> SequenceOutput:
+        req = self._requests[seq.request_id]
+        req.first_token = req.last_token = now
+        self._finish(seq, "stop")
+        return SequenceOutput(seq.request_id, 0, "", [], "stop", seq.num_prompt_tokens, 0,
+                              embedding=vector)
 
     def _accept_sampled(self, seq: Sequence, entry: int | SampledToken,
                         now: float) -> SequenceOutput:

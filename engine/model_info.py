@@ -32,6 +32,10 @@ class ModelInfo:
     kv_window: int | None = None
     # global layers and layers windowed to this many tokens, each kind with its own page pool
     kv_window_pool: int | None = None
+    # "generate", or "embed": the model returns one vector per input (``embedding`` says how
+    # it pools, its size, its longest input and the special tokens around one)
+    task: str = "generate"
+    embedding: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_window", "page_size", "prefill_chunk_size",
@@ -53,6 +57,18 @@ class ModelInfo:
             if value is not None and (not _is_int(value) or value < 1):
                 raise ArtifactError(f"model.{name} must be a positive integer or null, got "
                                     f"{value!r}", path=MANIFEST_NAME)
+        if self.task not in ("generate", "embed"):
+            raise ArtifactError(f"model.task must be 'generate' or 'embed', got {self.task!r}",
+                                path=MANIFEST_NAME)
+        if self.task == "embed":
+            e = self.embedding
+            ok = isinstance(e, dict) and all(_is_int(e.get(k)) and e[k] > 0 for k in
+                                             ("dimensions", "max_input_tokens"))
+            ok = ok and all(isinstance(e.get(k), list) and all(self._valid_token(t) for t in e[k])
+                            for k in ("prefix_ids", "suffix_ids"))
+            if not ok:
+                raise ArtifactError("model.embedding must give dimensions, max_input_tokens, "
+                                    "prefix_ids and suffix_ids", path=MANIFEST_NAME)
         if self.add_bos_token and self.bos_token_id is None:
             raise ArtifactError("model.add_bos_token is true but model.bos_token_id is null",
                                 path=MANIFEST_NAME)
@@ -84,6 +100,8 @@ class ModelInfo:
             chat_template=template,
             kv_window=model.get("kv_window"),
             kv_window_pool=model.get("kv_window_pool"),
+            task=model.get("task", "generate"),
+            embedding=model.get("embedding"),
         )
 
 

@@ -162,6 +162,8 @@ class Runner:
         report = progress or (lambda stage, done, total: None)
 
         plans = artifact.manifest["plans"]
+        # an embedding model's forward returns (b, dimensions) pooled vectors: nothing samples
+        self.embedding = m.get("embedding") if m.get("task") == "embed" else None
         entries = [e for e in ("forward", "decode", "decode1", "sample", "process_logits",
                                "logprobs")
                    if e in plans and (batched_decode or e != "decode")]
@@ -204,7 +206,8 @@ class Runner:
                        if "decode" in entries else self.forward)
         self.decode1 = (PlanFunction(plans["decode1"], tir, self.kernels, backend, params)
                         if "decode1" in entries else self.decode)
-        self.sample = PlanFunction(plans["sample"], tir, self.kernels, backend, {})
+        self.sample = (PlanFunction(plans["sample"], tir, self.kernels, backend, {})
+                       if "sample" in entries else None)
         # artifacts compiled before logit processing existed lack these two (refused per
         # request, with a clear error, only when a request needs them)
         self.process_logits = (PlanFunction(plans["process_logits"], tir, self.kernels, backend, {})
@@ -334,6 +337,11 @@ class Runner:
         t0 = time.perf_counter()
         b = len(batch.seq_ids)
         writes, dispatches, logits = self._forward_call(batch)
+        if self.embedding is not None:  # the rows are the vectors: read them back
+            self._plan_ms = (time.perf_counter() - t0) * 1e3
+            return writes, dispatches, [Read(logits.buffer, logits.offset, logits.nbytes)]
+        if self.sample is None:
+            raise ArtifactError("this artifact has no sampling plan")
         dispatches = list(dispatches)  # the plan's cached list: never extend it in place
         rows = [None] * b
         for row, s in zip(batch.sample_rows, batch.sampling):
@@ -430,6 +438,11 @@ class Runner:
     def _sampled(self, raws: list, batch: Batch) -> list:
         """One entry per sample row: the token id, or a ``SampledToken`` with its logprobs
         when the row asked for them."""
+        if self.embedding is not None:  # one vector per row (every row is an input's)
+            values = array("f")
+            values.frombytes(bytes(raws[0]))
+            size = len(values) // len(batch.seq_ids)
+            return [values[row * size:(row + 1) * size] for row in batch.sample_rows]
         sampled = array("i")
         sampled.frombytes(bytes(raws[0][: 4 * len(batch.seq_ids)]))
         if len(raws) == 1:

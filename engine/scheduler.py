@@ -143,14 +143,14 @@ class Scheduler:
             if self._waits_for_leader(seq):
                 break  # FIFO: nobody overtakes the head of the queue
             hit = NO_HIT
-            if seq.params.prompt_logprobs < 0:  # (prompt logprobs need every position's logits)
+            if seq.params.prompt_logprobs < 0 and not seq.embed:  # (prompt logprobs need every position's logits)
                 hit = self.kv.lookup(
                     self._digests(seq, (seq.num_tokens - 1) // self.kv.page_size),
                     seq.num_tokens)
             num_new = self._prompt_rows_cap(seq, hit.num_tokens,
                                             min(seq.num_tokens - hit.num_tokens, budget), rows)
-            if num_new < 1:
-                break
+            if num_new < 1 or (seq.embed and num_new < seq.num_tokens):
+                break  # (an embedding input is one step's, whole: it waits for a step with room)
             if not self.kv.can_allocate(seq.seq_id, hit.num_tokens + num_new, hit):
                 break
             self.waiting.popleft()
@@ -195,8 +195,9 @@ class Scheduler:
         return extend_page_digests(seq.page_digests, seq.token_ids, self.kv.page_size, num_pages)
 
     def _commit(self, seq: Sequence) -> None:
-        """Offer the cache the sequence's computed full pages."""
-        if self.kv.prefix_cache:
+        """Offer the cache the sequence's computed full pages (never an encoder input's: its
+        K/V depend on the tokens after them too)."""
+        if self.kv.prefix_cache and not seq.embed:
             full = seq.num_computed_tokens // self.kv.page_size
             self.kv.commit(seq.seq_id, self._digests(seq, full), seq.num_computed_tokens)
 

@@ -144,12 +144,14 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)
     # prompt logprobs (SamplingParams.prompt_logprobs): positions whose row was read, so far
     num_prompt_logprobs_read: int = 0
+    # an embedding input: its whole prompt runs in one step, whose row is its vector
+    embed: bool = False
     _prompt_tokens: frozenset[int] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError("a sequence needs at least one prompt token")
-        least = 0 if self.params.prompt_logprobs >= 0 else 1
+        least = 0 if self.params.prompt_logprobs >= 0 or self.embed else 1
         if self.max_output_tokens < least:
             raise ValueError(f"max_output_tokens must be >= {least}, got "
                              f"{self.max_output_tokens}")
@@ -188,7 +190,7 @@ class Sequence:
     def prompt_end(self) -> int:
         """The tokens its prefill computes: the whole prompt, or, when it makes no output (a
         prompt's logprobs only), all but the last prompt token (whose row would sample)."""
-        if self.max_output_tokens:
+        if self.max_output_tokens or self.embed:
             return self.num_prompt_tokens
         return max(1, self.num_prompt_tokens - 1)
 

@@ -11,14 +11,17 @@
   ``forward(*step inputs, kv_pages)`` and ``forward_spec()``, and
   ``convert_weights(config, hf_weights) -> {param name: array}`` (unquantized).
 
-Most families are ``decoder.DecoderForCausalLM`` configured, with one piece overridden.
+Most families are ``decoder.DecoderForCausalLM`` configured, with one piece overridden; ``bert``
+is an encoder. A model whose ``task`` is ``"embed"`` (BERT, or a decoder with
+sentence-transformers pooling files) returns pooled vectors (compiler/models/pooling.py).
 """
 
 from types import ModuleType
 
-from . import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3
+from . import bert, gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3
 
-FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3)}
+FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3, gemma2,
+                                                       gemma3, bert)}
 HF_MODEL_TYPES = {t: m for m in FAMILIES.values() for t in m.HF_MODEL_TYPES}
 GGUF_ARCHITECTURES = {a: m for m in FAMILIES.values() for a in m.GGUF_ARCHITECTURES}
 

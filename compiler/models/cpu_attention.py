@@ -94,7 +94,7 @@ def _lanes(d: int) -> int:
 def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                             scale: float, window: int | None = None,
                             softcap: float | None = None,
-                            signature: str | None = None) -> PrimFunc:
+                            signature: str | None = None, causal: bool = True) -> PrimFunc:
     """A CPU PrimFunc with the parameters of the GPU attention kernel named by ``signature``.
 
     ``signature``: ``"paged"`` (TVM's ``batch_prefill_paged_kv``, causal, no window or
@@ -102,6 +102,8 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     paged_attention.py picks: ``"window"`` when a window or softcap is given. ``scale``
     multiplies q.k; ``window``: a key is visible at most ``window - 1`` positions back;
     ``softcap``: scores -> ``softcap * tanh(scores / softcap)``. The function's
+    ``causal=False`` (``"paged"`` only: TVM's kernel specialized with causal=0, an encoder's):
+    every query of a sequence sees all of its keys. The function's
     ``global_symbol`` is the GPU kernel's name without a tag (``batch_prefill_paged_kv`` or
     ``window_kernel.kernel_name(window, softcap)``).
     """
@@ -122,6 +124,9 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     CAP = float(softcap) if softcap else 0.0
     CAP_DIV = CAP or 1.0  # (TVMScript evaluates no Python conditional expressions inline)
     SCALE = float(scale)
+    if not causal and signature != "paged":
+        raise ValueError("only the paged signature has a non-causal form")
+    CAUSAL = 1 if causal else 0  # (read inside the kernel: a constant there)
 
     @T.macro
     def fold(part, w):
@@ -251,7 +256,9 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
                 kv_len: T.let[T.int32] = T.if_then_else(
                     npages > 0, (npages - 1) * PS + length_info[s], 0)
                 qo_len: T.let[T.int32] = q_indptr[s + 1] - q_indptr[s]
-                hi: T.let[T.int32] = T.min(kv_len - qo_len + (row - q_indptr[s]), npages * PS - 1)
+                hi: T.let[T.int32] = T.min(
+                    T.if_then_else(CAUSAL == 1, kv_len - qo_len + (row - q_indptr[s]),
+                                   kv_len - 1), npages * PS - 1)
                 attend(q, pages, page_values, row, head, 0, hi, page_indptr[s], output, st)
                 lse[row, head] = T.if_then_else(
                     st[1] > T.float32(0), (st[0] + T.log(st[1])) * T.float32(LOG2E),

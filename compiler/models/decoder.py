@@ -17,26 +17,17 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from ...engine.errors import WickError
 from ...engine.step_inputs import STEP_INPUTS, WINDOW_INPUTS, WINDOW_PREFIX
 from ..hf_source import rope_settings
-from ..model_config import check_config
+from ..model_config import UnsupportedConfig, check_config
 from ..quantization import Quantization
 from .layers import MAX_BINDING_BYTES, QEmbedding, QLinear, take_rows
 from .paged_attention import AttentionSpec, PagedAttention
+from .pooling import pool
 
 KV_PAGES = "kv_pages"  # forward's per-layer KV tensors (engine/runner.py reads their shapes)
 # the page-count dimension of a layer's KV tensor (the runner sizes each pool by these names)
 from ...engine.runner import MAIN_POOL, WINDOW_POOL  # noqa: E402
-
-
-class UnsupportedConfig(WickError):
-    """The checkpoint's config (or the asked quantization) needs something this family does
-    not implement; the message says what, and what works instead where something does."""
-
-    default_status = 400
-    default_type = "invalid_request_error"
-    default_code = "unsupported_model"
 
 
 @dataclass
@@ -94,6 +85,8 @@ class DecoderConfig:
             rope_scaling=scaling,
             rotary_dim=rotary_dim if rotary_dim != head_dim else None,
         )
+        if hf.get("embedding"):  # an embedding model's pooling (compiler/embedding_files.py)
+            values["extra"] = {"embedding": hf["embedding"]}
         values.update(overrides)
         return cls(**values)
 
@@ -197,7 +190,10 @@ class DecoderForCausalLM(nn.Module):
             self.layer_attention.append(kernels[spec])
         layers = [self.make_layer(c, attn, quant) for attn in self.layer_attention]
         self.model = Body(c, layers, quant, max_param_bytes)
-        if not c.tie_word_embeddings:
+        # an embedding model (e.g. Qwen3-Embedding): pooled final hidden states, no LM head
+        self.embedding = c.extra.get("embedding")
+        self.task = "embed" if self.embedding else "generate"
+        if not c.tie_word_embeddings and not self.embedding:
             self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant, max_param_bytes)
         windows = {attn.shape.window for attn in self.layer_attention}
         # global and windowed layers: the windowed ones get a pool of their own
@@ -256,6 +252,9 @@ class DecoderForCausalLM(nn.Module):
         h = self.embed(step["input_ids"])  # (n, hidden)
         for layer, attn, layer_pages in zip(self.model.layers, self.layer_attention, kv_pages):
             h = layer(h, layer_pages, local if self._in_window_pool(attn) else step)
+        if self.embedding:
+            return pool(self.model.norm(h), step["qo_indptr"], step["logit_positions"],
+                        self.embedding["pooling"], self.embedding["normalize"])
         h = self.model.norm(take_rows(h, step["logit_positions"]))  # (b, hidden)
         head = self.model.embed_tokens.lm_head if self.config.tie_word_embeddings else self.lm_head
         return self.final_logits(op.astype(head(h), "float32"))
@@ -291,7 +290,7 @@ def fuse_layer_weights(c: DecoderConfig, weights: dict[str, np.ndarray],
     ``extra``: per-layer names copied as they are (e.g. ``self_attn.q_norm.weight``)."""
     out: dict[str, np.ndarray] = {"model.embed_tokens.table.weight": weights["model.embed_tokens.weight"],
                                   "model.norm.weight": weights["model.norm.weight"]}
-    if not c.tie_word_embeddings:
+    if not c.tie_word_embeddings and not c.extra.get("embedding"):
         out["lm_head.weight"] = weights["lm_head.weight"]
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."

@@ -48,6 +48,11 @@ class AttentionSpec:
     window: int | None = None
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
     rotary_dim: int | None = None  # dimensions RoPE rotates (partial rotary); None = head_dim
+    # an encoder (BERT): every token of a sequence sees all of its tokens, so a sequence's
+    # whole input must be one step's (the engine schedules it so); no RoPE (absolute
+    # positions are added to the embeddings instead)
+    causal: bool = True
+    rope: bool = True
 
     def __post_init__(self) -> None:
         # hashable (equal specs share kernels): the scaling dict as sorted (key, value) pairs
@@ -80,7 +85,10 @@ class PagedAttention:
                 s.softcap).with_attr("global_symbol", self.window_name)
         scaling = dict(s.rope_scaling or {})
         rotary_dim = s.rotary_dim or s.head_dim
-        if scaling.get("rope_type") == "longrope":
+        if not s.rope:
+            rope = None
+            self._rope_args = None
+        elif scaling.get("rope_type") == "longrope":
             from .longrope import longrope_prim_func
 
             rope = longrope_prim_func(s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype,
@@ -98,7 +106,7 @@ class PagedAttention:
             rope = llama_rope_with_position_map(*rope_args)
             self._rope_args = rope_args  # (the CPU twin's: cpu_twins)
             rope = rope.specialize({rope.params[-1]: tirx.IntImm("int64", 1)})  # apply_rope = 1
-        self.rope = rope.with_attr("global_symbol", "fused_rope" + tag)
+        self.rope = None if rope is None else rope.with_attr("global_symbol", "fused_rope" + tag)
         kv = (s.num_kv_heads, s.head_dim, s.dtype)
         if kv not in shared:
             shared[kv] = _kv_cache_transpose_append(*kv, PAGE_SIZE)
@@ -114,7 +122,7 @@ class PagedAttention:
         causal, rotary_mode, rope_scale, rope_theta, sm_scale = prefill.params[-5:]
         return prefill.specialize(
             {
-                causal: tirx.IntImm("int32", 1),
+                causal: tirx.IntImm("int32", 1 if s.causal else 0),
                 rotary_mode: tirx.IntImm("int32", 0),  # RoPE already applied by fused_rope
                 rope_scale: tirx.FloatImm("float32", 1.0),
                 rope_theta: tirx.FloatImm("float32", float(s.rope_theta)),
@@ -141,7 +149,7 @@ class PagedAttention:
                 s.softcap)
         name, signature = ((self.window_name, "window") if self.windowed
                            else ("batch_prefill_paged_kv" + self.tag, "paged"))
-        twins = {name: cpu_attention_prim_func(*args, signature=signature)
+        twins = {name: cpu_attention_prim_func(*args, signature=signature, causal=s.causal)
                  .with_attr("global_symbol", name)}
         if self._rope_args is not None:  # (compiler/models/cpu_rope.py: each cosine once)
             from .cpu_rope import cpu_rope_prim_func
@@ -156,20 +164,29 @@ class PagedAttention:
         s = self.shape
         return nn.spec.Tensor([pages, 2, s.num_kv_heads, PAGE_SIZE, s.head_dim], s.dtype)
 
-    def __call__(self, qkv: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
-        """qkv (n, hq + 2*hkv, d) -> attention output (n, hq * d); appends k, v to ``pages``."""
+    def _rotate(self, qkv: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """fused qkv -> q, k, v with RoPE on q and k (one kernel)."""
         s = self.shape
         n = qkv.shape[0]
-        q, k, v = op.tensor_ir_op(
+        return op.tensor_ir_op(
             self.rope,
             "fused_rope" + self.tag,
-            [qkv, step["q_positions"]],
+            [qkv, positions],
             [
                 Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype),
                 Tensor.placeholder((n, s.num_kv_heads, s.head_dim), s.dtype),
                 Tensor.placeholder((n, s.num_kv_heads, s.head_dim), s.dtype),
             ],
         )
+
+    def __call__(self, qkv: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
+        """qkv (n, hq + 2*hkv, d) -> attention output (n, hq * d); appends k, v to ``pages``."""
+        s = self.shape
+        n = qkv.shape[0]
+        if self.rope is None:  # (no RoPE: q, k, v as they are)
+            q, k, v = op.split(qkv, [s.num_q_heads, s.num_q_heads + s.num_kv_heads], axis=1)
+        else:
+            q, k, v = self._rotate(qkv, step["q_positions"])
         pages = op.tensor_ir_inplace_op(
             self.append,
             "tir_kv_cache_transpose_append",

@@ -101,7 +101,7 @@ def args_for(sig, b, hq, d, dtype):
 # --------------------------------------------------------------------------------------------
 # float64 reference from the page layout
 # --------------------------------------------------------------------------------------------
-def reference(b, sig, hq, hkv, scale, window=None, softcap=None):
+def reference(b, sig, hq, hkv, scale, window=None, softcap=None, causal=True):
     """(out (n, hq, d) f64, lse (n, hq) f64 in base 2). "paged": query r of a sequence with qo
     new tokens and kv listed keys sees listed keys 0 .. kv - qo + r; "window": the query at
     position pos sees absolute positions max(pos - window + 1, 0) .. pos, listed key i being
@@ -121,7 +121,9 @@ def reference(b, sig, hq, hkv, scale, window=None, softcap=None):
         vals = pages[plist[idx // PS], 1, :, idx % PS, :][:, heads]
         r0, r1 = b["qo_indptr"][s], b["qo_indptr"][s + 1]
         for row in range(r0, r1):
-            if sig == "paged":
+            if sig == "paged" and not causal:  # an encoder: every listed key
+                vis = np.arange(0, kv)
+            elif sig == "paged":
                 vis = np.arange(0, kv - (r1 - r0) + (row - r0) + 1)
             else:
                 pos = int(b["q_positions"][row])
@@ -164,11 +166,12 @@ class CpuKernel:
 def cpu_kernel():
     cache = {}
 
-    def get(sig, hq, hkv, d, dtype, scale, window=None, softcap=None):
-        key = (sig, hq, hkv, d, dtype, scale, window, softcap)
+    def get(sig, hq, hkv, d, dtype, scale, window=None, softcap=None, causal=True):
+        key = (sig, hq, hkv, d, dtype, scale, window, softcap, causal)
         if key not in cache:
             cache[key] = CpuKernel(cpu_attention_prim_func(hq, hkv, d, dtype, scale, window,
-                                                           softcap, signature=sig))
+                                                           softcap, signature=sig,
+                                                           causal=causal))
         return cache[key]
 
     return get
@@ -255,6 +258,24 @@ def test_paged_matches_reference(cpu_kernel, hq, hkv, d, dtype):
         ref, ref_lse = reference(b, "paged", hq, hkv, scale)
         assert np.abs(out.astype(np.float64) - ref).max() < tolerance(dtype)
         assert np.abs(lse - ref_lse).max() < 1e-4 * max(1.0, np.abs(ref_lse).max())
+
+
+# an encoder's step: each sequence's whole input is new (qo == total), keys of every position
+ENCODER = [Seq(7, 7), Seq(1, 1), Seq(40, 40), Seq(16, 16), Seq(33, 33)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_non_causal_paged_matches_reference(cpu_kernel, dtype):
+    hq, hkv, d = 4, 4, 32
+    scale = d**-0.5
+    k = cpu_kernel("paged", hq, hkv, d, dtype, scale, causal=False)
+    b = make_batch(ENCODER, hq, hkv, d, dtype, seed=3)
+    out, lse = k(args_for("paged", b, hq, d, dtype))
+    ref, ref_lse = reference(b, "paged", hq, hkv, scale, causal=False)
+    assert np.abs(out.astype(np.float64) - ref).max() < tolerance(dtype)
+    assert np.abs(lse - ref_lse).max() < 1e-4 * max(1.0, np.abs(ref_lse).max())
+    causal, _ = reference(b, "paged", hq, hkv, scale)
+    assert np.abs(causal - ref).max() > 0.1  # (the two differ: the test can tell them apart)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -509,3 +530,18 @@ def test_replaces_the_kernel_in_a_relax_module():
     out = vm["forward"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     ref, _ = reference(b, "paged", hq, hkv, d**-0.5)
     assert np.abs(out - ref).max() < 1e-4
+
+
+def test_non_causal_paged_matches_tvm_kernel_on_lavapipe(cpu_kernel):
+    hq, hkv, d, dtype = 4, 4, 32, "float32"
+    scale = d**-0.5
+    spec = AttentionSpec(hq, hkv, d, dtype, 1e4, causal=False, rope=False)
+    gpu = compile_gpu(paged_attention(spec).prefill)
+    b = make_batch(ENCODER, hq, hkv, d, dtype, seed=6)
+    args = args_for("paged", b, hq, d, dtype)
+    arrays = dict(zip(PAGED_ARGS, args))
+    arrays["pages"] = np.nan_to_num(arrays["pages"])  # TVM's kernel loads whole tiles
+    res = run_gpu(gpu, arrays, {"batch_size": len(ENCODER)})
+    out, lse = cpu_kernel("paged", hq, hkv, d, dtype, scale, causal=False)(args)
+    assert np.abs(out.astype(np.float64) - res["output"].astype(np.float64)).max() < 1e-4
+    assert np.abs(lse - res["lse"]).max() < 1e-4 * max(1.0, np.abs(lse).max())
