@@ -256,6 +256,11 @@ class _Frontend:
         """Validate, render the chat template and tokenize. Reads the model's info and the
         tokenizer only, so it may run on another thread than the step loop."""
         self._check_size(kind, kwargs)
+        info = self.core.info
+        if info.task == "embed":
+            raise InvalidRequestError(f"{info.model_id} is an embedding model: it makes no "
+                                      "text (use embeddings)", param="model",
+                                      code="model_not_generative")
         tools, reasoning, echo = False, None, None
         limits = self.core.grammar_limits
         if kind == "chat":

@@ -305,9 +305,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     rows = [("NAME", "FAMILY", "PARAMS", "KIND", "DEFAULT", "DOWNLOAD", "LICENSE")]
     for name, entry in sorted(builtin_models().items()):
-        here = (sources_dir() / name / Path(entry["file"]).name).is_file()
-        rows.append((name, entry.get("family", "?"), entry.get("params", "?"),
-                     "chat" if entry.get("chat") else "base",
+        here = (sources_dir() / name / ("config.json" if "dir" in entry
+                                        else Path(entry["file"]).name)).is_file()
+        kind = "embed" if entry.get("task") == "embed" else "chat" if entry.get("chat") else "base"
+        rows.append((name, entry.get("family", "?"), entry.get("params", "?"), kind,
                      entry.get("default_quantization", DEFAULT_QUANTIZATION),
                      "downloaded" if here else f"{entry.get('download_mb', '?')} MB",
                      entry.get("license", "?")))

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from ..engine.embeddings import ENCODING_FORMATS, MAX_INPUTS
 from ..engine.protocol import ChatCompletion, ChatCompletionChunk, Completion
 from .request_schemas import (
     CHAT_REQUEST_MESSAGE,
@@ -81,7 +82,7 @@ def protocol_schemas(served: Served = Served()) -> tuple[dict[str, dict], dict[s
              "properties": {"prompt": {"type": "string"}}},
             {"tokens": [1, 2, 3]}, errors),
         "embeddings": _token_route(
-            named("EmbeddingRequest", EMBEDDING_REQUEST),
+            named("EmbeddingRequest", embedding_request(served)),
             named("CreateEmbeddingResponse", EMBEDDING_RESPONSE),
             {"input": ["The lighthouse stood on the rocks.", "A ship passed."]}, errors),
     }
@@ -89,20 +90,24 @@ def protocol_schemas(served: Served = Served()) -> tuple[dict[str, dict], dict[s
 
 
 # engine/embeddings.py's request and reply (EmbeddingRequest.from_dict checks the same fields)
-_TOKENS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
-EMBEDDING_REQUEST = {
-    "type": "object", "required": ["input"], "additionalProperties": False,
-    "properties": {
-        "input": {"anyOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "minItems": 1, "maxItems": 2048,
-             "items": {"type": "string", "minLength": 1}},
-            _TOKENS,
-            {"type": "array", "minItems": 1, "maxItems": 2048, "items": _TOKENS}]},
-        "model": {"type": "string"},
-        "encoding_format": {"enum": ["float", "base64"], "default": "float"},
-        "dimensions": {"type": "integer", "minimum": 1},
-        "user": {"type": "string"}}}
+def embedding_request(served: Served) -> dict[str, Any]:
+    token = {"type": "integer", "minimum": 0}
+    if served.vocab_size:
+        token["maximum"] = served.vocab_size - 1
+    tokens = {"type": "array", "minItems": 1, "items": token}
+    return {
+        "type": "object", "required": ["input"], "additionalProperties": False,
+        "properties": {
+            "input": {"anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,
+                 "items": {"type": "string", "minLength": 1}},
+                tokens,
+                {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": tokens}]},
+            "model": {"type": "string"},
+            "encoding_format": {"enum": list(ENCODING_FORMATS), "default": "float"},
+            "dimensions": {"type": "integer", "minimum": 1},
+            "user": {"type": "string"}}}
 EMBEDDING_RESPONSE = {
     "type": "object", "required": ["object", "data", "model", "usage"], "properties": {
         "object": {"const": "list"}, "model": {"type": "string"},

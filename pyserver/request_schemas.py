@@ -274,8 +274,11 @@ def refused_beyond_any_schema(error: dict[str, Any]) -> bool:
     docstring's list): how many tokens a prompt makes, whether a grammar compiles, names
     repeated or missing across fields, two fields that must be equal."""
     return error.get("code") in ("context_length_exceeded", "invalid_grammar",
-                                 "invalid_json_schema", "grammar_too_large") \
-        or error.get("param") in ("best_of", "max_completion_tokens") \
+                                 "invalid_json_schema", "grammar_too_large",
+                                 # which served model embeds and which makes text, and an
+                                 # embedding model's size
+                                 "model_not_embedding", "model_not_generative") \
+        or error.get("param") in ("best_of", "max_completion_tokens", "dimensions") \
         or "Duplicate function name" in error.get("message", "") \
         or "is not in 'tools'" in error.get("message", "")
 
