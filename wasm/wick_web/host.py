@@ -19,6 +19,7 @@ from wick.engine import AsyncEngineAPI
 from wick.engine.artifact import Artifact
 from wick.engine.assembly import assemble_core, no_grammar
 from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
+from wick.engine.embeddings import EmbeddingRequest
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
 from wick.engine.speculative import SpeculativeConfig
 
@@ -100,9 +101,11 @@ class Host:
         stream = None
         try:
             body = json.loads(body_json)
-            ns = self.api.chat.completions if kind == "chat" else self.api.completions
+            ns = {"chat": self.api.chat.completions, "completion": self.api.completions,
+                  "embeddings": self.api.embeddings}[kind]
             if not isinstance(body, dict):  # as the server: the engine's own error for it
-                (ChatCompletionRequest if kind == "chat" else CompletionRequest).from_dict(body)
+                {"chat": ChatCompletionRequest, "completion": CompletionRequest,
+                 "embeddings": EmbeddingRequest}[kind].from_dict(body)
                 raise InvalidRequestError("The request body must be a JSON object.")
             result = await ns.create(**body)
             if body.get("stream") is True:

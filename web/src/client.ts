@@ -7,6 +7,7 @@
  *   await engine.chat.completions.create({ messages, max_tokens: 64, temperature: 0 });
  *   for await (const chunk of await engine.chat.completions.create({ messages, stream: true })) {}
  *   await engine.completions.create({ prompt, max_tokens: 16 });
+ *   await embedder.embeddings.create({ input: ["a text", "another"] });  // an embedding model
  *   engine.interrupt(); await engine.unload();
  *
  * The engine runs in a dedicated Worker (wick-worker.js): the same Python engine as the
@@ -19,7 +20,7 @@ import {
 } from "./errors.js";
 import { settings } from "./extension/settings.js";
 import { BACKENDS, PORT_NAME } from "./worker_protocol.js";
-import type { Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
+import type { Api, Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 export * from "./errors.js";
 export type { Backend, EngineInfo, Progress } from "./worker_protocol.js";
@@ -121,6 +122,22 @@ export interface Completion {
   model: string;
   choices: { index: number; text: string; finish_reason: string | null; logprobs: CompletionLogprobs | null }[];
   usage?: CompletionUsage | null;
+}
+/** OpenAI's embeddings request: `input` a string, strings, token ids or lists of token ids
+ * (an embedding model, e.g. all-minilm-l6-v2). `encoding_format: "base64"` gives each vector
+ * as little-endian float32 bytes in base64. */
+export interface EmbeddingCreateParams {
+  input: string | string[] | number[] | number[][];
+  model?: string;
+  encoding_format?: "float" | "base64";
+  dimensions?: number;
+  user?: string;
+}
+export interface CreateEmbeddingResponse {
+  object: "list";
+  data: { object: "embedding"; index: number; embedding: number[] | string }[];
+  model: string;
+  usage: { prompt_tokens: number; total_tokens: number };
 }
 export interface RequestOptions { signal?: AbortSignal }
 
@@ -248,6 +265,7 @@ export class Engine {
   readonly cacheError: WickError | null;
   readonly chat: { completions: { create: Engine["createChat"] } };
   readonly completions: { create: Engine["createCompletion"] };
+  readonly embeddings: { create: Engine["createEmbedding"] };
   private channel: Channel | null;
   private reattaching: Promise<Channel> | null = null;
   private unloaded = false;
@@ -260,6 +278,7 @@ export class Engine {
     this.cacheError = info.cacheError ? errorFromPayload(info.cacheError) : null;
     this.chat = { completions: { create: this.createChat.bind(this) } };
     this.completions = { create: this.createCompletion.bind(this) };
+    this.embeddings = { create: this.createEmbedding.bind(this) };
     this.channel = null;
     this.use(channel);
   }
@@ -299,7 +318,12 @@ export class Engine {
     return this.create("completion", body, opts);
   }
 
-  private async create(api: "chat" | "completion", body: unknown, opts?: RequestOptions): Promise<unknown> {
+  /** One vector per input, `data[i]` for input i (an embedding model). */
+  createEmbedding(body: EmbeddingCreateParams, opts?: RequestOptions): Promise<CreateEmbeddingResponse> {
+    return this.create("embeddings", body, opts) as Promise<CreateEmbeddingResponse>;
+  }
+
+  private async create(api: Api, body: unknown, opts?: RequestOptions): Promise<unknown> {
     const signal = opts?.signal;
     if (signal?.aborted) throw aborted(signal);
     let text: string;

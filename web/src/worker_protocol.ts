@@ -5,6 +5,9 @@
 
 import type { ErrorPayload } from "./errors.js";
 
+/** The request kinds the engine serves (the Python host's ``start`` dispatches on them). */
+export type Api = "chat" | "completion" | "embeddings";
+
 export interface Progress {
   // boot: Pyodide and the engine; prepare: the server is compiling a variant this device can
   // run (steps of its compile); compile: kernels into pipelines; download: weight bytes (from
@@ -41,7 +44,7 @@ export type ToWorker =
       speculative?: { method: string; numTokens?: number };
       backend?: Backend;
       clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
-  | { kind: "create"; id: number; api: "chat" | "completion"; body: string }
+  | { kind: "create"; id: number; api: Api; body: string }
   | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired
   | { kind: "interrupt"; id: number }
   | { kind: "stats"; id: number }
