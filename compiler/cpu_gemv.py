@@ -1,5 +1,5 @@
 """A hand-written CPU kernel for the q4 and q8 (``*_1`` packing) float32 matmuls: ``out = x @
-dequantize(W)^T`` (+ a residual), replacing the scheduled TE version where the pattern matches.
+dequantize(W)^T`` (+ a bias and/or a residual), replacing the scheduled TE version where the pattern matches.
 
 Why by hand: the scheduled version (cpu_schedules.py rule 2) unpacks 16 nibbles from two
 words with a permute and a per-lane shift, and multiplies the dequantized weight in, about 7
@@ -38,18 +38,23 @@ HALF = GROUP // 2
 # registers; WebAssembly's 128-bit registers hold a quarter of a row's lanes (V8 maps them on
 # 16 of the CPU's), so there tiles stop at 4 rows with one partial sum per row.
 NATIVE_TILES = (8, 4, 2, 1)
+# the adds after the matmul a kernel exists for (a biased projection, a projection into the
+# residual stream, or both)
+KERNEL_ADDS = ((), ("bias",), ("residual",), ("bias", "residual"))
 WASM_TILES = (4, 2, 1)
 
 
 def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
-    """``{"N", "K", "residual"}`` when ``func`` is a float32 q4 dequantize-matmul (optionally
-    plus a residual add) as compiler/models/layers.py builds it, else None."""
+    """``{"N", "K", "adds", "bits"}`` when ``func`` is a float32 q4/q8 dequantize-matmul as
+    compiler/models/layers.py builds it, optionally followed by adds of a bias (N,) and/or a
+    residual (b, N), else None. ``adds``: their kinds in the order the function adds them,
+    each reading the next extra parameter."""
     names = _block_names(func)
-    if names not in (["dequantize", "matmul"], ["dequantize", "matmul", "T_add"]):
+    adds = names[2:]
+    if names[:2] != ["dequantize", "matmul"] or adds not in ([], ["T_add"], ["T_add", "T_add1"]):
         return None
     params = [p.ty for p in func.params]
-    residual = names[-1] == "T_add"
-    if len(params) != (6 if residual else 5):
+    if len(params) != 5 + len(adds):
         return None
     x, w, s, m, *rest = params
     out = rest[-1]
@@ -63,10 +68,35 @@ def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
           and all(str(t.dtype) == "float32" for t in (x, s, m, out))
           and [int(d) for d in s.shape] == [N, K // GROUP] == [int(d) for d in m.shape]
           and len(x.shape) == 2 and len(out.shape) == 2 and int(out.shape[1]) == N)
-    if residual:
-        r = rest[0]
-        ok = ok and str(r.dtype) == "float32" and len(r.shape) == 2 and int(r.shape[1]) == N
-    return {"N": N, "K": K, "residual": residual, "bits": bits} if ok else None
+    kinds = []
+    for r in rest[:-1]:  # (parameters in the order the adds read them: _adds_in_order)
+        if str(r.dtype) != "float32":
+            return None
+        if len(r.shape) == 1 and int(r.shape[0]) == N:
+            kinds.append("bias")
+        elif len(r.shape) == 2 and int(r.shape[1]) == N:
+            kinds.append("residual")
+        else:
+            return None
+    if not ok or tuple(kinds) not in KERNEL_ADDS or not _adds_in_order(func, len(adds)):
+        return None
+    return {"N": N, "K": K, "adds": tuple(kinds), "bits": bits}
+
+
+def _adds_in_order(func: tirx.PrimFunc, count: int) -> bool:
+    """Whether add block i reads extra parameter i (the kernel applies them so)."""
+    import tvm
+    from tvm import s_tir
+
+    if count == 0:
+        return True
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))[2:]
+    extra = func.params[4:4 + count]
+    for block, param in zip(blocks, extra):
+        if not any(r.source.same_as(param) for r in sch.get(block).reads):
+            return False
+    return True
 
 
 def _block_names(func: tirx.PrimFunc) -> list[str]:
@@ -81,13 +111,14 @@ def _block_names(func: tirx.PrimFunc) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes; parsing takes ~0.3 s)
-def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False,
+def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), wasm: bool = False,
                         bits: int = 4) -> tirx.PrimFunc:
     """The kernel, with the matched function's parameters: x (b, K), w (N, K * bits / 32)
-    uint32, scale (N, K/32), minimum (N, K/32), [residual (b, N)], out (b, N). ``wasm``: for
-    WebAssembly (weights converted 4 lanes at a time, narrower tiles, one partial sum).
-    ``bits`` 8: the q8 packing, a group's 32 bytes its 32 weights in order (its two halves
-    take the places of the q4 group's even and odd weights)."""
+    uint32, scale (N, K/32), minimum (N, K/32), one parameter per add (``adds``: "bias" (N,)
+    or "residual" (b, N), added in that order), out (b, N). ``wasm``: for WebAssembly
+    (weights converted 4 lanes at a time, narrower tiles, one partial sum). ``bits`` 8: the
+    q8 packing, a group's 32 bytes its 32 weights in order (its two halves take the places of
+    the q4 group's even and odd weights)."""
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, not {bits}")
     G = K // GROUP
@@ -183,7 +214,48 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False,
 
     TILE, TILES, LANES, SPLIT, Q8 = tile, tiles, lanes, split, q8  # (seen below)
 
-    if residual:  # (only the function returned is parsed)
+    # The adds after the matmul: each one float32 addition (x + y == y + x exactly), in the
+    # TE function's order, so the bits are its bits. (Only the function returned is parsed.)
+    if adds == ("bias", "residual"):  # (a biased projection into the residual stream)
+
+        @T.prim_func(s_tir=True)
+        def q4_matmul_bias_residual(var_x: T.handle, var_w: T.handle, var_s: T.handle,
+                                    var_m: T.handle, var_bias: T.handle, var_r: T.handle,
+                                    var_out: T.handle):
+            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+            b = T.int64()
+            x = T.match_buffer(var_x, (b, K), "float32")
+            w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
+            s = T.match_buffer(var_s, (N, G), "float32")
+            m = T.match_buffer(var_m, (N, G), "float32")
+            bias = T.match_buffer(var_bias, (N,), "float32")
+            r = T.match_buffer(var_r, (b, N), "float32")
+            out = T.match_buffer(var_out, (b, N), "float32")
+            body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
+            for i, j in T.grid(b, N):
+                out[i, j] = (out[i, j] + bias[j]) + r[i, j]
+        return q4_matmul_bias_residual
+
+    if adds == ("bias",):
+
+        @T.prim_func(s_tir=True)
+        def q4_matmul_bias(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
+                           var_bias: T.handle, var_out: T.handle):
+            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+            b = T.int64()
+            x = T.match_buffer(var_x, (b, K), "float32")
+            w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
+            s = T.match_buffer(var_s, (N, G), "float32")
+            m = T.match_buffer(var_m, (N, G), "float32")
+            bias = T.match_buffer(var_bias, (N,), "float32")
+            out = T.match_buffer(var_out, (b, N), "float32")
+            body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
+            for i, j in T.grid(b, N):
+                out[i, j] = out[i, j] + bias[j]
+        return q4_matmul_bias
+
+    if adds == ("residual",):
+
         @T.prim_func(s_tir=True)
         def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
                           var_r: T.handle, var_out: T.handle):
@@ -196,9 +268,12 @@ def q4_matmul_prim_func(N: int, K: int, residual: bool, wasm: bool = False,
             r = T.match_buffer(var_r, (b, N), "float32")
             out = T.match_buffer(var_out, (b, N), "float32")
             body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
-            for i, j in T.grid(b, N):  # the residual (x + y == y + x exactly in float32)
+            for i, j in T.grid(b, N):
                 out[i, j] = r[i, j] + out[i, j]
         return q4_matmul_add
+
+    if adds:
+        raise ValueError(f"no kernel for the adds {adds}")
 
     @T.prim_func(s_tir=True)
     def q4_matmul(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,

@@ -97,7 +97,9 @@ def gelu(x: Tensor, exact: bool) -> Tensor:
         y = f * (0.5 + 0.5 * topi.fast_erf(f * (0.5 ** 0.5)))
         return y if t.dtype == "float32" else topi.cast(y, t.dtype)
 
-    return op.tensor_expr_op(compute, "gelu", [x])
+    # a kernel of its own (op_pattern 8: opaque to FuseOps): fused into the matmul before it,
+    # it made a pattern the CPU's hand-written matmul (compiler/cpu_gemv.py) does not take
+    return op.tensor_expr_op(compute, "gelu", [x], attrs={"op_pattern": 8})
 
 
 class EncoderLayer(nn.Module):

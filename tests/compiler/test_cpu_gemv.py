@@ -16,8 +16,10 @@ from wick.compiler.cpu_schedules import schedule  # noqa: E402
 from wick.compiler.quantization import dequantize, get_quantization, quantize  # noqa: E402
 
 
-def te_matmul(N: int, K: int, *, residual: bool, dtype: str = "float32", bits: int = 4):
-    """The function compiler/models/layers.py builds (dequantize -> matmul [-> T_add])."""
+def te_matmul(N: int, K: int, *, adds: tuple[str, ...] = (), dtype: str = "float32",
+              bits: int = 4):
+    """The function compiler/models/layers.py builds (dequantize -> matmul [-> + bias]
+    [-> + residual])."""
     per_word = 32 // bits
     x = te.placeholder((te.var("b", "int64"), K), dtype, name="x")
     b = x.shape[0]
@@ -29,39 +31,58 @@ def te_matmul(N: int, K: int, *, residual: bool, dtype: str = "float32", bits: i
         w[o, i // per_word] >> (i % per_word * bits).astype("uint32") & mask
     ).astype(dtype) * s[o, i // 32] + m[o, i // 32], name="dequantize")
     k = te.reduce_axis((0, K), name="k")
-    mm = te.compute((b, N), lambda i, j: te.sum(x[i, k] * dq[j, k], axis=k), name="matmul")
-    if not residual:
-        return te.create_prim_func([x, w, s, m, mm])
-    r = te.placeholder((b, N), dtype, name="r")
-    out = te.compute((b, N), lambda i, j: r[i, j] + mm[i, j], name="T_add")
-    return te.create_prim_func([x, w, s, m, r, out])
+    out = te.compute((b, N), lambda i, j: te.sum(x[i, k] * dq[j, k], axis=k), name="matmul")
+    extra = []
+    for n, kind in enumerate(adds):
+        out, p = _add(out, kind, n, b, N, dtype)
+        extra.append(p)
+    return te.create_prim_func([x, w, s, m, *extra, out])
+
+
+def _add(prev, kind: str, n: int, b, N: int, dtype: str):
+    """``prev`` plus a bias (N,) or a residual (b, N), as Relax's add names it."""
+    name = "T_add" if n == 0 else "T_add1"
+    if kind == "bias":
+        p = te.placeholder((N,), dtype, name=f"bias{n}")
+        return te.compute((b, N), lambda i, j: prev[i, j] + p[j], name=name), p
+    p = te.placeholder((b, N), dtype, name=f"r{n}")
+    return te.compute((b, N), lambda i, j: p[i, j] + prev[i, j], name=name), p
+
+
+ADDS = [(), ("residual",), ("bias",), ("bias", "residual")]
 
 
 def test_it_takes_over_the_float32_q4_matmul_only():
-    assert match_q4_matmul(te_matmul(64, 96, residual=False)) == {
-        "N": 64, "K": 96, "residual": False, "bits": 4}
-    assert match_q4_matmul(te_matmul(64, 96, residual=True))["residual"] is True
-    assert match_q4_matmul(te_matmul(64, 96, residual=False, dtype="float16")) is None
-    assert match_q4_matmul(te_matmul(64, 96, residual=False, bits=8))["bits"] == 8
+    assert match_q4_matmul(te_matmul(64, 96)) == {"N": 64, "K": 96, "adds": (), "bits": 4}
+    for adds in ADDS:
+        assert match_q4_matmul(te_matmul(64, 96, adds=adds))["adds"] == adds
+    assert match_q4_matmul(te_matmul(64, 96, dtype="float16")) is None
+    assert match_q4_matmul(te_matmul(64, 96, bits=8))["bits"] == 8
+    assert match_q4_matmul(te_matmul(64, 96, adds=("residual", "residual"))) is None
+
+
+def _arrays(adds, rng, b, N):
+    return {"bias": rng.standard_normal(N).astype(np.float32),
+            "residual": rng.standard_normal((b, N)).astype(np.float32)}
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("adds", ADDS)
 @pytest.mark.parametrize("N,K", [(48, 64), (200, 320)])
-def test_matches_numpy_on_dequantized_weights(N, K, residual, bits):
+def test_matches_numpy_on_dequantized_weights(N, K, adds, bits):
     quant = get_quantization(f"q{bits}f32_1")
     rng = np.random.default_rng(N + K)
     packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
-    func = schedule(te_matmul(N, K, residual=residual, bits=bits), cpu_target())
+    func = schedule(te_matmul(N, K, adds=adds, bits=bits), cpu_target())
     assert "q4_matmul" in func.script()  # (not the scheduled TE version)
     lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
                          target=cpu_target())
     weight = dequantize(packed, scale, minimum).astype(np.float64)
     for b in (1, 5):  # one decode row, and a batch (rows share the weights)
         x = rng.standard_normal((b, K)).astype(np.float32)
-        r = rng.standard_normal((b, N)).astype(np.float32)
-        want = x.astype(np.float64) @ weight.T + (r if residual else 0)
-        args = [x, packed, scale, minimum] + ([r] if residual else []) + [np.zeros((b, N), np.float32)]
+        extra = _arrays(adds, rng, b, N)
+        want = x.astype(np.float64) @ weight.T + sum(extra[a] for a in adds)
+        args = [x, packed, scale, minimum, *(extra[a] for a in adds), np.zeros((b, N), np.float32)]
         tensors = [tvm.runtime.tensor(a) for a in args]
         lib["f"](*tensors)
         got = tensors[-1].numpy()
@@ -69,8 +90,8 @@ def test_matches_numpy_on_dequantized_weights(N, K, residual, bits):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("residual", [False, True])
-def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(residual, bits):
+@pytest.mark.parametrize("adds", [(), ("bias", "residual")])
+def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds, bits):
     """Batch invariance (and speculation's exactness): rows are tiled so that a group's
     weights are dequantized once per tile, and a row's sums run in the same order alone, in
     a full tile or in a partial one."""
@@ -78,14 +99,15 @@ def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(residual, bits):
     quant = get_quantization(f"q{bits}f32_1")
     rng = np.random.default_rng(3)
     packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
-    func = schedule(te_matmul(N, K, residual=residual, bits=bits), cpu_target())
+    func = schedule(te_matmul(N, K, adds=adds, bits=bits), cpu_target())
     lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
                          target=cpu_target())
     x = rng.standard_normal((9, K)).astype(np.float32)
-    r = rng.standard_normal((9, N)).astype(np.float32)
+    extra = _arrays(adds, rng, 9, N)
 
     def run(rows):
-        args = [x[rows], packed, scale, minimum] + ([r[rows]] if residual else [])
+        args = [x[rows], packed, scale, minimum] + [
+            extra[a] if a == "bias" else extra[a][rows] for a in adds]
         tensors = [tvm.runtime.tensor(a) for a in args + [np.zeros((len(rows), N), np.float32)]]
         lib["f"](*tensors)
         return tensors[-1].numpy()

@@ -167,6 +167,18 @@ def test_minilm_matches_transformers_mean_pooling(minilm):
     assert np.array_equal(np.array(one.data[0].embedding), got[0])
 
 
+def test_minilm_q8_within_cosine_0999_of_f32(minilm):
+    from wick.server.local import Engine
+
+    engine, _ = minilm
+    q8 = Engine("all-minilm-l6-v2", quantization="q8f32_1", device="cpu")
+    assert q8.core.info.quantization == "q8f32_1"
+    f32 = np.array([d.embedding for d in engine.embeddings.create(input=SENTENCES).data])
+    got = np.array([d.embedding for d in q8.embeddings.create(input=SENTENCES).data])
+    cos = (f32 * got).sum(1)
+    assert (cos > 0.999).all() and (cos < 0.999999).all(), cos  # (close, and quantized)
+
+
 def test_minilm_request_errors(minilm):
     from wick.engine.errors import InvalidRequestError, ModelNotFoundError
 
