@@ -118,7 +118,9 @@ class ArtifactHost:
             try:
                 m = json.loads((d / MANIFEST_NAME).read_text())
                 out.append({"id": name, "model": m["model_id"], "quantization": m["quantization"],
-                            "features": list(m.get("requires", {}).get("features", []))})
+                            "features": list(m.get("requires", {}).get("features", [])),
+                            # "generate" or "embed" (the chat page lists the former)
+                            "task": m.get("model", {}).get("task", "generate")})
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return out

@@ -56,7 +56,7 @@ async function loadBrowserModels() {
   const { data, preparing = [], loading = false } = await res.json();
   const runs = (m) => f16 || !m.features.includes("shader-f16");
   // variants this device can run, f16 ones first when it has shader-f16
-  const usable = data.filter(runs)
+  const usable = data.filter((m) => runs(m) && (m.task ?? "generate") === "generate")
     .sort((a, b) => Number(b.features.includes("shader-f16")) - Number(a.features.includes("shader-f16")));
   const known = new Set(usable.map((m) => m.model));
   // variants the server is still compiling for browsers like this one (no shader-f16)

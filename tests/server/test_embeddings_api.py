@@ -118,3 +118,12 @@ def test_embeddings_beside_chat_streams(client, models):
         first = [np.array([d.embedding for d in f.result().data]) for f in vectors]
     assert texts == [alone] * 3
     assert all(np.array_equal(v, first[0]) for v in first)
+
+
+def test_browser_index_says_which_models_embed(server, models):
+    import httpx
+
+    _, embed = models
+    index = httpx.get(f"{server.url}/web/models.json").json()["data"]
+    tasks = {m["model"]: m["task"] for m in index}
+    assert tasks[embed] == "embed" and "generate" in tasks.values()
