@@ -98,7 +98,7 @@ def test_model_index_and_bundle_routes(tmp_path):
     assert r.status_code == 200
     assert [a["id"] for a in r.json()["data"]] == ["m-new", "m-f16", "m-old"]  # newest first
     assert r.json()["data"][1] == {"id": "m-f16", "model": "m", "quantization": "q4f16_1",
-                                   "features": ["shader-f16"]}
+                                   "features": ["shader-f16"], "task": "generate"}
     built = (ROOT / "pyserver" / "static" / "web" / "wick.js").is_file()
     r = client.get("/static/wick.js")
     assert r.status_code == (200 if built else 404)
