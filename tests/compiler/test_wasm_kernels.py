@@ -42,12 +42,16 @@ def call(wasm: Path, function: str, args: list[np.ndarray], tmp: Path) -> tuple[
     return json.loads(done.stdout), out
 
 
+KERNELS = {"mm": (), "mm_add": ("residual",), "mm_bias_add": ("bias", "residual")}
+
+
 @pytest.fixture(scope="module")
 def q4_module(tmp_path_factory):
-    """q4 matmuls with and without the residual, compiled and linked for wasm32."""
+    """q4 matmuls alone, with a residual, and with a bias then a residual, compiled and
+    linked for wasm32."""
     tmp = tmp_path_factory.mktemp("wasm")
-    libraries = build_wasm_libraries({"mm": te_matmul(200, 320, residual=False),
-                                      "mm_add": te_matmul(200, 320, residual=True)})
+    libraries = build_wasm_libraries({name: te_matmul(200, 320, adds=adds)
+                                      for name, adds in KERNELS.items()})
     data, entry = libraries["wasm"]
     path = tmp / "kernels.wasm"
     path.write_bytes(data)
@@ -55,16 +59,17 @@ def q4_module(tmp_path_factory):
 
 
 def test_the_q4_matmul_is_wicks_kernel_converting_four_lanes_at_a_time():
-    text = schedule(te_matmul(64, 96, residual=False), wasm_target()).script()
+    text = schedule(te_matmul(64, 96), wasm_target()).script()
     assert "q4_matmul" in text and "for c in T.unroll(4)" in text and "T.vectorized(4)" in text
-    native = schedule(te_matmul(64, 96, residual=False), cpu_target()).script()
+    native = schedule(te_matmul(64, 96), cpu_target()).script()
     assert "for c in T.unroll(1)" in native  # (x86 converts all 16 lanes at once)
 
 
-@pytest.mark.parametrize("residual", [False, True])
-def test_q4_matmul_in_wasm_matches_numpy(q4_module, tmp_path, residual):
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_q4_matmul_in_wasm_matches_numpy(q4_module, tmp_path, name):
     wasm, entry = q4_module
-    assert entry["functions"] == ["mm", "mm_add"] and "+simd128" in entry["features"]
+    assert entry["functions"] == sorted(KERNELS) and "+simd128" in entry["features"]
+    adds = KERNELS[name]
     N, K = 200, 320
     rng = np.random.default_rng(7)
     packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32),
@@ -72,10 +77,11 @@ def test_q4_matmul_in_wasm_matches_numpy(q4_module, tmp_path, residual):
     weight = dequantize(packed, scale, minimum).astype(np.float64)
     for b in (1, 5):
         x = rng.standard_normal((b, K)).astype(np.float32)
-        r = rng.standard_normal((b, N)).astype(np.float32)
-        want = x.astype(np.float64) @ weight.T + (r if residual else 0)
-        args = [x, packed, scale, minimum] + ([r] if residual else []) + [np.zeros((b, N), np.float32)]
-        answer, out = call(wasm, "mm_add" if residual else "mm", args, tmp_path)
+        extra = {"bias": rng.standard_normal(N).astype(np.float32),
+                 "residual": rng.standard_normal((b, N)).astype(np.float32)}
+        want = x.astype(np.float64) @ weight.T + sum(extra[a] for a in adds)
+        args = [x, packed, scale, minimum, *(extra[a] for a in adds), np.zeros((b, N), np.float32)]
+        answer, out = call(wasm, name, args, tmp_path)
         assert answer["rc"] == 0, answer
         np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
 
