@@ -17,7 +17,7 @@ default pipeline emits single-threaded scalar loops that also materialize every 
    inside.
 
 A function marked ``tirx.is_scheduled`` (the hand-written CPU twins of attention and sampling)
-is left as it is, and the float32 q4 and q8 matmuls (with or without a residual add) are
+is left as it is, and the float32 q4 and q8 matmuls (alone, or adding a bias and/or a residual) are
 replaced by the kernel written for them in compiler/cpu_gemv.py.
 """
 
