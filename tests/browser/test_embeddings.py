@@ -29,14 +29,8 @@ RUN = """async ([model, backend, texts]) => {
 
 
 @pytest.fixture(scope="module")
-def minilm(compiled):
-    from wick.compiler.sources import resolve_source
-
-    try:
-        path = resolve_source("all-minilm-l6-v2").path
-    except Exception as err:  # noqa: BLE001 - no registry here
-        pytest.skip(f"all-minilm-l6-v2 could not be fetched: {err}")
-    return path, compiled("all-minilm-l6-v2", "q0f32")
+def minilm(minilm_path, compiled):
+    return minilm_path, compiled("all-minilm-l6-v2", "q0f32")
 
 
 @pytest.fixture(scope="module")

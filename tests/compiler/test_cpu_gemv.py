@@ -61,7 +61,7 @@ def test_it_takes_over_the_float32_q4_matmul_only():
     assert match_q4_matmul(te_matmul(64, 96, adds=("residual", "residual"))) is None
 
 
-def _arrays(adds, rng, b, N):
+def _arrays(rng, b, N):
     return {"bias": rng.standard_normal(N).astype(np.float32),
             "residual": rng.standard_normal((b, N)).astype(np.float32)}
 
@@ -80,7 +80,7 @@ def test_matches_numpy_on_dequantized_weights(N, K, adds, bits):
     weight = dequantize(packed, scale, minimum).astype(np.float64)
     for b in (1, 5):  # one decode row, and a batch (rows share the weights)
         x = rng.standard_normal((b, K)).astype(np.float32)
-        extra = _arrays(adds, rng, b, N)
+        extra = _arrays(rng, b, N)
         want = x.astype(np.float64) @ weight.T + sum(extra[a] for a in adds)
         args = [x, packed, scale, minimum, *(extra[a] for a in adds), np.zeros((b, N), np.float32)]
         tensors = [tvm.runtime.tensor(a) for a in args]
@@ -103,7 +103,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds, bits):
     lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
                          target=cpu_target())
     x = rng.standard_normal((9, K)).astype(np.float32)
-    extra = _arrays(adds, rng, 9, N)
+    extra = _arrays(rng, 9, N)
 
     def run(rows):
         args = [x[rows], packed, scale, minimum] + [

@@ -129,15 +129,10 @@ def test_decoder_embedding_model_last_token(tmp_path, compiled):
 
 
 @pytest.fixture(scope="module")
-def minilm(wick_home):
-    from wick.compiler.sources import resolve_source
+def minilm(minilm_path):
     from wick.server.local import Engine
 
-    try:
-        path = resolve_source("all-minilm-l6-v2").path
-    except Exception as err:  # noqa: BLE001 - no registry here
-        pytest.skip(f"all-minilm-l6-v2 could not be fetched: {err}")
-    return Engine("all-minilm-l6-v2", device="cpu"), path
+    return Engine("all-minilm-l6-v2", device="cpu"), minilm_path
 
 
 def test_minilm_matches_transformers_mean_pooling(minilm):
