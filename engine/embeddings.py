@@ -16,7 +16,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .errors import InvalidRequestError
+from .core import SequenceOutput
+from .endpoint import Endpoint, Submitted
+from .errors import EngineAbortedError, InvalidRequestError
 from .model_info import ModelInfo
 from .tokenizer import Tokenizer
 
@@ -150,11 +152,12 @@ class CreateEmbeddingResponse:
 
 @dataclass(slots=True)
 class EmbeddingJob:
-    """A request in flight: its inputs' request ids in the core, in input order."""
+    """A validated request: its inputs' token ids, in input order."""
 
     request: EmbeddingRequest
     ids: list[list[int]]
-    request_ids: list[str] = field(default_factory=list)
+    stream = False  # (what the facades ask of any prepared request)
+    grammar_spec = None
 
 
 def encode_vector(values: Sequence[float], encoding_format: str) -> list[float] | str:
@@ -166,11 +169,56 @@ def encode_vector(values: Sequence[float], encoding_format: str) -> list[float] 
     return base64.b64encode(data.tobytes()).decode("ascii")
 
 
-def response(job: EmbeddingJob, vectors: dict[str, Sequence[float]],
-             model: str) -> CreateEmbeddingResponse:
-    """The reply, ``data[i]`` the vector of input ``i``; usage counts the tokens embedded
-    (special tokens included)."""
-    data = [Embedding(i, encode_vector(vectors[rid], job.request.encoding_format))
-            for i, rid in enumerate(job.request_ids)]
-    tokens = sum(len(ids) for ids in job.ids)
-    return CreateEmbeddingResponse(data, model, EmbeddingUsage(tokens, tokens))
+@dataclass(slots=True)
+class _Embedded:
+    """An embedding request's stream state: the vectors so far, by input."""
+
+    job: EmbeddingJob
+    data: dict[int, Embedding] = field(default_factory=dict)
+
+
+class EmbeddingsEndpoint(Endpoint):
+    """Each input is a request of its own in the core, so the steps batch a request's inputs
+    with each other and with other work; its "stream" is one ``Embedding`` per input."""
+
+    def prepare(self, kwargs: dict[str, Any]) -> EmbeddingJob:
+        req = EmbeddingRequest.from_dict(kwargs)
+        self.check_model(req.model)
+        info = self.core.info
+        if info.task != "embed":
+            raise InvalidRequestError(f"{info.model_id} is not an embedding model: it makes "
+                                      "text (use chat or completions)", param="model",
+                                      code="model_not_embedding")
+        most = min(info.embedding["max_input_tokens"], self.core.scheduler.token_budget)
+        return EmbeddingJob(req, input_ids(req, self.core.tokenizer, info, most))
+
+    def submit(self, job: EmbeddingJob) -> Submitted:
+        rids: list[str] = []
+        try:
+            for ids in job.ids:
+                rids.append(self.core.add_embedding(ids))
+        except BaseException:
+            for rid in rids:
+                self.core.abort(rid)
+            raise
+        return Submitted(rids, False, _Embedded(job))
+
+    def waiting_on(self, sub: Submitted) -> str | None:
+        done = len(sub.state.data)
+        return sub.request_ids[done] if done < len(sub.request_ids) else None
+
+    def on_output(self, sub: Submitted, out: SequenceOutput) -> list[Any]:
+        if out.embedding is None:  # (aborted)
+            raise EngineAbortedError(f"embedding request {out.request_id} was aborted")
+        index = len(sub.state.data)  # (the facades hand over the output waited on)
+        item = Embedding(index, encode_vector(out.embedding,
+                                              sub.state.job.request.encoding_format))
+        sub.state.data[index] = item
+        return [item]
+
+    def fold(self, sub: Submitted, chunks: list[Embedding]) -> CreateEmbeddingResponse:
+        """``data[i]`` the vector of input ``i``; usage counts the tokens embedded (special
+        tokens included)."""
+        tokens = sum(len(ids) for ids in sub.state.job.ids)
+        return CreateEmbeddingResponse(sorted(chunks, key=lambda e: e.index), self.model,
+                                       EmbeddingUsage(tokens, tokens))

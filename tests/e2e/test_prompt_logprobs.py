@@ -45,7 +45,7 @@ def test_prompt_logprobs_equal_transformers(api, smollm2_hf):
     np.testing.assert_allclose(lp.token_logprobs[1:], want, atol=2e-3)
     for i, top in enumerate(lp.top_logprobs[1:]):
         best = np.argsort(-ref[i])[:3]
-        texts = [api._token_text(int(t))[0] for t in best]
+        texts = [api.token_texts.of(int(t))[0] for t in best]
         assert list(top)[:1] == texts[:1] or abs(ref[i, best[0]] - ref[i, best[1]]) < 1e-3
         for t, text in zip(best, texts):
             if text in top:

@@ -101,7 +101,7 @@ def test_penalties_and_bias_match_transformers(api, tiny_hf, PROMPT):
     assert 101 not in out
     plain = api.completions.create(prompt=PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
     # the same 12 token ids (each spelled as the logprobs spell it)
-    assert r.choices[0].logprobs.tokens == [api._token_text(t)[0] for t in out]
+    assert r.choices[0].logprobs.tokens == [api.token_texts.of(t)[0] for t in out]
     assert r.choices[0].text != plain.choices[0].text
 
 

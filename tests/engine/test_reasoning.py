@@ -83,6 +83,26 @@ def test_streamed_deltas_carry_reasoning_then_content():
     assert kinds == sorted(kinds, reverse=True)  # all reasoning before any content
 
 
+def test_a_tool_call_after_thinking_is_parsed_from_the_answer_only():
+    """The think block may mention a call's tag; only the answer's call is a call, streamed
+    or not (the non-streamed reply is the stream folded)."""
+    from tests.engine.test_tools import WEATHER
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    thought = "a <tool_call> or not?"
+    api = _api(f"<think>\n{thought}</think>\n\n{call}")
+    whole = api.chat.completions.create(messages=ASK, tools=[WEATHER])
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.reasoning_content.strip() == thought
+    assert [(c["function"]["name"], c["function"]["arguments"])
+            for c in choice.message.tool_calls] == [("get_weather", '{"city": "Oslo"}')]
+    api = _api(f"<think>\n{thought}</think>\n\n{call}")
+    reasoning, content, deltas = _stream(api, tools=[WEATHER])
+    assert reasoning.strip() == thought and not content.strip()
+    assert [c["function"]["name"] for d in deltas for c in d.tool_calls or []] == ["get_weather"]
+
+
 def test_enable_thinking_false_reaches_the_template_and_gives_content_only():
     api = _api("It is 4.")
     prompt = api.tokenize({"messages": ASK,

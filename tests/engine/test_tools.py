@@ -84,13 +84,14 @@ def test_prompt_without_template_support_gets_the_system_prompt():
     api = _api()
     ask = [{"role": "user", "content": "weather?"}]
     plain = api.tokenize({"messages": ask})["tokens"]
-    prep = api._prepare("chat", {"messages": ask, "tools": [WEATHER], "tool_choice": "none"})
+    prep = api.endpoints["chat"].prepare(
+        {"messages": ask, "tools": [WEATHER], "tool_choice": "none"})
     assert prep.prompt_ids == plain and not prep.tools and prep.grammar_spec is None
     history = ask + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "-3C"}]
-    text = ByteTokenizer().decode(api._chat_prompt(
+    text = ByteTokenizer().decode(api.endpoints["chat"].prompt(
         __import__("wick.engine.protocol", fromlist=["x"]).ChatCompletionRequest.from_dict(
             {"messages": history, "tools": [WEATHER]}))[0], skip_special_tokens=False)
     assert "<tools>" in text and '"name": "get_weather"' in text  # the system prompt
@@ -109,7 +110,7 @@ def test_template_with_tools_support_renders_them():
                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
                    "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
                {"role": "tool", "tool_call_id": "c", "content": "cold"}]
-    prep = api._prepare("chat", {"messages": history, "tools": [WEATHER, NOTE]})
+    prep = api.endpoints["chat"].prepare({"messages": history, "tools": [WEATHER, NOTE]})
     text = ByteTokenizer().decode(prep.prompt_ids, skip_special_tokens=False)
     assert text.endswith("TOOLS:get_weather;note;[user]hi[assistant]<call get_weather Oslo>"
                          "[tool]cold[assistant]")
