@@ -18,7 +18,9 @@ default pipeline emits single-threaded scalar loops that also materialize every 
 
 A function marked ``tirx.is_scheduled`` (the hand-written CPU twins of attention and sampling)
 is left as it is, and the float32 q4 and q8 matmuls (alone, or adding a bias and/or a residual) are
-replaced by the kernel written for them in compiler/cpu_gemv.py.
+replaced by the kernel written for them in compiler/cpu_gemv.py, the float32 matmuls of plain
+weights by compiler/cpu_gemm.py's (tiles of rows x columns: rule 2 for a batch does one
+output at a time).
 """
 
 from __future__ import annotations
@@ -48,11 +50,16 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         return func
     from tvm import s_tir
 
+    from .cpu_gemm import f32_matmul_prim_func, match_f32_matmul
     from .cpu_gemv import match_q4_matmul, q4_matmul_prim_func
 
+    wasm = "wasm" in str(target.attrs.get("mtriple", ""))
     q4 = match_q4_matmul(func)
     if q4 is not None:  # the float32 q4/q8 matmul: a kernel written for it (cpu_gemv.py)
-        return q4_matmul_prim_func(**q4, wasm="wasm" in str(target.attrs.get("mtriple", "")))
+        return q4_matmul_prim_func(**q4, wasm=wasm)
+    f32 = match_f32_matmul(func)
+    if f32 is not None:  # the float32 matmul of plain weights: another (cpu_gemm.py)
+        return f32_matmul_prim_func(**f32, wasm=wasm)
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     _inline_elementwise(sch)

@@ -27,10 +27,11 @@ typedef struct {
 } ParallelGroupEnv;
 typedef int (*ParallelLambda)(int task_id, ParallelGroupEnv* env, void* cdata);
 
-/* Function-pointer slots TVM's code reads (defined, null, in the kernels' object). */
-extern void* __TVMBackendParallelLaunch;
-extern void* __TVMBackendAllocWorkspace;
-extern void* __TVMBackendFreeWorkspace;
+/* Function-pointer slots TVM's code reads (defined, null, in the kernels' object; weak: a
+ * kernel set whose kernels never need one has no slot, e.g. no scratch memory) */
+extern void* __TVMBackendParallelLaunch __attribute__((weak));
+extern void* __TVMBackendAllocWorkspace __attribute__((weak));
+extern void* __TVMBackendFreeWorkspace __attribute__((weak));
 
 #define ALIGN 64 /* what TVM's CPU code assumes of a tensor's data pointer */
 
@@ -146,9 +147,9 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int
 }
 
 __attribute__((export_name("wick_init"))) void wick_init(void) {
-  __TVMBackendParallelLaunch = (void*)parallel_launch;
-  __TVMBackendAllocWorkspace = (void*)alloc_workspace;
-  __TVMBackendFreeWorkspace = (void*)free_workspace;
+  if (&__TVMBackendParallelLaunch) __TVMBackendParallelLaunch = (void*)parallel_launch;
+  if (&__TVMBackendAllocWorkspace) __TVMBackendAllocWorkspace = (void*)alloc_workspace;
+  if (&__TVMBackendFreeWorkspace) __TVMBackendFreeWorkspace = (void*)free_workspace;
 }
 
 __attribute__((export_name("wick_error"))) const char* wick_error(void) { return last_error; }

@@ -17,6 +17,7 @@ from wick.compiler.cpu_schedules import schedule
 from wick.compiler.quantization import dequantize, get_quantization, quantize
 from wick.compiler.wasm_kernels import build_wasm_libraries, wasm_target
 
+from .test_cpu_gemm import te_f32_matmul
 from .test_cpu_gemv import te_matmul
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +85,26 @@ def test_q4_matmul_in_wasm_matches_numpy(q4_module, tmp_path, name):
         answer, out = call(wasm, name, args, tmp_path)
         assert answer["rc"] == 0, answer
         np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+def test_f32_matmul_in_wasm_matches_numpy(tmp_path):
+    """compiler/cpu_gemm.py's kernel in wasm32 (4 lanes, tiles of 4 rows x 2 columns)."""
+    N, K, adds = 42, 48, ("bias", "residual")
+    assert "f32_matmul" in schedule(te_f32_matmul(N, K, adds=adds), wasm_target()).script()
+    data, _ = build_wasm_libraries({"mm": te_f32_matmul(N, K, adds=adds)})["wasm"]
+    wasm = tmp_path / "f32.wasm"
+    wasm.write_bytes(data)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    for b in (1, 7):
+        x = rng.standard_normal((b, K)).astype(np.float32)
+        bias = rng.standard_normal(N).astype(np.float32)
+        res = rng.standard_normal((b, N)).astype(np.float32)
+        want = x.astype(np.float64) @ w.T.astype(np.float64) + bias + res
+        answer, out = call(wasm, "mm", [x, w, bias, res, np.zeros((b, N), np.float32)],
+                           tmp_path)
+        assert answer["rc"] == 0, answer
+        np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_a_kernel_check_comes_back_as_its_message(q4_module, tmp_path):

@@ -1,0 +1,102 @@
+"""compiler/cpu_gemm.py: the hand-written float32 matmul of plain weights for CPUs, against
+numpy in float64, which functions it takes over, and a row's bits whatever rows run beside
+it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import te  # noqa: E402
+
+from wick.compiler.cpu_gemm import ROW_BLOCK, match_f32_matmul  # noqa: E402
+from wick.compiler.cpu_kernels import cpu_target  # noqa: E402
+from wick.compiler.cpu_schedules import schedule  # noqa: E402
+
+ADDS = [(), ("residual",), ("bias",), ("bias", "residual")]
+
+
+def te_f32_matmul(N: int, K: int, *, adds: tuple[str, ...] = (), dtype: str = "float32"):
+    """The function Relax fuses from compiler/models/layers.py's plain QLinear: NT_matmul
+    [-> + bias] [-> + residual] (blocks named as Relax names them)."""
+    x = te.placeholder((te.var("b", "int64"), K), dtype, name="x")
+    b = x.shape[0]
+    w = te.placeholder((N, K), dtype, name="w")
+    k = te.reduce_axis((0, K), name="k")
+    out = te.compute((b, N), lambda i, j: te.sum(x[i, k] * w[j, k], axis=k), name="NT_matmul")
+    extra = []
+    for n, kind in enumerate(adds):
+        prev, name = out, ("T_add" if n == 0 else "T_add1")
+        if kind == "bias":
+            p = te.placeholder((N,), dtype, name=f"bias{n}")
+            out = te.compute((b, N), lambda i, j: prev[i, j] + p[j], name=name)
+        else:
+            p = te.placeholder((b, N), dtype, name=f"r{n}")
+            out = te.compute((b, N), lambda i, j: prev[i, j] + p[i, j], name=name)
+        extra.append(p)
+    return te.create_prim_func([x, w, *extra, out])
+
+
+def _build(func):
+    f = schedule(func, cpu_target())
+    assert "f32_matmul" in f.script()  # (not the scheduled TE version)
+    return tvm.tirx.build(tvm.IRModule({"f": f.with_attr("global_symbol", "f")}),
+                          target=cpu_target())
+
+
+def _run(lib, x, w, extra, N):
+    tensors = [tvm.runtime.tensor(a) for a in (x, w, *extra, np.zeros((len(x), N), np.float32))]
+    lib["f"](*tensors)
+    return tensors[-1].numpy()
+
+
+def test_it_takes_over_the_float32_matmul_of_plain_weights_only():
+    assert match_f32_matmul(te_f32_matmul(64, 96)) == {"N": 64, "K": 96, "adds": ()}
+    for adds in ADDS:
+        assert match_f32_matmul(te_f32_matmul(64, 96, adds=adds))["adds"] == adds
+    assert match_f32_matmul(te_f32_matmul(64, 96, dtype="float16")) is None
+    assert match_f32_matmul(te_f32_matmul(64, 100)) is None  # K not in chunks of 16
+    from tests.compiler.test_cpu_gemv import te_matmul
+
+    assert match_f32_matmul(te_matmul(64, 96)) is None  # q4: cpu_gemv's
+
+
+@pytest.mark.parametrize("adds", ADDS)
+@pytest.mark.parametrize("N,K", [(48, 64), (200, 320), (42, 32), (45, 48)])
+def test_matches_numpy(N, K, adds):
+    """N in tiles of 4 columns, of 2 (42) and of 1 (45); batches of one row, of a partial
+    tile, and across row blocks."""
+    rng = np.random.default_rng(N + K)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    lib = _build(te_f32_matmul(N, K, adds=adds))
+    for b in (1, 7, ROW_BLOCK + 3):
+        x = rng.standard_normal((b, K)).astype(np.float32)
+        arrays = {"bias": rng.standard_normal(N).astype(np.float32),
+                  "residual": rng.standard_normal((b, N)).astype(np.float32)}
+        want = x.astype(np.float64) @ w.T.astype(np.float64) + sum(arrays[a] for a in adds)
+        got = _run(lib, x, w, [arrays[a] for a in adds], N)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("adds", [(), ("bias", "residual")])
+def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds):
+    """Batch invariance: a row alone, in a full tile of 4, in a partial one or in the next
+    row block sums the same products in the same order."""
+    N, K = 40, 96
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    lib = _build(te_f32_matmul(N, K, adds=adds))
+    rows_total = ROW_BLOCK + 9
+    x = rng.standard_normal((rows_total, K)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((rows_total, N)).astype(np.float32)
+
+    def run(rows):
+        extra = {"bias": bias, "residual": res[rows]}
+        return _run(lib, x[rows], w, [extra[a] for a in adds], N)
+
+    alone = np.concatenate([run([i]) for i in range(rows_total)])
+    for rows in (list(range(rows_total)), [4, 0, 8, 2, 6], [7, 3], list(range(5, 70))):
+        assert np.array_equal(run(rows), alone[rows]), rows
