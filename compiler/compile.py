@@ -52,7 +52,11 @@ def compiler_digest() -> str:
     """Hash of the compiler's own source: artifacts are rebuilt whenever the compiler changes."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    extra = [here / "wasm_runtime.c", here.parent / "engine" / "artifact.py"]
+    # (and what reaches the manifest from elsewhere: the registry's model cards, the sampling
+    # keys a request takes)
+    extra = [here / "wasm_runtime.c", here / "registry.json",
+             here.parent / "engine" / "artifact.py",
+             here.parent / "engine" / "sampling_defaults.py"]
     for path in sorted(here.rglob("*.py")) + extra:
         if path.is_file():
             digest.update(path.read_bytes())
@@ -169,7 +173,7 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantiza
 def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window: int,
                    prefill_chunk: int, max_batch: int, quant: Quantization,
                    kv_window: int | None = None, kv_window_pool: int | None = None,
-                   embedding: dict | None = None) -> dict:
+                   embedding: dict | None = None, sampling: dict | None = None) -> dict:
     """The manifest's ``model`` section (engine/model_info.py reads it). ``family`` is the
     compiler's family module; ``model_type`` what the checkpoint called itself."""
     eos = hf.get("eos_token_id")
@@ -198,7 +202,20 @@ def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window:
         "kv_window_pool": kv_window_pool,
         "task": "embed" if embedding else "generate",
         "embedding": embedding,
+        "sampling_defaults": None if embedding else sampling,
     }
+
+
+def _sampling_section(model: str, hf: dict) -> dict | None:
+    """``model.sampling_defaults``: the checkpoint's generation_config.json, else (a GGUF has
+    none) the built-in registry entry's ``sampling``, the model card's recommendation."""
+    from ..engine.sampling_defaults import read_values, section
+    from .sources import builtin_models
+
+    if hf.get("generation_sampling"):
+        return section(hf["generation_sampling"], "generation_config.json")
+    entry = builtin_models().get(model) or {}
+    return section(read_values(entry.get("sampling")), "model card (wick's registry)")
 
 
 def _embedding_section(module, cfg, hf: dict, tokenizer_json: str,
@@ -470,7 +487,8 @@ def compile_model(
                              max_batch=max_batch_size, quant=quant, kv_window=module.kv_window(),
                              kv_window_pool=module.window_pool(),
                              embedding=_embedding_section(module, cfg, hf, loaded.tokenizer_json,
-                                                          prefill_chunk_size)),
+                                                          prefill_chunk_size),
+                             sampling=_sampling_section(model, hf)),
         source={"model": origin, "sha256": source_hash}, options=options)
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,

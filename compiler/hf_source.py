@@ -19,6 +19,7 @@ import numpy as np
 from safetensors import safe_open
 
 from ..engine.errors import WickError
+from ..engine.sampling_defaults import read_values
 from .model_config import check_config
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -91,7 +92,10 @@ def load_config(path: Path) -> dict[str, Any]:
     generation = path / "generation_config.json"
     eos = raw.get("eos_token_id")
     if generation.is_file():
-        eos = _read_json(generation).get("eos_token_id", eos)
+        gen = _read_json(generation)
+        eos = gen.get("eos_token_id", eos)
+        # the checkpoint's sampling defaults (the manifest's model.sampling_defaults)
+        config["generation_sampling"] = read_values(gen)
     config["eos_token_id"] = eos
     config["bos_token_id"] = raw.get("bos_token_id")
     return config
