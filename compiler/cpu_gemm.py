@@ -26,17 +26,18 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .cpu_gemv import KERNEL_ADDS as ADDS, without_unused_adds
+
 ROW_BLOCK = 64  # rows whose inputs (64 x K floats: 384 KiB at K = 1536) stay in L2
 NATIVE = {"lanes": 16, "rows": 4, "cols": 4}
 WASM = {"lanes": 4, "rows": 4, "cols": 2}
-ADDS = ((), ("bias",), ("residual",), ("bias", "residual"))  # (cpu_gemv.KERNEL_ADDS' kinds)
 
 
 def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
     """``{"N", "K", "adds"}`` when ``func`` is the float32 ``x @ W^T`` Relax fuses from
     compiler/models/layers.py's QLinear (blocks NT_matmul [, T_add [, T_add1]]; parameters x
     (b, K), W (N, K), a bias (N,) and/or a residual (b, N), out (b, N)), else None."""
-    from .cpu_gemv import _block_names
+    from .cpu_gemv import _block_names, adds_in_order
 
     names = _block_names(func)
     adds = names[1:]
@@ -66,24 +67,9 @@ def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
             kinds.append("residual")
         else:
             return None
-    if tuple(kinds) not in ADDS or not _adds_in_order_from(func, 2, len(adds)):
+    if tuple(kinds) not in ADDS or not adds_in_order(func, 2, len(adds)):
         return None
     return {"N": N, "K": K, "adds": tuple(kinds)}
-
-
-def _adds_in_order_from(func: tirx.PrimFunc, first: int, count: int) -> bool:
-    """Whether add block i reads parameter ``first + i``."""
-    import tvm
-    from tvm import s_tir
-
-    if count == 0:
-        return True
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))[-count:]
-    for block, param in zip(blocks, func.params[first:first + count]):
-        if not any(r.source.same_as(param) for r in sch.get(block).reads):
-            return False
-    return True
 
 
 @functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes)
@@ -176,12 +162,4 @@ def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
                          - T.min(b - blk * ROW_BLOCK, ROW_BLOCK) % TILES[2], TILES[3],
                          x, w, bias, res, out, jt * C, L, C, BIAS, RESIDUAL)
 
-    return _without_unused(f32_matmul, keep_bias=BIAS, keep_residual=RESIDUAL)
-
-
-def _without_unused(func: tirx.PrimFunc, *, keep_bias: bool, keep_residual: bool):
-    """``func`` without the add parameters its body does not read (one kernel source for the
-    four signatures)."""
-    x, w, bias, res, out = func.params
-    params = [x, w] + ([bias] if keep_bias else []) + ([res] if keep_residual else []) + [out]
-    return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
+    return without_unused_adds(f32_matmul, 2, BIAS, RESIDUAL)

@@ -1,5 +1,6 @@
 """A hand-written CPU kernel for the q4 and q8 (``*_1`` packing) float32 matmuls: ``out = x @
-dequantize(W)^T`` (+ a bias and/or a residual), replacing the scheduled TE version where the pattern matches.
+dequantize(W)^T`` (+ a bias and/or a residual), replacing the scheduled TE version where the
+pattern matches.
 
 Why by hand: the scheduled version (cpu_schedules.py rule 2) unpacks 16 nibbles from two
 words with a permute and a per-lane shift, and multiplies the dequantized weight in, about 7
@@ -69,7 +70,7 @@ def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
           and [int(d) for d in s.shape] == [N, K // GROUP] == [int(d) for d in m.shape]
           and len(x.shape) == 2 and len(out.shape) == 2 and int(out.shape[1]) == N)
     kinds = []
-    for r in rest[:-1]:  # (parameters in the order the adds read them: _adds_in_order)
+    for r in rest[:-1]:  # (parameters in the order the adds read them: adds_in_order)
         if str(r.dtype) != "float32":
             return None
         if len(r.shape) == 1 and int(r.shape[0]) == N:
@@ -78,22 +79,22 @@ def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
             kinds.append("residual")
         else:
             return None
-    if not ok or tuple(kinds) not in KERNEL_ADDS or not _adds_in_order(func, len(adds)):
+    if not ok or tuple(kinds) not in KERNEL_ADDS or not adds_in_order(func, 4, len(adds)):
         return None
     return {"N": N, "K": K, "adds": tuple(kinds), "bits": bits}
 
 
-def _adds_in_order(func: tirx.PrimFunc, count: int) -> bool:
-    """Whether add block i reads extra parameter i (the kernel applies them so)."""
+def adds_in_order(func: tirx.PrimFunc, first: int, count: int) -> bool:
+    """Whether the function's last ``count`` blocks (its adds) read parameters ``first``,
+    ``first + 1``, ... in that order (the kernels apply them so)."""
     import tvm
     from tvm import s_tir
 
     if count == 0:
         return True
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))[2:]
-    extra = func.params[4:4 + count]
-    for block, param in zip(blocks, extra):
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))[-count:]
+    for block, param in zip(blocks, func.params[first:first + count]):
         if not any(r.source.same_as(param) for r in sch.get(block).reads):
             return False
     return True
@@ -215,76 +216,44 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), wasm: bool =
     TILE, TILES, LANES, SPLIT, Q8 = tile, tiles, lanes, split, q8  # (seen below)
 
     # The adds after the matmul: each one float32 addition (x + y == y + x exactly), in the
-    # TE function's order, so the bits are its bits. (Only the function returned is parsed.)
-    if adds == ("bias", "residual"):  # (a biased projection into the residual stream)
-
-        @T.prim_func(s_tir=True)
-        def q4_matmul_bias_residual(var_x: T.handle, var_w: T.handle, var_s: T.handle,
-                                    var_m: T.handle, var_bias: T.handle, var_r: T.handle,
-                                    var_out: T.handle):
-            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-            b = T.int64()
-            x = T.match_buffer(var_x, (b, K), "float32")
-            w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
-            s = T.match_buffer(var_s, (N, G), "float32")
-            m = T.match_buffer(var_m, (N, G), "float32")
-            bias = T.match_buffer(var_bias, (N,), "float32")
-            r = T.match_buffer(var_r, (b, N), "float32")
-            out = T.match_buffer(var_out, (b, N), "float32")
-            body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
-            for i, j in T.grid(b, N):
-                out[i, j] = (out[i, j] + bias[j]) + r[i, j]
-        return q4_matmul_bias_residual
-
-    if adds == ("bias",):
-
-        @T.prim_func(s_tir=True)
-        def q4_matmul_bias(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
-                           var_bias: T.handle, var_out: T.handle):
-            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-            b = T.int64()
-            x = T.match_buffer(var_x, (b, K), "float32")
-            w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
-            s = T.match_buffer(var_s, (N, G), "float32")
-            m = T.match_buffer(var_m, (N, G), "float32")
-            bias = T.match_buffer(var_bias, (N,), "float32")
-            out = T.match_buffer(var_out, (b, N), "float32")
-            body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
-            for i, j in T.grid(b, N):
-                out[i, j] = out[i, j] + bias[j]
-        return q4_matmul_bias
-
-    if adds == ("residual",):
-
-        @T.prim_func(s_tir=True)
-        def q4_matmul_add(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
-                          var_r: T.handle, var_out: T.handle):
-            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-            b = T.int64()
-            x = T.match_buffer(var_x, (b, K), "float32")
-            w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
-            s = T.match_buffer(var_s, (N, G), "float32")
-            m = T.match_buffer(var_m, (N, G), "float32")
-            r = T.match_buffer(var_r, (b, N), "float32")
-            out = T.match_buffer(var_out, (b, N), "float32")
-            body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
-            for i, j in T.grid(b, N):
-                out[i, j] = r[i, j] + out[i, j]
-        return q4_matmul_add
-
-    if adds:
+    # TE function's order, so the bits are its bits. One source for the four signatures: the
+    # add parameters the body does not read are dropped after parsing (only the function
+    # returned is parsed).
+    if adds not in KERNEL_ADDS:
         raise ValueError(f"no kernel for the adds {adds}")
+    BIAS, RESIDUAL = "bias" in adds, "residual" in adds
 
     @T.prim_func(s_tir=True)
     def q4_matmul(var_x: T.handle, var_w: T.handle, var_s: T.handle, var_m: T.handle,
-                  var_out: T.handle):
+                  var_bias: T.handle, var_r: T.handle, var_out: T.handle):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         b = T.int64()
         x = T.match_buffer(var_x, (b, K), "float32")
         w = T.match_buffer(var_w, (N, K * bits // 32), "uint32")
         s = T.match_buffer(var_s, (N, G), "float32")
         m = T.match_buffer(var_m, (N, G), "float32")
+        bias = T.match_buffer(var_bias, (N,), "float32")
+        r = T.match_buffer(var_r, (b, N), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
         body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
+        if BIAS and RESIDUAL:  # (Python constants: one branch is built)
+            for i, j in T.grid(b, N):
+                out[i, j] = (out[i, j] + bias[j]) + r[i, j]
+        elif BIAS:
+            for i, j in T.grid(b, N):
+                out[i, j] = out[i, j] + bias[j]
+        elif RESIDUAL:
+            for i, j in T.grid(b, N):
+                out[i, j] = r[i, j] + out[i, j]
 
-    return q4_matmul
+    return without_unused_adds(q4_matmul, 4, BIAS, RESIDUAL)
+
+
+def without_unused_adds(func: tirx.PrimFunc, first: int, bias: bool,
+                        residual: bool) -> tirx.PrimFunc:
+    """``func`` (parameters: ``first`` inputs, a bias, a residual, the output) without the
+    add parameters its body does not read: one kernel source for the four signatures."""
+    params = list(func.params)
+    *inputs, p_bias, p_res, p_out = params[:first + 3]
+    kept = inputs + ([p_bias] if bias else []) + ([p_res] if residual else []) + [p_out]
+    return tirx.PrimFunc(kept, func.body, func.ret_type, func.attrs)
