@@ -19,10 +19,10 @@ The package is fetched from the npm registry on first use into build/bench/.
 
 from __future__ import annotations
 
-import subprocess
-import tarfile
 import time
 from pathlib import Path
+
+from npm_packages import npm_package  # (bench/: the script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 WLLAMA = "@wllama/wllama@3.13.0"
@@ -35,20 +35,7 @@ ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin",
 
 
 def wllama_dir() -> Path:
-    """The unpacked npm package (``npm pack`` once, into build/bench/)."""
-    cache = ROOT / "build" / "bench"
-    pkg = cache / "wllama" / "package"
-    if not (pkg / "esm" / "index.js").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        print(f"fetching {WLLAMA} from the npm registry", flush=True)
-        done = subprocess.run(["npm", "pack", WLLAMA, "--pack-destination", str(cache)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"npm pack {WLLAMA} failed: {done.stderr.strip()[-500:]}")
-        tgz = cache / done.stdout.strip().splitlines()[-1]
-        with tarfile.open(tgz) as tar:
-            tar.extractall(cache / "wllama", filter="data")
-    return pkg
+    return npm_package(WLLAMA, "wllama")
 
 
 def bench_files(gguf: Path) -> str:

