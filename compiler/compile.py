@@ -23,6 +23,7 @@ from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from . import paths
 from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
 from .cpu_kernels import build_cpu_library
+from .cpu_schedules import WIDE_BATCHES
 from .cuda_kernels import build_cuda_source, cuda_target
 from .embedding_files import special_tokens
 from .wasm_kernels import build_wasm_libraries
@@ -370,6 +371,9 @@ def lower_module(module, modules, vocab_size: int, prefill_chunk_size: int, max_
     if len(modules) == 1:  # an embedding model: its forward plan alone
         lowered = lower(modules[0], {"forward": bounds}, target, schedule="prefill",
                         cpu_twins=module.cpu_twins(), cuda_twins=cuda_twins, extra_tir=extra_tir)
+        # (its CPU kernels see batches of whole inputs only: cpu_schedules.WIDE_BATCHES)
+        lowered.cpu_functions = {name: f.with_attr(WIDE_BATCHES, True)
+                                 for name, f in lowered.cpu_functions.items()}
         report("lower (TVM)", 3, 3)
         return lowered, _build_libraries(lowered, report)
     prefill_mod, decode_mod, decode1_mod = modules

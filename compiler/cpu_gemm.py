@@ -163,3 +163,74 @@ def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
                          x, w, bias, res, out, jt * C, L, C, BIAS, RESIDUAL)
 
     return without_unused_adds(f32_matmul, 2, BIAS, RESIDUAL)
+
+
+# rows in lanes: 16 rows per vector natively (16 columns' sums in 16 registers), 4 in wasm
+ROWS_IN_LANES = {"native": {"lanes": 16, "cols": 16}, "wasm": {"lanes": 4, "cols": 8}}
+
+
+@functools.lru_cache(maxsize=None)
+def f32_matmul_rows_in_lanes(N: int, K: int, adds: tuple[str, ...] = (),
+                             wasm: bool = False) -> tirx.PrimFunc:
+    """The same function for batches of many rows (an encoder's forward, no decode steps): a
+    vector holds one column's sums for ``lanes`` rows, so nothing is summed across lanes at
+    the end. The input rows are transposed once per call into tiles of ``lanes`` rows (k-major,
+    zeros past the last row); then per ``k`` one vector load and one multiply-add per column,
+    each with its weight broadcast from memory. A row's sum runs over ``k`` in order wherever
+    it sits (batch invariance). At one row it wastes the other lanes: 2x slower than
+    ``f32_matmul_prim_func`` on a decode step, 2x faster on 256 rows (this machine)."""
+    if adds not in ADDS:
+        raise ValueError(f"no kernel for the adds {adds}")
+    shape = ROWS_IN_LANES["wasm" if wasm else "native"]
+    L = shape["lanes"]
+    C = next(c for c in (shape["cols"], 8, 4, 2, 1) if N % c == 0)
+    RT = ROW_BLOCK // L  # row tiles per row block
+    BIAS, RESIDUAL = "bias" in adds, "residual" in adds
+
+    @T.macro(hygienic=False)
+    def tile(t, xt, w, bias, res, out, j0, b, L, C, BIAS, RESIDUAL):
+        acc = T.alloc_buffer((C, L), "float32")
+        for c in T.unroll(C):
+            for lane in T.vectorized(L):
+                acc[c, lane] = T.float32(0)
+        for k in range(K):
+            for c in T.unroll(C):
+                for lane in T.vectorized(L):
+                    acc[c, lane] = acc[c, lane] + xt[t, k, lane] * w[j0 + c, k]
+        for lane in range(L):
+            if t * L + lane < b:
+                for c in range(C):
+                    if BIAS and RESIDUAL:  # (Python constants: one branch is built)
+                        out[t * L + lane, j0 + c] = ((acc[c, lane] + bias[j0 + c])
+                                                     + res[t * L + lane, j0 + c])
+                    elif BIAS:
+                        out[t * L + lane, j0 + c] = acc[c, lane] + bias[j0 + c]
+                    elif RESIDUAL:
+                        out[t * L + lane, j0 + c] = acc[c, lane] + res[t * L + lane, j0 + c]
+                    else:
+                        out[t * L + lane, j0 + c] = acc[c, lane]
+
+    @T.prim_func(s_tir=True)
+    def f32_matmul_rows(var_x: T.handle, var_w: T.handle, var_bias: T.handle,
+                        var_r: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        b = T.int64()
+        x = T.match_buffer(var_x, (b, K), "float32")
+        w = T.match_buffer(var_w, (N, K), "float32")
+        bias = T.match_buffer(var_bias, (N,), "float32")
+        res = T.match_buffer(var_r, (b, N), "float32")
+        out = T.match_buffer(var_out, (b, N), "float32")
+        xt = T.alloc_buffer(((b + L - 1) // L, K, L), "float32")
+        for t in T.parallel((b + L - 1) // L):
+            for k in range(K):
+                for lane in T.vectorized(L):
+                    xt[t, k, lane] = T.if_then_else(t * L + lane < b,
+                                                    x[T.min(t * L + lane, b - 1), k],
+                                                    T.float32(0))
+        for blk in range((b + ROW_BLOCK - 1) // ROW_BLOCK):
+            for jt in T.parallel(N // C):
+                for tt in range(T.min((b - blk * ROW_BLOCK + L - 1) // L, RT)):
+                    tile(blk * RT + tt, xt, w, bias, res, out, jt * C, b, L, C, BIAS,
+                         RESIDUAL)
+
+    return without_unused_adds(f32_matmul_rows, 2, BIAS, RESIDUAL)

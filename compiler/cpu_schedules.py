@@ -32,6 +32,10 @@ from tvm import tirx
 # independent multiply-add chains) measured 3-6x slower: the sums left registers for memory.
 LANE_CHOICES = (16,)
 PARALLEL_MIN_WORK = 1 << 14  # loop iterations below which elementwise work stays serial
+# A function attribute: its calls run many rows (an encoder's forward; no decode step reuses
+# its matmuls, whose sums must then agree with it), so its float32 matmuls take
+# cpu_gemm.f32_matmul_rows_in_lanes.
+WIDE_BATCHES = "wick.wide_batches"
 
 
 def build_scheduled(functions: dict[str, tirx.PrimFunc], target):
@@ -50,7 +54,7 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         return func
     from tvm import s_tir
 
-    from .cpu_gemm import f32_matmul_prim_func, match_f32_matmul
+    from .cpu_gemm import f32_matmul_prim_func, f32_matmul_rows_in_lanes, match_f32_matmul
     from .cpu_gemv import match_q4_matmul, q4_matmul_prim_func
 
     wasm = "wasm" in str(target.attrs.get("mtriple", ""))
@@ -59,6 +63,8 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         return q4_matmul_prim_func(**q4, wasm=wasm)
     f32 = match_f32_matmul(func)
     if f32 is not None:  # the float32 matmul of plain weights: another (cpu_gemm.py)
+        if func.attrs is not None and func.attrs.get(WIDE_BATCHES):
+            return f32_matmul_rows_in_lanes(**f32, wasm=wasm)
         return f32_matmul_prim_func(**f32, wasm=wasm)
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))

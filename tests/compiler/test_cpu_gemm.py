@@ -1,6 +1,6 @@
-"""compiler/cpu_gemm.py: the hand-written float32 matmul of plain weights for CPUs, against
-numpy in float64, which functions it takes over, and a row's bits whatever rows run beside
-it."""
+"""compiler/cpu_gemm.py: the hand-written float32 matmuls of plain weights for CPUs (tiles of
+rows x columns; rows in lanes for a function marked WIDE_BATCHES), against numpy in float64,
+which functions they take over, and a row's bits whatever rows run beside it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tvm import te  # noqa: E402
 
 from wick.compiler.cpu_gemm import ROW_BLOCK, match_f32_matmul  # noqa: E402
 from wick.compiler.cpu_kernels import cpu_target  # noqa: E402
-from wick.compiler.cpu_schedules import schedule  # noqa: E402
+from wick.compiler.cpu_schedules import WIDE_BATCHES, schedule  # noqa: E402
 
 ADDS = [(), ("residual",), ("bias",), ("bias", "residual")]
 
@@ -39,8 +39,14 @@ def te_f32_matmul(N: int, K: int, *, adds: tuple[str, ...] = (), dtype: str = "f
     return te.create_prim_func([x, w, *extra, out])
 
 
-def _build(func):
+KINDS = ["tiles", "rows_in_lanes"]
+
+
+def _build(func, kind="tiles"):
+    if kind == "rows_in_lanes":
+        func = func.with_attr(WIDE_BATCHES, True)
     f = schedule(func, cpu_target())
+    assert ("f32_matmul_rows" in f.script()) == (kind == "rows_in_lanes")
     assert "f32_matmul" in f.script()  # (not the scheduled TE version)
     return tvm.tirx.build(tvm.IRModule({"f": f.with_attr("global_symbol", "f")}),
                           target=cpu_target())
@@ -63,15 +69,16 @@ def test_it_takes_over_the_float32_matmul_of_plain_weights_only():
     assert match_f32_matmul(te_matmul(64, 96)) is None  # q4: cpu_gemv's
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("adds", ADDS)
 @pytest.mark.parametrize("N,K", [(48, 64), (200, 320), (42, 32), (45, 48)])
-def test_matches_numpy(N, K, adds):
-    """N in tiles of 4 columns, of 2 (42) and of 1 (45); batches of one row, of a partial
+def test_matches_numpy(N, K, adds, kind):
+    """N in tiles of 16/8/4 columns, of 2 (42) and of 1 (45); batches of one row, of a partial
     tile, and across row blocks."""
     rng = np.random.default_rng(N + K)
     w = rng.standard_normal((N, K)).astype(np.float32)
-    lib = _build(te_f32_matmul(N, K, adds=adds))
-    for b in (1, 7, ROW_BLOCK + 3):
+    lib = _build(te_f32_matmul(N, K, adds=adds), kind)
+    for b in (1, 7, 17, ROW_BLOCK + 3):
         x = rng.standard_normal((b, K)).astype(np.float32)
         arrays = {"bias": rng.standard_normal(N).astype(np.float32),
                   "residual": rng.standard_normal((b, N)).astype(np.float32)}
@@ -80,14 +87,15 @@ def test_matches_numpy(N, K, adds):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("adds", [(), ("bias", "residual")])
-def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds):
+def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds, kind):
     """Batch invariance: a row alone, in a full tile of 4, in a partial one or in the next
     row block sums the same products in the same order."""
     N, K = 40, 96
     rng = np.random.default_rng(3)
     w = rng.standard_normal((N, K)).astype(np.float32)
-    lib = _build(te_f32_matmul(N, K, adds=adds))
+    lib = _build(te_f32_matmul(N, K, adds=adds), kind)
     rows_total = ROW_BLOCK + 9
     x = rng.standard_normal((rows_total, K)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)

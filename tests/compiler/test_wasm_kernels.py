@@ -87,11 +87,19 @@ def test_q4_matmul_in_wasm_matches_numpy(q4_module, tmp_path, name):
         np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
 
 
-def test_f32_matmul_in_wasm_matches_numpy(tmp_path):
-    """compiler/cpu_gemm.py's kernel in wasm32 (4 lanes, tiles of 4 rows x 2 columns)."""
-    N, K, adds = 42, 48, ("bias", "residual")
-    assert "f32_matmul" in schedule(te_f32_matmul(N, K, adds=adds), wasm_target()).script()
-    data, _ = build_wasm_libraries({"mm": te_f32_matmul(N, K, adds=adds)})["wasm"]
+@pytest.mark.parametrize("wide", [False, True])
+def test_f32_matmul_in_wasm_matches_numpy(tmp_path, wide):
+    """compiler/cpu_gemm.py's kernels in wasm32 (4 lanes: tiles of 4 rows x 2 columns, or 4
+    rows in lanes x 8 columns)."""
+    from wick.compiler.cpu_schedules import WIDE_BATCHES
+
+    N, K, adds = 40, 48, ("bias", "residual")
+    func = te_f32_matmul(N, K, adds=adds)
+    if wide:
+        func = func.with_attr(WIDE_BATCHES, True)
+    text = schedule(func, wasm_target()).script()
+    assert "f32_matmul" in text and ("f32_matmul_rows" in text) == wide
+    data, _ = build_wasm_libraries({"mm": func})["wasm"]
     wasm = tmp_path / "f32.wasm"
     wasm.write_bytes(data)
     rng = np.random.default_rng(5)

@@ -41,6 +41,11 @@ def test_models_list_and_retrieve(client, names, tiny_a, tiny_b):
     page = client.models.list()
     assert [m.id for m in page.data] == expected == names
     assert all(m.object == "model" and m.owned_by == "wick" for m in page.data)
+    # wick's fields: tiny models have no sampling defaults, so a chat UI sends Ollama's
+    from wick.engine.sampling_defaults import INTERACTIVE
+
+    assert all(m.task == "generate" and m.sampling_defaults is None
+               and m.chat_sampling == INTERACTIVE for m in page.data)
     assert client.models.retrieve(names[1]).id == names[1]
     with pytest.raises(openai.NotFoundError) as e:
         client.models.retrieve("no-such-model")

@@ -261,7 +261,9 @@ def test_chat_session(artifact, wick_env):
     no_traceback(result)
     out = result.stdout
     lines = out.splitlines()
-    assert re.fullmatch(r"wick chat: .+ \(q0f32\) on .+", lines[0])
+    assert re.fullmatch(r"wick chat: .+ \(q0f32\) on .+; sampling defaults: temperature 0.8, "
+                        r"top_p 0.9, top_k 40, repetition_penalty 1.1 \(interactive: the model "
+                        r"gives none\)", lines[0])
     assert "/help" in lines[1]
     if "llvmpipe" in lines[0]:  # a software adapter is named as such, once
         assert result.stderr.count("is a software GPU") == 1
