@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from npm_packages import npm_package  # (bench/: the script's directory is on sys.path)
+from npm_packages import isolated_static, npm_package  # (bench/: the script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 WLLAMA = "@wllama/wllama@3.13.0"
@@ -113,14 +113,13 @@ def bench_browser(artifact: Path, model: str, gguf: Path, prompt: str, tokens: i
     from wick.server.artifact_host import ArtifactHost
     from wick.server.serve import ServerThread
 
-    from fastapi.staticfiles import StaticFiles
     from starlette.routing import Mount
 
     host = ArtifactHost()
     host.add(artifact)
     app = create_app(ModelPool(state="ready"), artifacts=host)
     # wllama and the GGUF, before the app's own routes (which answer any other path)
-    app.router.routes.insert(0, Mount("/__bench__", StaticFiles(directory=bench_files(gguf), follow_symlink=True)))
+    app.router.routes.insert(0, Mount("/__bench__", isolated_static(bench_files(gguf))))
     live = ServerThread(app)
     html = "<!doctype html><meta charset=utf-8><title>wick cpu bench</title>"
     try:

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from npm_packages import npm_package  # (bench/: the script's directory is on sys.path)
+from npm_packages import isolated_static, npm_package  # (bench/: the script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -164,7 +164,7 @@ WICK_RUN = """async ([model, quantization, sizes, texts, probe]) => {
   const vectors = (await engine.embeddings.create({input: probe})).data.map((d) => d.embedding);
   const threads = engine.info.threads;
   await engine.unload();
-  return {rates, vectors, threads};
+  return {rates, vectors, threads, isolated: crossOriginIsolated};
 }"""
 
 TJS_RUN = """async ([sizes, texts, probe, threads]) => {
@@ -196,7 +196,6 @@ TJS_RUN = """async ([sizes, texts, probe, threads]) => {
 
 
 def bench_browser(path: Path, artifact: Path) -> dict:
-    from fastapi.staticfiles import StaticFiles
     from playwright.sync_api import sync_playwright
     from starlette.routing import Mount
 
@@ -216,8 +215,7 @@ def bench_browser(path: Path, artifact: Path) -> dict:
     host = ArtifactHost()
     host.add(artifact)
     app = create_app(ModelPool(state="ready"), artifacts=host)
-    app.router.routes.insert(0, Mount("/__bench__", StaticFiles(directory=str(served),
-                                                               follow_symlink=True)))
+    app.router.routes.insert(0, Mount("/__bench__", isolated_static(str(served))))
     live = ServerThread(app)
     html = "<!doctype html><meta charset=utf-8><title>wick embeddings bench</title>"
     texts, probe = sentences(max(SIZES)), sentences(8, seed=1)

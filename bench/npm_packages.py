@@ -24,3 +24,24 @@ def npm_package(spec: str, name: str) -> Path:
         with tarfile.open(cache / done.stdout.strip().splitlines()[-1]) as tar:
             tar.extractall(cache, filter="data")
     return pkg
+
+
+def isolated_static(directory: str):
+    """A Starlette app serving ``directory`` as a cross-origin isolated page may use it:
+    COEP on every file (a dedicated worker's script needs it: onnxruntime-web's threaded
+    worker is refused without) and CORP same-origin."""
+    from fastapi.staticfiles import StaticFiles
+
+    files = StaticFiles(directory=directory, follow_symlink=True)
+    extra = [(b"cross-origin-embedder-policy", b"require-corp"),
+             (b"cross-origin-resource-policy", b"same-origin")]
+
+    async def app(scope, receive, send):
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await files(scope, receive, send_with_headers)
+
+    return app
