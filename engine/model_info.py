@@ -12,6 +12,7 @@ from typing import Any
 
 from .artifact import MANIFEST_NAME
 from .errors import ArtifactError
+from .sampling_defaults import read_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,9 @@ class ModelInfo:
     # it pools, its size, its longest input and the special tokens around one)
     task: str = "generate"
     embedding: dict[str, Any] | None = None
+    # what a request that leaves sampling fields unset gets ({"values", "source"}: the
+    # checkpoint's generation_config.json or the registry's model card; engine/sampling_defaults)
+    sampling_defaults: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_window", "page_size", "prefill_chunk_size",
@@ -69,6 +73,14 @@ class ModelInfo:
             if not ok:
                 raise ArtifactError("model.embedding must give dimensions, max_input_tokens, "
                                     "prefix_ids and suffix_ids", path=MANIFEST_NAME)
+        d = self.sampling_defaults
+        if d is not None and not (isinstance(d, dict) and isinstance(d.get("values"), dict)
+                                  and isinstance(d.get("source"), str)):
+            raise ArtifactError("model.sampling_defaults must be null or {values, source}",
+                                path=MANIFEST_NAME)
+        if d is not None:  # (only values a request could give)
+            object.__setattr__(self, "sampling_defaults",
+                               {"values": read_values(d["values"]), "source": d["source"]})
         if self.add_bos_token and self.bos_token_id is None:
             raise ArtifactError("model.add_bos_token is true but model.bos_token_id is null",
                                 path=MANIFEST_NAME)
@@ -102,6 +114,7 @@ class ModelInfo:
             kv_window_pool=model.get("kv_window_pool"),
             task=model.get("task", "generate"),
             embedding=model.get("embedding"),
+            sampling_defaults=model.get("sampling_defaults"),
         )
 
 

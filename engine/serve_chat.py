@@ -27,6 +27,7 @@ from .protocol import (
     CompletionUsage,
 )
 from .reasoning import reasoning_tags
+from .sampling_defaults import fill
 from .serve_generate import GenerationEndpoint, Prepared
 from .tools import fallback_system_prompt, history_as_text, template_knows_tools
 
@@ -56,7 +57,7 @@ class ChatEndpoint(GenerationEndpoint):
     def prepare(self, kwargs: dict[str, Any]) -> Prepared:
         self.check_size(kwargs)
         self.refuse_embedding_model()
-        req = ChatCompletionRequest.from_dict(kwargs)
+        req = ChatCompletionRequest.from_dict(fill(kwargs, self.core.info.sampling_defaults))
         self.check_model(req.model)
         calls = req.tools if req.tools and req.tool_choice != "none" else []
         self.core.grammar_limits.check_request(req.response_format, calls)  # before the template

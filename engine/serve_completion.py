@@ -13,6 +13,7 @@ from .endpoint import Submitted
 from .errors import ContextLengthExceededError
 from .protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from .protocol import CompletionUsage
+from .sampling_defaults import fill
 from .serve_generate import Generation, GenerationEndpoint, Prepared
 
 
@@ -31,7 +32,7 @@ class CompletionEndpoint(GenerationEndpoint):
     def prepare(self, kwargs: dict[str, Any]) -> Prepared:
         self.check_size(kwargs)
         self.refuse_embedding_model()
-        req = CompletionRequest.from_dict(kwargs)
+        req = CompletionRequest.from_dict(fill(kwargs, self.core.info.sampling_defaults))
         self.check_model(req.model)
         self.core.grammar_limits.check_request(req.response_format, [])
         prompt = req.prompt

@@ -50,6 +50,7 @@ from starlette.middleware.cors import CORSMiddleware
 from ..engine import AsyncEngineAPI
 from ..engine.errors import InvalidRequestError, ModelNotFoundError, WickError
 from ..engine.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
+from ..engine.sampling_defaults import chat_values
 from .artifact_host import (
     ArtifactHost,
     RangeNotSatisfiable,
@@ -346,7 +347,12 @@ def create_app(
         return await token_route(request, "detokenize")
 
     def model_object(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": pool.created, "owned_by": "wick"}
+        info = pool.engines[name].core.info
+        # (wick's fields beside OpenAI's: the task, and the sampling a request leaving its
+        # fields unset gets and an interactive chat should send; engine/sampling_defaults.py)
+        return {"id": name, "object": "model", "created": pool.created, "owned_by": "wick",
+                "task": info.task, "sampling_defaults": info.sampling_defaults,
+                "chat_sampling": chat_values(info.sampling_defaults)}
 
     @app.get("/v1/models", dependencies=v1, operation_id="listModels",
              responses={k: v for k, v in extra["errors"].items() if k == "401"})
@@ -372,7 +378,9 @@ def create_app(
                                   "kv_pages": e.core.kv.num_pages,
                                   "kv_pages_free": e.core.kv.free_pages,
                                   "kv_pages_cached": e.core.kv.cached_pages,
-                                  "speculation": e.core.stats.speculation()}
+                                  "speculation": e.core.stats.speculation(),
+                                  # what a request leaving sampling fields unset gets, and why
+                                  "sampling_defaults": e.core.info.sampling_defaults}
                            for name, e in pool.engines.items()}
         if pool.loading:
             body["loading"] = pool.loading

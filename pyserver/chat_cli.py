@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from ..engine.errors import ContextLengthExceededError, InvalidRequestError, WickError
 from ..engine.protocol import SamplingFields
+from ..engine.sampling_defaults import INTERACTIVE, chat_values, describe
 
 _DIM, _PLAIN = "\x1b[2m", "\x1b[0m"  # a terminal's dim text (reasoning), and back
 
@@ -87,6 +88,24 @@ class ChatSession:
         self.reset()
 
     @property
+    def fallback(self) -> dict[str, Any]:
+        """What a turn sends for the fields ``/set`` left unset: nothing where the model has
+        sampling defaults of its own (the engine applies them), else Ollama's interactive
+        ones (OpenAI's temperature 1 makes small models ramble)."""
+        return chat_values(self.engine.core.info.sampling_defaults)
+
+    @property
+    def turn_sampling(self) -> dict[str, Any]:
+        return {**self.fallback, **self.sampling}
+
+    def defaults_text(self) -> str:
+        own = self.engine.core.info.sampling_defaults
+        if own:
+            return f"sampling defaults: {describe(own)}"
+        return ("sampling defaults: " + ", ".join(f"{k} {v:g}" for k, v in INTERACTIVE.items())
+                + " (interactive: the model gives none)")
+
+    @property
     def completion_mode(self) -> bool:
         """A base model (no chat template): each line extends a text the model continues."""
         return self.engine.core.info.chat_template is None
@@ -140,10 +159,10 @@ class ChatSession:
         try:
             if self.completion_mode:
                 stream = self.engine.completions.create(prompt=prompt, stream=True,
-                                                        **self.sampling)
+                                                        **self.turn_sampling)
             else:
                 stream = self.engine.chat.completions.create(
-                    messages=self.messages, stream=True, **self.sampling)
+                    messages=self.messages, stream=True, **self.turn_sampling)
             seen = None  # core.stats.num_steps at the previous chunk; None until the first token
             for chunk in stream:
                 if not chunk.choices:
@@ -201,8 +220,8 @@ class ChatSession:
     def stats_text(self) -> str:
         last = self.engine.core.stats.last_request
         if last is None:
-            return "no finished reply yet"
-        lines = [
+            return f"no finished reply yet; {self.defaults_text()}"
+        lines = [self.defaults_text(),
             f"prefill: {last.prefill_tokens_per_s:.1f} tok/s ({last.prompt_tokens} tokens, "
             f"{last.cached_tokens} cached, {last.prefill_s * 1e3:.1f} ms)",
             f"decode:  {last.decode_tokens_per_s:.1f} tok/s ({last.completion_tokens} tokens, "

@@ -162,7 +162,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if hasattr(sys.stdout, "reconfigure"):  # a model may emit text the terminal cannot encode
         sys.stdout.reconfigure(errors="replace")
     info = engine.core.info
-    print(f"wick chat: {info.model_id} ({info.quantization}) on {engine.device_name}")
+    print(f"wick chat: {info.model_id} ({info.quantization}) on {engine.device_name}; "
+          f"{session.defaults_text()}")
     if engine.software_notice:
         print(f"note: {engine.software_notice}", file=sys.stderr)
     if session.completion_mode:
@@ -303,7 +304,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     from ..compiler.paths import sources_dir
     from ..compiler.sources import builtin_models
 
-    rows = [("NAME", "FAMILY", "PARAMS", "KIND", "DEFAULT", "DOWNLOAD", "LICENSE")]
+    from ..engine.sampling_defaults import read_values
+
+    rows = [("NAME", "FAMILY", "PARAMS", "KIND", "DEFAULT", "DOWNLOAD", "LICENSE", "SAMPLING")]
     for name, entry in sorted(builtin_models().items()):
         here = (sources_dir() / name / ("config.json" if "dir" in entry
                                         else Path(entry["file"]).name)).is_file()
@@ -311,7 +314,10 @@ def cmd_models(args: argparse.Namespace) -> int:
         rows.append((name, entry.get("family", "?"), entry.get("params", "?"), kind,
                      entry.get("default_quantization", DEFAULT_QUANTIZATION),
                      "downloaded" if here else f"{entry.get('download_mb', '?')} MB",
-                     entry.get("license", "?")))
+                     entry.get("license", "?"),
+                     # (an HF directory's generation_config.json, read at compile, may add more)
+                     " ".join(f"{k}={v:g}" for k, v in read_values(entry.get("sampling")).items())
+                     + " (model card)" if entry.get("sampling") else "-"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())

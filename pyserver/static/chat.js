@@ -13,6 +13,9 @@ let controller = null;
 let wick = null; // the /static/wick.js module, once imported
 let browserEngine = null; // {key, engine}
 let f16 = false;
+// per served model, what a chat sends for the sampling fields left unset (/v1/models'
+// chat_sampling: the model's own defaults apply, or interactive ones where it has none)
+const serverChatSampling = new Map();
 
 const mode = () => $("engine").value;
 
@@ -117,14 +120,16 @@ async function browserEngineFor(key) {
 
 async function* browserChunks(body, signal) {
   const engine = await browserEngineFor($("model").value);
-  yield* await engine.chat.completions.create({ ...body, model: undefined }, { signal });
+  yield* await engine.chat.completions.create({ ...engine.info.chatSampling, ...body, model: undefined },
+    { signal });
 }
 
 async function* serverChunks(body, signal) {
   if (!$("model").value) throw new Error("No model is loaded on the server yet (see /health); try again shortly.");
   const res = await fetch("/v1/chat/completions", {
     method: "POST", headers: headers(), signal,
-    body: JSON.stringify({ ...body, model: $("model").value || undefined }),
+    body: JSON.stringify({ ...serverChatSampling.get($("model").value), ...body,
+      model: $("model").value || undefined }),
   });
   if (!res.ok) throw new Error(await errorText(res));
   yield* events(res.body);
@@ -135,11 +140,14 @@ async function loadServerModels() {
   const res = await fetch("/v1/models", { headers: headers() });
   if (res.status === 401) { askForKey(); return; }
   if (!res.ok) { $("status").textContent = await errorText(res); return; }
-  const { data } = await res.json();
+  const { data: all } = await res.json();
+  const data = all.filter((m) => (m.task ?? "generate") === "generate"); // (not embedding models)
+  for (const m of data) serverChatSampling.set(m.id, m.chat_sampling ?? {});
   $("model").replaceChildren(...data.map((m) => new Option(m.id, m.id)));
-  $("status").textContent = data.length ? "" : "The server is still loading its models…";
+  $("status").textContent = data.length ? "" : all.length ? "This server serves no chat model."
+    : "The server is still loading its models…";
   // (asked again until one is there: a server starts answering before its models are loaded)
-  if (!data.length) preparingTimer = setTimeout(() => mode() === "server" && loadModels(), 2000);
+  if (!all.length) preparingTimer = setTimeout(() => mode() === "server" && loadModels(), 2000);
 }
 
 // Yields the parsed JSON of each `data:` event until `data: [DONE]`.
@@ -180,7 +188,9 @@ async function send(text) {
     await ready;
     const body = {
       messages: history, stream: true, stream_options: { include_usage: true },
-      temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value) || undefined,
+      max_tokens: Number($("max-tokens").value) || undefined,
+      // (empty: the model's default, see serverChatSampling)
+      ...($("temperature").value === "" ? {} : { temperature: Number($("temperature").value) }),
     };
     const chunks = mode() === "browser" ? browserChunks(body, controller.signal) : serverChunks(body, controller.signal);
     for await (const chunk of chunks) {

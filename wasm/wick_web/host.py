@@ -21,6 +21,7 @@ from wick.engine.assembly import assemble_core, no_grammar
 from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickError
 from wick.engine.embeddings import EmbeddingRequest
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
+from wick.engine.sampling_defaults import chat_values
 from wick.engine.speculative import SpeculativeConfig
 
 from .backend import WasmBackend, WebGPUBackend
@@ -61,6 +62,10 @@ class Host:
         native engine's ``stats`` has the same two numbers for the same requests)."""
         stats = self.api.core.stats
         return json.dumps({"masks": stats.grammar_masks, "digest": stats.grammar_mask_digest})
+
+    def chat_sampling_json(self) -> str:
+        """What an interactive chat sends for unset sampling fields (engine/sampling_defaults)."""
+        return json.dumps(chat_values(self.api.core.info.sampling_defaults))
 
     def info_json(self) -> str:
         """The model, the device and host-side step timings: the last step's and the sums over

@@ -303,7 +303,8 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
   progress({ stage: "ready", loaded: 1, total: 1, text: "ready" });
   return { model: manifest.model_id, quantization: manifest.quantization, artifactId: entry.id,
     backend: wasm ? "wasm" : "webgpu", device: exe.name, threads: wasm ? exe.threads : 0,
-    features: exe.features, ...stats, attached: false };
+    features: exe.features, samplingDefaults: manifest.model.sampling_defaults ?? null,
+    chatSampling: JSON.parse(host.chat_sampling_json()), ...stats, attached: false };
 }
 
 /** An exception out of Python is a bug (the host returns its errors as payloads): its last

@@ -36,6 +36,10 @@ export interface EngineInfo {
   resumedRequests: number; // Range requests that continued a cut-off download
   cacheError: ErrorPayload | null; // the cache could not keep the files, e.g. its quota is exceeded
   attached: boolean; // joined an engine another client had loaded (shared / extension): no downloads
+  // what a request leaving sampling fields unset gets (the checkpoint's generation_config.json
+  // or the built-in registry's model card), and what an interactive chat should send for them
+  samplingDefaults: { values: Record<string, number>; source: string } | null;
+  chatSampling: Record<string, number>;
 }
 
 export type ToWorker =
