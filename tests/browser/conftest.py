@@ -128,6 +128,20 @@ class Page:
         return self.page.evaluate(script, arg)
 
 
+def chat_page_reply(artifact, messages: list, max_tokens: int = 8) -> str:
+    """The native engine's reply to what the chat page sends at temperature 0: its
+    ``chat_sampling`` for the fields the page leaves unset (Ollama's interactive defaults for a
+    model that has none of its own: engine/sampling_defaults.py)."""
+    from wick.engine.sampling_defaults import chat_values
+    from wick.server.local import Engine
+
+    engine = Engine(str(artifact))
+    sampling = {**chat_values(engine.core.info.sampling_defaults), "temperature": 0,
+                "max_tokens": max_tokens}
+    return engine.chat.completions.create(messages=messages, **sampling
+                                          ).choices[0].message.content
+
+
 def open_chat_page(ctx, url: str):
     """The chat page of the server at ``url`` in a new page of ``ctx``, and the list that
     collects its console errors, page errors and failed (>= 400) responses."""

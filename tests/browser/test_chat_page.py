@@ -10,7 +10,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page, open_chat_page
+from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page, chat_page_reply, open_chat_page
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +30,8 @@ def ask(page, text: str) -> None:
 
 
 def test_chat_page_browser_engine_screenshot(browser, web_server, tiny_artifact, tmp_path):
-    from wick.server.local import Engine
-
     messages = [{"role": "user", "content": "hi wick"}]
-    want = Engine(str(tiny_artifact)).chat.completions.create(
-        messages=messages, max_tokens=8, temperature=0).choices[0].message.content
+    want = chat_page_reply(tiny_artifact, messages)
     ctx = browser.new_context(viewport={"width": 900, "height": 600})
     try:
         page, errors = open_chat_page(ctx, web_server.url)
@@ -62,11 +59,8 @@ def test_chat_page_browser_engine_screenshot(browser, web_server, tiny_artifact,
 def test_chat_page_works_without_webgpu(playwright, web_server, tiny_artifact):
     """Chromium without --enable-unsafe-webgpu has no adapter here: the page's browser engine
     runs the WebAssembly kernels and answers with the native engine's text."""
-    from wick.server.local import Engine
-
     messages = [{"role": "user", "content": "hi wasm"}]
-    want = Engine(str(tiny_artifact)).chat.completions.create(
-        messages=messages, max_tokens=8, temperature=0).choices[0].message.content
+    want = chat_page_reply(tiny_artifact, messages)
     args = [a for a in CHROMIUM_ARGS if a != "--enable-unsafe-webgpu"]
     b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
     try:
@@ -89,12 +83,11 @@ def test_chat_page_switches_to_the_server_engine(browser, web_bundle, tiny_artif
     """Switched to "server", the page streams the same answer from /v1/chat/completions, also
     for a message sent before the page knows the server's models."""
     from wick.server.app import ModelPool, create_app
-    from wick.server.local import AsyncEngine, Engine
+    from wick.server.local import AsyncEngine
     from wick.server.serve import ServerThread
 
     messages = [{"role": "user", "content": "hi server"}]
-    want = Engine(str(tiny_artifact)).chat.completions.create(
-        messages=messages, max_tokens=8, temperature=0).choices[0].message.content
+    want = chat_page_reply(tiny_artifact, messages)
     live = ServerThread(create_app(ModelPool.of(AsyncEngine(str(tiny_artifact)))))
     ctx = browser.new_context()
     try:

@@ -14,14 +14,13 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import ROOT, Page, open_chat_page
+from .conftest import ROOT, Page, chat_page_reply, open_chat_page
 
 pytestmark = pytest.mark.slow
 
 
 def test_chat_page_of_an_f16_server_works_without_shader_f16(browser, web_bundle,
                                                              tiny_f16_artifact):
-    from wick.server.local import Engine
     from wick.server.serve import ServerThread, serving_app
 
     app = serving_app([str(tiny_f16_artifact)])
@@ -43,9 +42,7 @@ def test_chat_page_of_an_f16_server_works_without_shader_f16(browser, web_bundle
         got = page.eval_on_selector(".msg.assistant", "e => e.textContent")
         (twin,) = [m for m in app.state.artifacts.artifacts() if m["quantization"] == "q4f32_1"]
         twin_dir = app.state.artifacts.artifact_dir(twin["id"])
-        want = Engine(str(twin_dir)).chat.completions.create(
-            messages=[{"role": "user", "content": "hi wick"}], max_tokens=8,
-            temperature=0).choices[0].message.content
+        want = chat_page_reply(twin_dir, [{"role": "user", "content": "hi wick"}])
         assert got == want
         assert page.locator(".msg.error").count() == 0
         out = ROOT / "build" / "browser"
