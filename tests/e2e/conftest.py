@@ -55,3 +55,13 @@ def smollm2_core(compiled, backend):  # backend: only its storage limit
         return cores[quant]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_cpu_core(compiled):
+    """SmolLM2 q0f32 on the CPU kernel set, 128 KV pages: for tests of the engine's logic on a
+    real model (the WGSL kernels' SmolLM2 tests are smollm2_core's); take a sibling_core of it
+    to change core options."""
+    from wick.native.cpu_backend import CpuBackend
+
+    return make_core(compiled(SMOLLM2, "q0f32"), CpuBackend.create(), num_pages=128)

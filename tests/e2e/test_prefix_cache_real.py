@@ -1,7 +1,7 @@
-"""The prefix cache on the real kernels (lavapipe): a hit's pages hold what the kernels wrote
-before, so greedy tokens with the cache on equal tokens with it off and transformers' —
-for a chat's next turn, a shared system prompt that ends inside a page, and n > 1 choices —
-and ``cached_tokens`` is exact."""
+"""The prefix cache on real kernels (the tiny models on lavapipe's WGSL, SmolLM2 on the CPU
+kernel set): a hit's pages hold what the kernels wrote before, so greedy tokens with the cache
+on equal tokens with it off and transformers' — for a chat's next turn, a shared system prompt
+that ends inside a page, and n > 1 choices — and ``cached_tokens`` is exact."""
 
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def test_tiny_n_choices_share_the_prompt_and_equal_cache_off(cores):
 
 
 @pytest.mark.slow
-def test_smollm2_chat_turn_two_reuses_turn_one_as_transformers(smollm2_core, smollm2_hf):
-    core = sibling_core(smollm2_core("q0f32"), prefix_cache=True)
+def test_smollm2_chat_turn_two_reuses_turn_one_as_transformers(smollm2_cpu_core, smollm2_hf):
+    core = sibling_core(smollm2_cpu_core, prefix_cache=True)
     api = EngineAPI(core)
     turn1 = [{"role": "system", "content": "You are a geography teacher. Be brief."},
              {"role": "user", "content": "What is the capital of France?"}]
@@ -103,11 +103,11 @@ def test_smollm2_chat_turn_two_reuses_turn_one_as_transformers(smollm2_core, smo
 
 
 @pytest.mark.slow
-def test_smollm2_shared_system_prompt_and_n_choices_equal_cache_off(smollm2_core):
+def test_smollm2_shared_system_prompt_and_n_choices_equal_cache_off(smollm2_cpu_core):
     """Two questions under one system prompt: the second reads the pages they share (the
     share ends inside a page: that page is computed again); n=2 then shares its whole prompt.
     Greedy tokens equal a cache-off core's."""
-    on = sibling_core(smollm2_core("q0f32"), prefix_cache=True)
+    on = sibling_core(smollm2_cpu_core, prefix_cache=True)
     system = {"role": "system", "content": "You are a geography teacher. Answer in one word."}
     ids = [on.chat_prompt_ids([system, {"role": "user", "content": q}])
            for q in ("Capital of Spain?",
@@ -132,6 +132,6 @@ def test_smollm2_shared_system_prompt_and_n_choices_equal_cache_off(smollm2_core
     second = [s.num_tokens for s in rec.steps[len(first):]]
     assert second[0] == len(ids[1]) - shared
     assert sum(second) == (len(ids[1]) - shared) + (len(ids[1]) - whole) + 2 * (3 - 1)
-    off = sibling_core(smollm2_core("q0f32"), prefix_cache=False)
+    off = sibling_core(smollm2_cpu_core, prefix_cache=False)
     assert outs[0] == outs[1] == run_core(off, [ids[1]], greedy(3))[0]
     assert first == run_core(off, [ids[0]], greedy(3))[0]

