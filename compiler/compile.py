@@ -53,14 +53,16 @@ def compiler_digest() -> str:
     """Hash of the compiler's own source: artifacts are rebuilt whenever the compiler changes."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    # (and what reaches the manifest from elsewhere: the registry's model cards, the sampling
-    # keys a request takes)
-    extra = [here / "wasm_runtime.c", here / "registry.json",
-             here.parent / "engine" / "artifact.py",
+    # (and what reaches the manifest from elsewhere: the sampling keys a request takes, and the
+    # registry's model cards only: another pin or size there rebuilds nothing)
+    extra = [here / "wasm_runtime.c", here.parent / "engine" / "artifact.py",
              here.parent / "engine" / "sampling_defaults.py"]
     for path in sorted(here.rglob("*.py")) + extra:
         if path.is_file():
             digest.update(path.read_bytes())
+    cards = json.loads((here / "registry.json").read_text(encoding="utf-8"))
+    digest.update(json.dumps({name: entry.get("sampling") for name, entry in cards.items()},
+                             sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 

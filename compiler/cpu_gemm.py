@@ -59,11 +59,13 @@ def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
         return None
     kinds = []
     for r in rest[:-1]:
+        static = [isinstance(d, tirx.IntImm) for d in r.shape]
         if str(r.dtype) != "float32":
             return None
-        if len(r.shape) == 1 and int(r.shape[0]) == N:
+        if len(r.shape) == 1 and static[0] and int(r.shape[0]) == N:
             kinds.append("bias")
-        elif len(r.shape) == 2 and int(r.shape[1]) == N:
+        elif len(r.shape) == 2 and static[1] and int(r.shape[1]) == N and (
+                r.shape[0].same_as(x.shape[0])):  # (a residual has x's rows)
             kinds.append("residual")
         else:
             return None
@@ -83,6 +85,7 @@ def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
     shape = WASM if wasm else NATIVE
     L, R = shape["lanes"], shape["rows"]
     C = next(c for c in (shape["cols"], 2, 1) if N % c == 0)
+    assert R in (1, 2, 4, 8), R  # (the remainder below takes four halving tile sizes)
     TILES = (R, R // 2, R // 4, R // 8)
     TILES = tuple(t or 1 for t in TILES)
     if K % L:

@@ -22,8 +22,9 @@ _RANGES = {"temperature": (0.0, 2.0), "top_p": (1e-9, 1.0), "top_k": (0, 1 << 20
 
 def read_values(config: Any) -> dict[str, float | int]:
     """The sampling values of a ``generation_config.json`` (or a registry entry's
-    ``sampling``): the known keys with values a request could give, others left out. A
-    ``generation_config.json`` with ``do_sample: false`` asks for greedy decoding."""
+    ``sampling``): the known keys with values a request could give, others left out.
+    ``do_sample`` is ignored, as vLLM ignores it: a base checkpoint's ``do_sample: false`` (a
+    transformers default) would otherwise make every request greedy."""
     if not isinstance(config, dict):
         return {}
     out: dict[str, float | int] = {}
@@ -34,8 +35,6 @@ def read_values(config: Any) -> dict[str, float | int]:
         low, high = _RANGES[key]
         if low <= value <= high:
             out[key] = int(value) if key == "top_k" else float(value)
-    if config.get("do_sample") is False:
-        out = {"temperature": 0.0}
     return out
 
 

@@ -21,7 +21,7 @@ def test_values_are_the_sampling_keys_a_request_could_give():
     assert read_values(QWEN_LIKE) == {"temperature": 0.7, "top_p": 0.8, "top_k": 20,
                                       "repetition_penalty": 1.05}
     assert read_values({"temperature": 7, "top_p": 0, "top_k": True, "min_p": "x"}) == {}
-    assert read_values({"do_sample": False, "temperature": 0.6}) == {"temperature": 0.0}
+    assert read_values({"do_sample": False, "temperature": 0.6}) == {"temperature": 0.6}
     assert read_values(None) == {} and read_values([1]) == {}
 
 
