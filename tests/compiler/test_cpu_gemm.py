@@ -69,9 +69,14 @@ def test_it_takes_over_the_float32_matmul_of_plain_weights_only():
     assert match_f32_matmul(te_matmul(64, 96)) is None  # q4: cpu_gemv's
 
 
+# every add combination on one shape; the other shapes (column tiles of 2 and 1, a long K)
+# with both adds (each build costs ~0.5 s of CI)
+CASES = [(48, 64, adds) for adds in ADDS] + [(N, K, ("bias", "residual"))
+                                             for N, K in ((200, 320), (42, 32), (45, 48))]
+
+
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("adds", ADDS)
-@pytest.mark.parametrize("N,K", [(48, 64), (200, 320), (42, 32), (45, 48)])
+@pytest.mark.parametrize("N,K,adds", CASES)
 def test_matches_numpy(N, K, adds, kind):
     """N in tiles of 16/8/4 columns, of 2 (42) and of 1 (45); batches of one row, of a partial
     tile, and across row blocks."""
