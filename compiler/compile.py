@@ -218,7 +218,7 @@ def _sampling_section(model: str, hf: dict) -> dict | None:
     if hf.get("generation_sampling"):
         return section(hf["generation_sampling"], "generation_config.json")
     entry = builtin_models().get(model) or {}
-    return section(read_values(entry.get("sampling")), "model card (wick's registry)")
+    return section(read_values(entry.get("sampling")), "model card, wick's registry")
 
 
 def _embedding_section(module, cfg, hf: dict, tokenizer_json: str,

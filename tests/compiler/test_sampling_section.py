@@ -32,5 +32,5 @@ def test_a_gguf_builtin_gets_its_model_card():
     card = builtin_models()["smollm2-135m-instruct"]["sampling"]
     assert card == {"temperature": 0.2, "top_p": 0.9}  # (SmolLM2-Instruct's model card)
     assert _sampling_section("smollm2-135m-instruct", {}) == {
-        "values": card, "source": "model card (wick's registry)"}
+        "values": card, "source": "model card, wick's registry"}
     assert _sampling_section("/some/file.gguf", {}) is None
