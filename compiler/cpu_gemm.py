@@ -74,6 +74,20 @@ def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
     return {"N": N, "K": K, "adds": tuple(kinds)}
 
 
+@T.macro(hygienic=False)
+def store(out, i, j, value, bias, res, BIAS, RESIDUAL):
+    """``out[i, j]`` = an output's sum, then the adds in the TE function's order (bias, then
+    residual; Python constants: one branch is built)."""
+    if BIAS and RESIDUAL:
+        out[i, j] = (value + bias[j]) + res[i, j]
+    elif BIAS:
+        out[i, j] = value + bias[j]
+    elif RESIDUAL:
+        out[i, j] = value + res[i, j]
+    else:
+        out[i, j] = value
+
+
 @functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes)
 def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
                          wasm: bool = False) -> tirx.PrimFunc:
@@ -124,16 +138,8 @@ def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
                         acc[r, c, h] = acc[r, c, h] + acc[r, c, h + 4]
                 for h in T.vectorized(2):
                     acc[r, c, h] = acc[r, c, h] + acc[r, c, h + 2]
-                if BIAS and RESIDUAL:
-                    out[row0 + r, j0 + c] = ((acc[r, c, 0] + acc[r, c, 1]) + bias[j0 + c]
-                                             + res[row0 + r, j0 + c])
-                elif BIAS:
-                    out[row0 + r, j0 + c] = (acc[r, c, 0] + acc[r, c, 1]) + bias[j0 + c]
-                elif RESIDUAL:
-                    out[row0 + r, j0 + c] = (acc[r, c, 0] + acc[r, c, 1]) + res[row0 + r,
-                                                                                  j0 + c]
-                else:
-                    out[row0 + r, j0 + c] = acc[r, c, 0] + acc[r, c, 1]
+                store(out, row0 + r, j0 + c, acc[r, c, 0] + acc[r, c, 1], bias, res, BIAS,
+                      RESIDUAL)
 
     @T.prim_func(s_tir=True)
     def f32_matmul(var_x: T.handle, var_w: T.handle, var_bias: T.handle, var_r: T.handle,
@@ -203,15 +209,7 @@ def f32_matmul_rows_in_lanes(N: int, K: int, adds: tuple[str, ...] = (),
         for lane in range(L):
             if t * L + lane < b:
                 for c in range(C):
-                    if BIAS and RESIDUAL:  # (Python constants: one branch is built)
-                        out[t * L + lane, j0 + c] = ((acc[c, lane] + bias[j0 + c])
-                                                     + res[t * L + lane, j0 + c])
-                    elif BIAS:
-                        out[t * L + lane, j0 + c] = acc[c, lane] + bias[j0 + c]
-                    elif RESIDUAL:
-                        out[t * L + lane, j0 + c] = acc[c, lane] + res[t * L + lane, j0 + c]
-                    else:
-                        out[t * L + lane, j0 + c] = acc[c, lane]
+                    store(out, t * L + lane, j0 + c, acc[c, lane], bias, res, BIAS, RESIDUAL)
 
     @T.prim_func(s_tir=True)
     def f32_matmul_rows(var_x: T.handle, var_w: T.handle, var_bias: T.handle,
