@@ -8,6 +8,7 @@ compiler version): asking for the same thing twice returns the existing artifact
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ import numpy as np
 
 from .. import __version__ as WICK_VERSION
 from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
+from ..engine.errors import InvalidRequestError
 from . import paths
 from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
 from .cpu_kernels import build_cpu_library
@@ -425,6 +427,23 @@ def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict
     }
 
 
+def _fetched_from_hub(model: str):
+    """``model``'s files when it is an ``hf://`` URI or a built-in name whose registry entry
+    names one (``"hf"``), downloaded or found in the cache; else None. A repo holding a
+    compiled artifact is not compiled again."""
+    from .hub import fetch, is_hub_uri
+    from .sources import builtin_models
+
+    uri = model if is_hub_uri(model) else builtin_models().get(model, {}).get("hf")
+    if uri is None:
+        return None
+    fetched = fetch(uri)
+    if fetched.kind == "artifact":
+        raise InvalidRequestError(f"{model} holds a compiled wick artifact: `wick serve {model}` "
+                                  "or `wick chat` runs it as it is", param="model")
+    return fetched
+
+
 def compile_model(
     model: str,
     quantization: str | None,
@@ -445,6 +464,9 @@ def compile_model(
     from .sources import builtin_models, reading, resolve_source
 
     report = progress or (lambda stage, done, total: None)
+    fetched = _fetched_from_hub(model)
+    if fetched is not None:
+        model = str(fetched.path)  # (its snapshot in huggingface_hub's cache, from now on)
     family = family_of(model)  # (config or metadata only: read once)
     quant = get_quantization(quantization or default_quantization(model, family))
     _refuse_f16_overflow(family, quant)  # before any download or hashing
@@ -453,6 +475,8 @@ def compile_model(
         sweep_stale_builds(Path(output).parent)
     report("resolve source", 0, 1)
     source = resolve_source(model, progress=progress)
+    if fetched is not None:  # named by its repo, not by its snapshot's commit directory
+        source = dataclasses.replace(source, name=fetched.repo_id)
     with reading(source.path):
         source_hash = source.content_hash()
     report("resolve source", 1, 1)
@@ -463,7 +487,8 @@ def compile_model(
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.name).name.removesuffix(".gguf"))
     out = Path(output) if output else paths.artifacts_dir() / f"{slug}-{quant.name}-{key}"
     # where to find the source again (a sibling variant is built from it): a path, absolute
-    origin = model if model in builtin_models() else str(Path(model).expanduser().resolve())
+    origin = (fetched.origin if fetched is not None else model if model in builtin_models()
+              else str(Path(model).expanduser().resolve()))
     if not force and _reusable(out, key):
         _note_source(out, origin)
         report("cached", 1, 1)

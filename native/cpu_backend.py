@@ -99,7 +99,10 @@ class CpuBackend:
                 f"{path}: CPU kernels built for {mcpu!r}, this machine's CPU is {here!r}: "
                 "recompile the model here (`wick compile --force`)", code="artifact_stale")
         try:
-            lib = self._tvm.runtime.load_module(path)
+            # (TVM's loader, not tvm.runtime.load_module: that one resolves symlinks first
+            # and then reads the format from the target's name, which huggingface_hub's
+            # cache names by content hash, with no ".so")
+            lib = self._tvm.runtime.module._load_module(path)
         except Exception as e:
             raise ArtifactError(f"cannot load the CPU kernels: {e}", path=path) from None
         base = len(self._functions)

@@ -13,10 +13,10 @@ that live elsewhere). Responses are cache-friendly and safe:
   unsatisfiable one -> 416 (several ranges -> the whole file, as RFC 9110 allows);
 - nothing outside the artifact directory is reachable: ``..``, empty or dot segments,
   backslashes, NUL, percent-encoded ``/`` ``\\`` ``.`` in the raw path, symlinks resolving
-  outside the directory, and names the filesystem refuses (too long) all answer 404, exactly
-  like a missing file;
+  outside the directory (but for a huggingface_hub snapshot's links into its repo's blobs), and
+  names the filesystem refuses (too long) all answer 404, exactly like a missing file;
 - a served manifest names its source by name only: the local path a model was compiled from
-  (``source.model``) is cut to its last component.
+  (``source.model``) is cut to its last component (an ``hf://`` source is kept whole).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class ArtifactHost:
             real = target.resolve(strict=True)
         except (OSError, RuntimeError):  # missing, or a symlink loop
             return None
-        if not real.is_relative_to(base) or not real.is_file():
+        if not (real.is_relative_to(base) or _hub_blob_of(base, real)) or not real.is_file():
             return None
         rel = "/".join(parts)
         st = real.stat()
@@ -225,10 +225,17 @@ def scrub_manifest(raw: bytes) -> bytes:
         model = manifest["source"]["model"]
     except (ValueError, KeyError, TypeError):
         return raw
-    if not isinstance(model, str) or ("/" not in model and "\\" not in model):
+    if not isinstance(model, str) or ("/" not in model and "\\" not in model) or (
+            model.startswith("hf://")):  # (public: where anyone may fetch the same files)
         return raw
     manifest["source"]["model"] = re.split(r"[/\\]", model.rstrip("/\\"))[-1]
     return json.dumps(manifest, indent=1).encode()
+
+
+def _hub_blob_of(base: Path, real: Path) -> bool:
+    """Whether ``real`` is a file of the snapshot ``base`` in huggingface_hub's cache: its
+    files are symlinks into the repo's ``blobs/`` (an hf:// artifact repo, served as it is)."""
+    return base.parent.name == "snapshots" and real.parent == base.parent.parent / "blobs"
 
 
 def _plain_segment(segment: str) -> bool:

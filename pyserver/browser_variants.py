@@ -48,10 +48,12 @@ class BrowserVariants:
 
     def _build(self, model: str, quant: str, source: str | None, options: dict) -> None:
         from ..compiler.compile import compile_model
+        from ..compiler.hub import is_hub_uri
         from ..compiler.sources import builtin_models
         from .cli import ProgressBars
 
-        if not source or not (source in builtin_models() or Path(source).exists()):
+        if not source or not (source in builtin_models() or is_hub_uri(source)
+                              or Path(source).exists()):
             reason = (f"its source ({source}) is not on this machine" if source
                       else "its manifest names no source")
             log.warning("browsers without shader-f16 cannot run %s: its %s variant cannot be "

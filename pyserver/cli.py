@@ -207,6 +207,7 @@ class ArtifactEntry:
     model_id: str
     quantization: str
     size: int  # bytes on disk
+    source: str = ""  # what it was compiled from: a built-in name, a path, hf://ORG/REPO@COMMIT
 
 
 def list_artifacts(root: Path | None = None) -> list[ArtifactEntry]:
@@ -225,10 +226,11 @@ def list_artifacts(root: Path | None = None) -> list[ArtifactEntry]:
         try:
             head = json.loads(manifest.read_text())
             model_id, quant = str(head["model_id"]), str(head["quantization"])
-        except (OSError, ValueError, KeyError, TypeError):
-            model_id, quant = "(unreadable manifest)", "?"
+            source = str((head.get("source") or {}).get("model") or "")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            model_id, quant, source = "(unreadable manifest)", "?", ""
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        entries.append(ArtifactEntry(path, model_id, quant, size))
+        entries.append(ArtifactEntry(path, model_id, quant, size, source))
     return entries
 
 
@@ -247,11 +249,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not entries:
         print(f"no compiled artifacts in {artifacts_dir()}", file=sys.stderr)
         return 0
-    rows = [("MODEL", "QUANT", "SIZE", "PATH")]
-    rows += [(e.model_id, e.quantization, _human(e.size), str(e.path)) for e in entries]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    rows = [("MODEL", "QUANT", "SIZE", "SOURCE", "PATH")]
+    rows += [(e.model_id, e.quantization, _human(e.size), e.source or "-", str(e.path))
+             for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
-        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}")
+        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  "
+              f"{r[3]:<{widths[3]}}  {r[4]}")
     return 0
 
 
@@ -358,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback when a command fails")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    model_help = "built-in name (wick models), Hugging Face dir, .gguf file"
+    model_help = ("built-in name (wick models), hf://ORG/REPO[@REVISION][/FILE.gguf], Hugging "
+                  "Face dir, .gguf file")
 
     p = sub.add_parser("compile", help="compile a model to an artifact directory",
                        description="Compile MODEL; prints the artifact directory.")

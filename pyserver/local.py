@@ -56,14 +56,13 @@ def pick_quantization(model: str, quantization: str | None, features,
 
 def load_artifact(model: str, quantization: str | None, features, progress: Progress | None,
                   prefer_f32: bool = False) -> Artifact:
+    from ..compiler.hub import is_hub_uri
+
     path = Path(model)
+    if is_hub_uri(model):
+        return _from_hub(model, quantization, features, progress, prefer_f32)
     if (path / MANIFEST_NAME).is_file():
-        art = Artifact.load(lambda p: (path / p).read_bytes(), str(path))
-        if quantization and quantization != art.quantization:
-            raise InvalidRequestError(
-                f"the artifact at {path} is {art.quantization}, not {quantization}: compile the "
-                f"source model with --quantization {quantization}", param="quantization")
-        return art
+        return _artifact_at(path, quantization)
     if not path.exists() and ("/" in model or model.endswith(".gguf")):
         raise ModelNotFoundError(model)
     from ..compiler.compile import compile_model
@@ -71,6 +70,37 @@ def load_artifact(model: str, quantization: str | None, features, progress: Prog
     quantization = pick_quantization(model, quantization, features, prefer_f32)
     out = compile_model(model, quantization, progress=progress)  # None: the model's default
     return Artifact.load(lambda p: (out / p).read_bytes(), str(out))
+
+
+def _artifact_at(path: Path, quantization: str | None, name: str | None = None) -> Artifact:
+    art = Artifact.load(lambda p: (path / p).read_bytes(), str(path))
+    if quantization and quantization != art.quantization:
+        raise InvalidRequestError(
+            f"the artifact at {name or path} is {art.quantization}, not {quantization}: compile "
+            f"the source model with --quantization {quantization}", param="quantization")
+    return art
+
+
+def _from_hub(model: str, quantization: str | None, features, progress: Progress | None,
+              prefer_f32: bool) -> Artifact:
+    """An ``hf://`` model: a repo holding a compiled artifact runs as it is, once every file
+    matches the manifest's sha256; a model repo or GGUF is compiled (cached) like a local one."""
+    from ..compiler.artifact_writer import artifact_problems
+    from ..compiler.compile import compile_model
+    from ..compiler.hub import fetch
+
+    fetched = fetch(model)
+    if fetched.kind != "artifact":
+        quantization = pick_quantization(str(fetched.path), quantization, features, prefer_f32)
+        out = compile_model(model, quantization, progress=progress)  # (the fetch is cached)
+        return Artifact.load(lambda p: (out / p).read_bytes(), str(out))
+    problems = artifact_problems(fetched.path, hashes=True)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ArtifactError(f"the artifact in {fetched.origin} is damaged: {problems[0]}{more}; "
+                            "its repo holds files that do not match its manifest",
+                            code="artifact_corrupt")
+    return _artifact_at(fetched.path, quantization, fetched.origin)
 
 
 class NativeRunner(Runner):

@@ -36,8 +36,9 @@ SHUTDOWN_GRACE_S = 15.0
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The ``wick serve`` flags (for ``build_parser`` in cli.py)."""
     p.add_argument("models", nargs="*", metavar="MODEL",
-                   help="built-in name (wick models), Hugging Face dir, .gguf file or compiled "
-                        "artifact dir; several may be served, the request's 'model' selects")
+                   help="built-in name (wick models), hf://ORG/REPO[@REVISION][/FILE.gguf], "
+                        "Hugging Face dir, .gguf file or compiled artifact dir; several may be "
+                        "served, the request's 'model' selects")
     p.add_argument("--model", "-m", action="append", default=[], dest="more_models",
                    metavar="MODEL", help="another model to serve (repeatable)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,

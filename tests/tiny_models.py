@@ -90,6 +90,17 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
     return out
 
 
+def to_bfloat16(hf_dir: Path) -> Path:
+    """The directory's weights stored in bfloat16 (as most Hub checkpoints ship), in place."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    file = hf_dir / "model.safetensors"
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(file)).items()},
+              str(file), metadata={"format": "pt"})
+    return hf_dir
+
+
 # llama.cpp's tensor names (gguf-py tensor_mapping.py) for each family's HF modules
 GGUF_LAYER_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",

@@ -65,3 +65,27 @@ def smollm2_cpu_core(compiled):
     from wick.native.cpu_backend import CpuBackend
 
     return make_core(compiled(SMOLLM2, "q0f32"), CpuBackend.create(), num_pages=128)
+
+
+@pytest.fixture(scope="session")
+def hub_models(tmp_path_factory):
+    """The stand-in Hub with two families' tiny models as hf:// repos (family_models.py)."""
+    from tests.e2e.family_models import hub_with_family_models
+
+    hub = hub_with_family_models(tmp_path_factory.mktemp("hub-models"))
+    yield hub
+    hub.close()
+
+
+@pytest.fixture(scope="session")
+def compiled_from_hub(hub_models, compiled):
+    """compiled_from_hub(key) -> the artifact of HUB_REPOS[key], fetched through
+    huggingface_hub from the stand-in Hub and compiled (q0f32, TINY_OPTIONS) once."""
+    from tests.e2e.family_models import HUB_REPOS
+    from tests.hub_standin import using
+
+    def get(key: str):
+        with using(hub_models, hub_models.cache):
+            return compiled(f"hf://{HUB_REPOS[key]}", "q0f32", **TINY_OPTIONS)
+
+    return get

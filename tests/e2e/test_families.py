@@ -1,5 +1,6 @@
 """Every model family on a random tiny model built from its transformers config: compiled to
-q0f32 and run on the real backend, against transformers on the same HF directory.
+q0f32 and run on the real backend, against transformers on the same HF directory (Qwen2 in
+bf16 and the Llama 3 GGUF fetched as hf:// repos from the stand-in Hub, tests/hub_standin.py).
 
 Llama has its own, longer suite (test_tiny_parity.py); here each other family gets prefill
 logits, 32 greedy tokens, a prompt over several pages, a batch, and an f16 variant."""
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import TINY_OPTIONS
+from tests.e2e.family_models import FAMILIES, GGUF_CASES, HUB_REPOS, family_model, gguf_case
 from tests.e2e.helpers import (
     ids_of,
     greedy,
@@ -26,31 +28,6 @@ from tests.e2e.helpers import (
 LOGIT_TOL = 1e-3
 F16_LOGIT_TOL = 0.1  # f16 weights and activations, f32 accumulation: logits of size ~5-20
 
-FAMILIES = {
-    # family: transformers config keys that make its tiny model exercise what is new in it
-    "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
-    "qwen2": {"tie": False},  # q/k/v bias, untied head
-    "qwen3": {"tie": False},  # q/k norm, head_dim 32 with hidden 64 / 4 heads
-    # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts;
-    # longrope on half of each head (Phi-3.5 / Phi-4-mini): prompts within the pretrained 64
-    # positions (short factors), the 32 greedy tokens cross it (long factors from position 64)
-    "phi3": {"tie": False, "sliding_window": 20, "partial_rotary_factor": 0.5,
-             "original_max_position_embeddings": 64,
-             "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.0, 4.5],
-                              "long_factor": [1.5, 3.0, 7.0, 20.0]}},
-    "mistral": {"tie": True, "sliding_window": 24},
-    # alternating windowed/global layers, attention and final soft-capping (small caps, so
-    # that they bite on these logits)
-    "gemma2": {"tie": True, "layers": 3, "sliding_window": 20, "attn_logit_softcapping": 6.0,
-               "final_logit_softcapping": 15.0},
-    # 5:1 local/global (2 of 6 layers here: pattern 3), each kind with its own RoPE base
-    "gemma3": {"tie": True, "layers": 3, "sliding_window": 20, "sliding_window_pattern": 3,
-               "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                                   "full_attention": {"rope_type": "default", "rope_theta": 50000.0}}},
-}
-
-
 def reference_greedy(name: str):
     """transformers' greedy tokens for a family: ``generate``, except for the longrope model
     whose generations cross its pretrained length (helpers.hf_greedy_stepwise says why)."""
@@ -59,14 +36,15 @@ def reference_greedy(name: str):
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory, compiled, backend):
-    """(name, core, hf, artifact dir) of one family's tiny model."""
-    from tests.tiny_models import make_tiny_model
-
+    """(name, core, hf, artifact dir) of one family's tiny model; Qwen2's (bf16) fetched as
+    hf://org/tiny-qwen2 from the stand-in Hub."""
     name = request.param
-    family_name = "llama" if name == "llama3" else name
-    path = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{name}"), family_name, seed=7,
-                           **FAMILIES[name])
-    art_dir = compiled(path, "q0f32", **TINY_OPTIONS)
+    if name in HUB_REPOS:
+        path = request.getfixturevalue("hub_models").dirs[name]
+        art_dir = request.getfixturevalue("compiled_from_hub")(name)
+    else:
+        path = family_model(tmp_path_factory.mktemp(f"tiny-{name}"), name)
+        art_dir = compiled(path, "q0f32", **TINY_OPTIONS)
     return name, make_core(art_dir, num_pages=64), load_hf(path), art_dir, path
 
 
@@ -234,31 +212,20 @@ def test_linear_rope_scaling_matches_transformers(tmp_path_factory, compiled):
     assert np.abs(hf_logits(unscaled, prompt)[-1] - want).max() > 1e-2
 
 
-# GGUF architecture -> (tiny family, config changes): what llama.cpp's converter has to
-# say in each architecture's own way (Gemma 2's GGUF has no query_pre_attn_scalar: llama.cpp
-# scales by 1/sqrt(key_length), so the tiny model uses that scale)
-GGUF_CASES = {
-    "llama": ("llama3", {}),  # Llama 3.1: q/k rows interleaved, rope_freqs divisors
-    "qwen3": ("qwen3", {}),  # q/k norms, key_length != hidden / heads
-    "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # norms stored as 1 + w, caps, window
-    "phi3": ("phi3", {}),  # fused qkv / gate_up, longrope factor tensors, partial rotary
-}
-
-
 @pytest.mark.parametrize("arch", sorted(GGUF_CASES))
-def test_gguf_architecture_matches_transformers(arch, tmp_path_factory, compiled):
+def test_gguf_architecture_matches_transformers(arch, request, tmp_path_factory, compiled):
     """A tiny model of each GGUF architecture written the way llama.cpp's converter writes
     it (tests/tiny_models.write_gguf): wick's GGUF path reads it back into the same model,
-    logits and greedy tokens equal to transformers on the HF directory."""
-    from tests.tiny_models import make_tiny_model, write_gguf
-
-    name, changes = GGUF_CASES[arch]
+    logits and greedy tokens equal to transformers on the HF directory. (Llama 3's is fetched
+    from a repo of the stand-in Hub, hf://org/tiny-llama-GGUF.)"""
+    name = GGUF_CASES[arch][0]
     family_name = "llama" if name == "llama3" else name
-    hf_dir = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}-gguf"), family_name,
-                             seed=11, merges=[("\u0120", "\u0120")],
-                             **{**FAMILIES[name], **changes})
-    gguf_file = write_gguf(hf_dir, hf_dir / f"tiny-{arch}.gguf", arch)
-    art_dir = compiled(gguf_file, "q0f32", **TINY_OPTIONS)
+    if f"gguf:{arch}" in HUB_REPOS:  # (Llama 3's: a GGUF in a repo of the stand-in Hub)
+        hf_dir = request.getfixturevalue("hub_models").dirs[f"gguf:{arch}"]
+        art_dir = request.getfixturevalue("compiled_from_hub")(f"gguf:{arch}")
+    else:
+        hf_dir, gguf_file = gguf_case(tmp_path_factory.mktemp(f"tiny-{arch}-gguf"), arch)
+        art_dir = compiled(gguf_file, "q0f32", **TINY_OPTIONS)
     assert load_artifact(art_dir).model["family"] == family_name
     core = make_core(art_dir, num_pages=32)
     hf = load_hf(hf_dir)

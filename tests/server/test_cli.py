@@ -102,6 +102,7 @@ def test_compile_to_the_cache_then_list(tiny_llama_dir, wick_env):
     assert listed.returncode == 0
     line = next(line for line in listed.stdout.splitlines() if line.endswith(str(path)))
     assert "q0f32" in line and re.search(r"\d+(\.\d+)? [KM]iB", line)
+    assert f" {tiny_llama_dir.resolve()} " in line  # SOURCE: what it was compiled from
 
 
 def write_tiny_gguf(path: Path) -> bytes:

@@ -1,0 +1,91 @@
+"""The tiny models of test_families.py, by family and by GGUF architecture; two of them are
+also served as hf:// repos by the stand-in Hub (conftest.hub_models), so that each compiles once
+and the hub path gets the families' whole parity suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FAMILIES = {
+    # family: transformers config keys that make its tiny model exercise what is new in it
+    "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    "qwen2": {"tie": False},  # q/k/v bias, untied head
+    "qwen3": {"tie": False},  # q/k norm, head_dim 32 with hidden 64 / 4 heads
+    # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts;
+    # longrope on half of each head (Phi-3.5 / Phi-4-mini): prompts within the pretrained 64
+    # positions (short factors), the 32 greedy tokens cross it (long factors from position 64)
+    "phi3": {"tie": False, "sliding_window": 20, "partial_rotary_factor": 0.5,
+             "original_max_position_embeddings": 64,
+             "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.0, 4.5],
+                              "long_factor": [1.5, 3.0, 7.0, 20.0]}},
+    "mistral": {"tie": True, "sliding_window": 24},
+    # alternating windowed/global layers, attention and final soft-capping (small caps, so
+    # that they bite on these logits)
+    "gemma2": {"tie": True, "layers": 3, "sliding_window": 20, "attn_logit_softcapping": 6.0,
+               "final_logit_softcapping": 15.0},
+    # 5:1 local/global (2 of 6 layers here: pattern 3), each kind with its own RoPE base
+    "gemma3": {"tie": True, "layers": 3, "sliding_window": 20, "sliding_window_pattern": 3,
+               "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                   "full_attention": {"rope_type": "default", "rope_theta": 50000.0}}},
+}
+
+
+# GGUF architecture -> (tiny family, config changes): what llama.cpp's converter has to
+# say in each architecture's own way (Gemma 2's GGUF has no query_pre_attn_scalar: llama.cpp
+# scales by 1/sqrt(key_length), so the tiny model uses that scale)
+GGUF_CASES = {
+    "llama": ("llama3", {}),  # Llama 3.1: q/k rows interleaved, rope_freqs divisors
+    "qwen3": ("qwen3", {}),  # q/k norms, key_length != hidden / heads
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # norms stored as 1 + w, caps, window
+    "phi3": ("phi3", {}),  # fused qkv / gate_up, longrope factor tensors, partial rotary
+}
+
+
+def family_model(root: Path, name: str) -> Path:
+    """A family's tiny HF directory; Qwen2's weights in bfloat16, as most Hub checkpoints
+    ship."""
+    from tests.tiny_models import make_tiny_model, to_bfloat16
+
+    family_name = "llama" if name == "llama3" else name
+    path = make_tiny_model(root, family_name, seed=7, **FAMILIES[name])
+    return to_bfloat16(path) if name == "qwen2" else path
+
+
+def gguf_case(root: Path, arch: str) -> tuple[Path, Path]:
+    """(HF directory, GGUF file) of a GGUF architecture's tiny model."""
+    from tests.tiny_models import make_tiny_model, write_gguf
+
+    name, changes = GGUF_CASES[arch]
+    family_name = "llama" if name == "llama3" else name
+    hf_dir = make_tiny_model(root, family_name, seed=11, merges=[("\u0120", "\u0120")],
+                             **{**FAMILIES[name], **changes})
+    return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{arch}.gguf", arch)
+
+
+# the hf:// repos of the stand-in Hub: (repo, family or GGUF architecture, kind)
+HUB_REPOS = {"qwen2": "org/tiny-qwen2", "gguf:llama": "org/tiny-llama-GGUF"}
+
+
+def hub_with_family_models(root: Path):
+    """A stand-in Hub serving Qwen2's bf16 checkpoint (with files wick must not fetch) and the
+    Llama 3 GGUF in a repo; ``hub.dirs`` holds each one's HF directory (transformers'
+    reference), ``hub.commits`` each repo's commit, ``hub.cache`` a huggingface_hub cache."""
+    from tests.hub_standin import StandinHub
+
+    def files(directory: Path) -> dict[str, bytes]:
+        return {p.relative_to(directory).as_posix(): p.read_bytes()
+                for p in sorted(directory.rglob("*")) if p.is_file() and p.suffix != ".gguf"}
+
+    hub = StandinHub()
+    qwen = family_model(root / "qwen2", "qwen2")
+    llama, gguf = gguf_case(root / "llama", "llama")
+    hub.dirs = {"qwen2": qwen, "gguf:llama": llama}
+    hub.commits = {
+        "qwen2": hub.add(HUB_REPOS["qwen2"], {**files(qwen), "README.md": b"# tiny",
+                                              "pytorch_model.bin": b"not fetched" * 100}),
+        "gguf:llama": hub.add(HUB_REPOS["gguf:llama"], {"tiny-llama-F32.gguf": gguf.read_bytes(),
+                                                        "README.md": b"# gguf"}),
+    }
+    hub.cache = root / "hf-cache"
+    return hub
