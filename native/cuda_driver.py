@@ -3,7 +3,7 @@ calls the CUDA backend makes, nothing more.
 
 Why not CuPy or cuda-python: the backend needs device memory, a module loaded from NVRTC's
 output, kernel launches on one stream and CUDA graphs; each is one driver call, and going
-through ctypes makes ``wick[cuda]`` need nothing but NVRTC (native/nvrtc.py) beside the driver.
+through ctypes makes ``wick-llm[cuda]`` need nothing but NVRTC (native/nvrtc.py) beside the driver.
 Every call is checked; a failure is a DeviceError naming the call and CUDA's own message.
 
 The backend takes any object with these methods (the tests pass a fake one).

@@ -2,7 +2,7 @@
 
 The CUDA backend compiles an artifact's ``kernels/cuda/kernels.cu`` with it at load, for the
 GPU it runs on. NVRTC is a compiler only: it needs no GPU, so the compiler's tests run it on
-machines without one. Its library comes from the ``nvidia-cuda-nvrtc`` wheel (``wick[cuda]``)
+machines without one. Its library comes from the ``nvidia-cuda-nvrtc`` wheel (``wick-llm[cuda]``)
 or a CUDA toolkit; the headers TVM's source includes from the toolkit or the
 ``nvidia-cuda-runtime`` and ``nvidia-cuda-cccl`` wheels (``include_dirs``).
 """
@@ -56,7 +56,7 @@ def library() -> ctypes.CDLL:
             errors.append(str(e))
     else:
         raise DeviceError("NVRTC (libnvrtc) not found: install the CUDA extra "
-                          "(`pip install 'wick[cuda]'`) or a CUDA toolkit")
+                          "(`pip install 'wick-llm[cuda]'`) or a CUDA toolkit")
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
     _LIB = lib
     return lib
