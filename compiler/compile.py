@@ -9,6 +9,7 @@ compiler version): asking for the same thing twice returns the existing artifact
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -31,9 +32,9 @@ from .embedding_files import special_tokens
 from .wasm_kernels import build_wasm_libraries
 from .lower import lower, merge, webgpu_target
 from .models import family_for
-from .models.layers import MAX_BINDING_BYTES, row_splits
+from .models.layers import MAX_BINDING_BYTES, requantize, row_splits
 from .models.paged_attention import PAGE_SIZE
-from .quantization import Quantization, get_quantization, quantize
+from .quantization import Quantization, get_quantization, mixed_plan, quantize
 
 # Bump on a format change; the source digest below catches every other compiler change.
 COMPILER_REVISION = 3
@@ -143,7 +144,16 @@ def _sampler_cpu_twins(vocab_size: int) -> dict:
 _PART = re.compile(r"^(.*)\.parts\.(\d+)\.(weight|weight_q|bias)$")
 
 
-def _weight_for(name: str, converted: dict[str, np.ndarray], quant: Quantization,
+Packing = Callable[[str], Quantization]  # a linear's name -> how its weight is stored
+
+
+def _linear_of(param: str) -> str:
+    """The module a parameter belongs to: ``X.parts.2.weight_q`` and ``X.bias`` -> ``X``."""
+    m = _PART.match(param)
+    return m.group(1) if m else param.rpartition(".")[0]
+
+
+def _weight_for(name: str, converted: dict[str, np.ndarray], packing: Packing,
                 max_bytes: int) -> np.ndarray:
     """The unquantized weight behind parameter ``name`` (``X.parts.K.weight`` = rows of X)."""
     plain = name.removesuffix("_q")
@@ -154,17 +164,19 @@ def _weight_for(name: str, converted: dict[str, np.ndarray], quant: Quantization
         raise KeyError(f"no source weight for parameter {name}")
     weight = converted[f"{m.group(1)}.weight"]
     whole = converted[f"{m.group(1)}.bias"] if m.group(3) == "bias" else weight
-    start, stop = row_splits(weight.shape[0], weight.shape[1], quant, max_bytes)[int(m.group(2))]
+    start, stop = row_splits(weight.shape[0], weight.shape[1], packing(m.group(1)),
+                             max_bytes)[int(m.group(2))]
     return whole[start:stop]
 
 
-def _convert(names: list[str], converted: dict[str, np.ndarray], quant: Quantization,
+def _convert(names: list[str], converted: dict[str, np.ndarray], packing: Packing,
              max_bytes: int) -> Iterator[tuple[str, np.ndarray]]:
     """Yield the compiled model's parameters in order, quantizing packed weights on the way."""
     for name in names:
         if name.endswith((".weight_scale", ".weight_min")):
             continue  # produced together with their .weight_q
-        weight = _weight_for(name, converted, quant, max_bytes)
+        weight = _weight_for(name, converted, packing, max_bytes)
+        quant = packing(_linear_of(name))
         if name.endswith(".weight_q"):
             packed, scale, minimum = quantize(weight, quant)
             base = name.removesuffix("_q")
@@ -272,7 +284,7 @@ def _note_source(out: Path, model: str) -> None:
     os.replace(partial, path)
 
 
-def _check_weights(named: list, converted: dict[str, np.ndarray], quant: Quantization,
+def _check_weights(named: list, converted: dict[str, np.ndarray], packing: Packing,
                    max_bytes: int) -> None:
     """Every parameter of the built model has a source weight of its shape, checked before the
     (slow) lowering: a file declaring other shapes than its config fails here, by name."""
@@ -281,9 +293,9 @@ def _check_weights(named: list, converted: dict[str, np.ndarray], quant: Quantiz
             continue
         want = [int(d) for d in param.shape]
         if name.endswith(".weight_q"):
-            want[-1] *= quant.values_per_word
+            want[-1] *= packing(_linear_of(name)).values_per_word
         try:
-            got = list(_weight_for(name, converted, quant, max_bytes).shape)
+            got = list(_weight_for(name, converted, packing, max_bytes).shape)
         except KeyError:
             raise ValueError(f"no weight for {name}") from None
         if got != want:
@@ -306,10 +318,7 @@ def family_of(model: str):
     path = Path(model).expanduser()
     try:
         if path.is_file() and path.suffix == ".gguf":
-            from gguf import GGUFReader
-
-            field = GGUFReader(path).fields.get("general.architecture")
-            return GGUF_ARCHITECTURES.get(field.contents()) if field else None
+            return GGUF_ARCHITECTURES.get(_gguf_header(path)[0])
         if (path / "config.json").is_file():
             return HF_MODEL_TYPES.get(json.loads((path / "config.json").read_text())
                                       .get("model_type"))
@@ -318,13 +327,35 @@ def family_of(model: str):
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def _gguf_header_of(path: str, mtime_ns: int) -> tuple[str | None, bool]:
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from .quantization import ggml_bits
+
+    reader = GGUFReader(path)
+    field = reader.fields.get("general.architecture")
+    widths = {ggml_bits(GGMLQuantizationType(t.tensor_type).name) for t in reader.tensors}
+    widths.discard(None)
+    return (field.contents() if field else None,
+            any(b <= 4 for b in widths) and any(b > 4 for b in widths))
+
+
+def _gguf_header(path: Path) -> tuple[str | None, bool]:
+    """(architecture, whether its tensors mix widths of at most and over 4 bits, as Q4_K_M
+    does), read once per file version."""
+    return _gguf_header_of(str(path), path.stat().st_mtime_ns)
+
+
 _UNREAD = object()
 
 
 def default_quantization(model: str, family=_UNREAD) -> str:
-    """The variant to build when none is asked: a built-in's registry default, else q4f16_1,
-    or q4f32_1 for a family whose activations overflow float16 (Gemma). ``family``: what
-    ``family_of(model)`` gave, when the caller already read it."""
+    """The variant to build when none is asked: a built-in's registry default; else q4f16_1,
+    or for a GGUF that mixes widths (Q4_K_M) q4f16_m, which keeps its wide tensors wide; each
+    in its float32 activation twin for a family whose activations overflow float16 (Gemma).
+    ``family``: what ``family_of(model)`` gave, when the caller already read it."""
+    from .quantization import f32_twin
     from .sources import builtin_models
 
     registry = builtin_models()
@@ -332,7 +363,13 @@ def default_quantization(model: str, family=_UNREAD) -> str:
         return registry[model].get("default_quantization", DEFAULT_QUANTIZATION)
     if family is _UNREAD:
         family = family_of(model)
-    return "q4f32_1" if getattr(family, "FLOAT16_OVERFLOWS", False) else DEFAULT_QUANTIZATION
+    path = Path(model).expanduser()
+    try:
+        mixed = path.is_file() and path.suffix == ".gguf" and _gguf_header(path)[1]
+    except Exception:  # noqa: BLE001 - unreadable: compile_model names the problem
+        mixed = False
+    quant = "q4f16_m" if mixed else DEFAULT_QUANTIZATION
+    return f32_twin(quant) if getattr(family, "FLOAT16_OVERFLOWS", False) else quant
 
 
 def _refuse_f16_overflow(family, quant: Quantization) -> None:
@@ -345,10 +382,14 @@ def _refuse_f16_overflow(family, quant: Quantization) -> None:
             param="quantization")
 
 
-def build_module(family, cfg, quant: Quantization, max_param_bytes: int):
+def build_module(family, cfg, quant: Quantization, max_param_bytes: int,
+                 packing: Packing | None = None):
     """The family's model for ``cfg``: the module, its three exported Relax modules (prefill
-    with the sampler, batched decode, single-sequence decode) and its named parameters."""
+    with the sampler, batched decode, single-sequence decode) and its named parameters.
+    ``packing``: each linear's packing, where it is not ``quant`` (a mixed scheme)."""
     module = family.Model(cfg, quant, webgpu_target(), max_param_bytes=max_param_bytes)
+    if packing is not None:
+        requantize(module, packing)
     prefill_mod, named = module.export_tvm(spec={"forward": module.forward_spec()})
     if getattr(module, "task", "generate") == "embed":
         # an embedding model: forward returns pooled vectors; nothing samples or decodes
@@ -504,9 +545,11 @@ def compile_model(
     window = min(context_window or cfg.context_window, cfg.context_window)
 
     report("build model", 0, 1)
-    module, modules, named = build_module(family, cfg, quant, max_param_bytes)
+    packing = mixed_plan(quant, loaded.source_dtypes) if quant.mixed else None
+    module, modules, named = build_module(family, cfg, quant, max_param_bytes, packing)
+    packing = packing or (lambda linear: quant)
     with reading(source.path):
-        _check_weights(named, converted, quant, max_param_bytes)
+        _check_weights(named, converted, packing, max_param_bytes)
     report("build model", 1, 1)
     lowered, libraries = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
                                       max_batch_size, report)
@@ -521,6 +564,6 @@ def compile_model(
                                                           prefill_chunk_size),
                              sampling=_sampling_section(model, hf)),
         source={"model": origin, "sha256": source_hash}, options=options)
-    return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, quant, max_param_bytes),
+    return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
                           shard_max_bytes=shard_max_bytes, libraries=libraries)

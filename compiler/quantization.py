@@ -1,13 +1,17 @@
-"""Weight quantization schemes: q0f32, q0f16, q4f32_1, q4f16_1, q8f32_1, q8f16_1.
+"""Weight quantization schemes: q0f32, q0f16, q4f32_1, q4f16_1, q8f32_1, q8f16_1, q4f32_m,
+q4f16_m.
 
 ``qAfB_1``: A-bit weights, B-bit activations. The packing of the 4- and 8-bit schemes is
 documented in docs/quantization.md; this module is its one implementation (numpy packing at
 compile time, TE dequantization fused by TVM into the GEMV/GEMM kernels at run time).
+``q4fB_m`` (mixed) packs each weight in 4 or 8 bits: ``mixed_plan`` says which.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -18,8 +22,9 @@ WORD_BITS = 32  # values are packed into uint32 words
 @dataclass(frozen=True, slots=True)
 class Quantization:
     name: str
-    weight_bits: int  # 0 = not quantized, else 4 or 8
+    weight_bits: int  # 0 = not quantized, else 4 or 8 (a mixed scheme: its smallest)
     dtype: str  # activation / compute dtype: "float32" | "float16"
+    mixed: bool = False  # some weights in 8 bits (mixed_plan)
 
     @property
     def quantized(self) -> bool:
@@ -46,7 +51,16 @@ QUANTIZATIONS = {
     "q4f16_1": Quantization("q4f16_1", 4, "float16"),
     "q8f32_1": Quantization("q8f32_1", 8, "float32"),
     "q8f16_1": Quantization("q8f16_1", 8, "float16"),
+    "q4f32_m": Quantization("q4f32_m", 4, "float32", mixed=True),
+    "q4f16_m": Quantization("q4f16_m", 4, "float16", mixed=True),
 }
+
+
+def plain(bits: int, dtype: str) -> Quantization:
+    """The one-width scheme of ``bits`` and activation ``dtype`` (what a mixed scheme packs
+    each weight in)."""
+    return next(q for q in QUANTIZATIONS.values()
+                if q.weight_bits == bits and q.dtype == dtype and not q.mixed)
 
 
 def f32_twin(name: str) -> str | None:
@@ -55,8 +69,8 @@ def f32_twin(name: str) -> str | None:
     quant = get_quantization(name)
     if not quant.needs_f16:
         return None
-    return next(q.name for q in QUANTIZATIONS.values()
-                if q.weight_bits == quant.weight_bits and not q.needs_f16)
+    return next(q.name for q in QUANTIZATIONS.values() if q.weight_bits == quant.weight_bits
+                and q.mixed == quant.mixed and not q.needs_f16)
 
 
 def get_quantization(name: str) -> Quantization:
@@ -156,3 +170,44 @@ def dequantize(packed: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np
     values = q.reshape(out_features, words * per_word).astype(np.float32)
     return (values * np.repeat(scale.astype(np.float32), GROUP_SIZE, axis=1)
             + np.repeat(minimum.astype(np.float32), GROUP_SIZE, axis=1))
+
+
+# -- mixed schemes
+
+def ggml_bits(type_name: str) -> int | None:
+    """Bits per weight of a GGML tensor type by its name (Q4_K -> 4, Q6_K -> 6, IQ4_XS -> 4,
+    Q8_0 -> 8); None for a float type (F32, F16, BF16) or an unknown name."""
+    m = re.fullmatch(r"I?Q(\d)_.*", type_name)
+    return int(m.group(1)) if m else None
+
+
+# a fused wick linear and the checkpoint's linears it is made of (decoder.fuse_layer_weights)
+FUSED_FROM = {"qkv_proj": ("q_proj", "k_proj", "v_proj", "qkv_proj"),
+              "gate_up_proj": ("gate_proj", "up_proj", "gate_up_proj")}
+WIDE_LINEARS = ("model.embed_tokens.table", "lm_head")  # 8 bits in a mixed scheme, always
+
+
+def mixed_plan(quant: Quantization, source_types: dict[str, str]
+               ) -> Callable[[str], Quantization]:
+    """For a mixed scheme: linear name (``model.layers.3.mlp.down_proj``) -> its packing.
+
+    8 bits for the token embedding and the LM head (a vocabulary's rows are where 4 bits
+    cost most: SmolLM2 loses 6 % perplexity there alone); and, where the checkpoint itself
+    mixes widths (a GGUF Q4_K_M keeps some tensors in Q5_0/Q6_K/Q8_0), 8 bits for a linear any
+    of whose source tensors has more than 4 bits: llama.cpp's own judgement of which tensors
+    need them. Everything else 4 bits (a 4-bit source block is kept exactly, see
+    ``quantize``). ``source_types``: checkpoint weight name -> GGML type or safetensors dtype."""
+    narrow, wide = plain(4, quant.dtype), plain(8, quant.dtype)
+    widths = {ggml_bits(t) for t in source_types.values()} - {None}
+    mixed_source = any(b <= 4 for b in widths) and any(b > 4 for b in widths)
+
+    def quant_of(linear: str) -> Quantization:
+        if linear in WIDE_LINEARS:
+            return wide
+        parent, _, leaf = linear.rpartition(".")
+        sources = [source_types.get(f"{parent}.{name}.weight")
+                   for name in FUSED_FROM.get(leaf, (leaf,))]
+        bits = [ggml_bits(t) for t in sources if t is not None]
+        return wide if mixed_source and any(b is not None and b > 4 for b in bits) else narrow
+
+    return quant_of

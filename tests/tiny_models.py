@@ -116,14 +116,16 @@ GEMMA_LAYER_NAMES = {  # Gemma 2/3: four norms per layer
 }
 
 
-def write_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> Path:
+def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
+               ) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
     (llama, qwen3, gemma2, phi3), read off its model classes: llama.cpp tensor names; Llama's
     q/k rows interleaved per head and Llama 3's RoPE scaling as per-frequency divisors
     (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's
     fused projections kept, its longrope factors as ``rope_factors_long/short`` tensors with
     the pretrained length and attention factor as keys; the byte-level vocabulary as a
-    "gpt2" tokenizer."""
+    "gpt2" tokenizer. ``types``: GGML types by tensor kind (``{"attn_v.weight": "Q8_0"}``), as
+    a quantized file mixes them (Q4_K_M keeps attn_v and ffn_down wider); float32 otherwise."""
     import math
 
     import gguf
@@ -173,6 +175,17 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> Path:
     def interleave(w: np.ndarray, n: int) -> np.ndarray:  # llama.cpp's LlamaModel.permute
         return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
+    def add(name: str, w: np.ndarray) -> None:
+        """A tensor in the GGML type ``types`` gives its name's last two parts (``attn_v.weight``),
+        quantized by gguf-py as llama.cpp's quantizer does; else float32."""
+        kind = types.get(".".join(name.split(".")[-2:]))
+        if kind is None:
+            writer.add_tensor(name, np.ascontiguousarray(w))
+            return
+        qtype = gguf.GGMLQuantizationType[kind]
+        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(w, np.float32), qtype),
+                          raw_dtype=qtype)
+
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
              "output_norm.weight", "lm_head.weight": "output.weight"}
     layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch.startswith("gemma") else {})}
@@ -183,7 +196,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> Path:
             if name.endswith("norm.weight"):  # Gemma's RMSNorm multiplies by 1 + w
                 w = w + 1.0
         if name in names:
-            writer.add_tensor(names[name], np.ascontiguousarray(w))
+            add(names[name], w)
             continue
         _, _, i, *rest = name.split(".")
         module, kind = ".".join(rest[:-1]), rest[-1]
@@ -191,7 +204,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> Path:
             w = interleave(w, heads)
         elif arch == "llama" and module == "self_attn.k_proj":
             w = interleave(w, kv_heads)
-        writer.add_tensor(f"blk.{i}.{layer[module]}.{kind}", np.ascontiguousarray(w))
+        add(f"blk.{i}.{layer[module]}.{kind}", w)
     scaling = rope if rope.get("rope_type") in ("llama3", "longrope") else cfg.get("rope_scaling")
     if arch == "phi3":  # Phi3MiniModel: rotary dims, pretrained length, longrope tensors
         rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))

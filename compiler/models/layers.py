@@ -92,6 +92,7 @@ class QLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, quant: Quantization,
                  max_bytes: int = MAX_BINDING_BYTES, bias: bool = False) -> None:
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
+        self.max_bytes = max_bytes
         self.splits = row_splits(out_features, in_features, quant, max_bytes)
         self.has_bias = bias
         if len(self.splits) > 1:
@@ -154,3 +155,24 @@ class QEmbedding(nn.Module):
 
     def lm_head(self, x: Tensor) -> Tensor:
         return self.table(x)
+
+
+def requantize(module: nn.Module, quant_of, prefix: str = "") -> None:
+    """Rebuild every ``QLinear`` under ``module`` in the packing ``quant_of(its name)`` gives
+    (a mixed scheme: compiler/quantization.mixed_plan), names as ``named_parameters`` has them
+    (``model.layers.0.mlp.down_proj``). Models are built in one scheme; this re-packs them."""
+    children = (enumerate(module) if isinstance(module, nn.ModuleList)
+                else list(vars(module).items()))
+    for attr, child in children:
+        name = f"{prefix}{attr}"
+        if isinstance(child, QLinear):
+            want = quant_of(name)
+            if want != child.quant:
+                rebuilt = QLinear(child.in_features, child.out_features, want, child.max_bytes,
+                                  child.has_bias)
+                if isinstance(module, nn.ModuleList):
+                    module[attr] = rebuilt
+                else:
+                    setattr(module, attr, rebuilt)
+        elif isinstance(child, nn.Module | nn.ModuleList):
+            requantize(child, quant_of, name + ".")

@@ -112,3 +112,44 @@ def test_error_is_bounded_by_half_a_step(name):
 def test_unknown_quantization_names_the_choices():
     with pytest.raises(ValueError, match="q4f16_1.*q8f32_1"):
         get_quantization("q3f16")
+
+
+def _plan(name, types):
+    from wick.compiler.quantization import QUANTIZATIONS, mixed_plan
+
+    plan = mixed_plan(QUANTIZATIONS[name], types)
+    linears = ["model.embed_tokens.table", "lm_head", "model.layers.0.self_attn.qkv_proj",
+               "model.layers.0.self_attn.o_proj", "model.layers.0.mlp.gate_up_proj",
+               "model.layers.0.mlp.down_proj"]
+    return [plan(n).name for n in linears]
+
+
+def test_a_mixed_scheme_widens_what_a_mixed_checkpoint_keeps_wide():
+    """Q4_K_M-like: q and k in 4 bits but v in Q6_K -> the fused qkv in 8; ffn_down in Q6_K
+    -> 8; the rest 4; the embedding and the head 8 whatever they were."""
+    layer = "model.layers.0."
+    types = {"model.embed_tokens.weight": "Q4_K", layer + "self_attn.q_proj.weight": "Q4_K",
+             layer + "self_attn.k_proj.weight": "Q4_K", layer + "self_attn.v_proj.weight": "Q6_K",
+             layer + "self_attn.o_proj.weight": "Q4_K", layer + "mlp.gate_proj.weight": "Q4_K",
+             layer + "mlp.up_proj.weight": "Q4_K", layer + "mlp.down_proj.weight": "Q6_K",
+             "model.norm.weight": "F32"}
+    assert _plan("q4f16_m", types) == ["q8f16_1", "q8f16_1", "q8f16_1", "q4f16_1", "q4f16_1",
+                                       "q8f16_1"]
+    assert _plan("q4f32_m", types)[3] == "q4f32_1"
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "BF16", "F16"])
+def test_a_uniform_checkpoint_gets_4_bit_layers_and_an_8_bit_vocabulary(kind):
+    """A checkpoint of one width says nothing about which tensors need more: 4-bit layers
+    (decode speed of q4), 8-bit embedding and head (where 4 bits cost most)."""
+    types = {"model.embed_tokens.weight": kind, "model.layers.0.mlp.down_proj.weight": kind,
+             "model.layers.0.self_attn.v_proj.weight": kind}
+    assert _plan("q4f16_m", types) == ["q8f16_1", "q8f16_1"] + ["q4f16_1"] * 4
+
+
+def test_mixed_names_and_twins():
+    from wick.compiler.quantization import f32_twin, ggml_bits
+
+    assert f32_twin("q4f16_m") == "q4f32_m" and f32_twin("q4f16_1") == "q4f32_1"
+    assert [ggml_bits(t) for t in ("Q4_K", "IQ4_XS", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16")] == \
+        [4, 4, 5, 6, 8, None, None]

@@ -175,3 +175,65 @@ def test_tiny_f16_variants_track_their_reference(quant, tiny_llama_dir, tiny_hf,
     print(f"tiny {quant}: max logit diff {worst:.2e}")
     assert worst < 0.1
     assert np.abs(pre - dec).max() < 0.1
+
+
+# ----------------------------------------------------------------------------- mixed (q4f32_m)
+
+# a GGUF mixing widths as Q4_K_M does (K-quants need 256-wide rows; the tiny model has 64):
+# 4-bit q, k, output, gate, up; wider v, down, embedding and head
+MIXED_TYPES = {"attn_q.weight": "Q4_0", "attn_k.weight": "Q4_0", "attn_output.weight": "Q4_1",
+               "ffn_gate.weight": "Q4_0", "ffn_up.weight": "Q4_1", "attn_v.weight": "Q8_0",
+               "ffn_down.weight": "Q5_0", "token_embd.weight": "Q8_0", "output.weight": "Q5_0"}
+
+
+def test_a_mixed_gguf_is_kept_exactly_by_q4f32_m(tmp_path_factory, compiled):
+    """q4f32_m packs the GGUF's 4-bit tensors in 4 bits and its wider ones (and the
+    vocabulary) in 8, each block kept exactly: the logits and greedy tokens are transformers'
+    on the GGUF itself (which dequantizes it), where q4f32_1 is not."""
+    from tests.e2e.helpers import load_hf
+    from tests.tiny_models import make_tiny_model, write_gguf
+
+    hf_dir = make_tiny_model(tmp_path_factory.mktemp("tiny-mixed"), "llama", seed=31,
+                             merges=[("\u0120", "\u0120")])
+    gguf_file = write_gguf(hf_dir, hf_dir / "tiny-mixed.gguf", "llama", types=MIXED_TYPES)
+    art_dir = compiled(gguf_file, "q4f32_m", **TINY_OPTIONS)
+    art = load_artifact(art_dir)
+    assert art.quantization == "q4f32_m"
+    bits = {p.name.removesuffix(".weight_q"): 32 * p.shape[1] // (128 if "down" in p.name else 64)
+            for p in art.params if p.name.endswith(".weight_q")}  # (in features: 64, down's 128)
+    layer = "model.layers.1."
+    assert {name: b for name, b in bits.items() if name.startswith(layer)} == {
+        layer + "self_attn.qkv_proj": 8, layer + "self_attn.o_proj": 4,
+        layer + "mlp.gate_up_proj": 4, layer + "mlp.down_proj": 8}
+    assert bits["model.embed_tokens.table"] == bits["lm_head"] == 8
+    ref = load_hf(hf_dir, gguf_file=gguf_file.name)
+    core = make_core(art_dir, num_pages=32)
+    prompts = [ids_of(n, 50 + n) for n in (5, 40)]
+    _, _, worst = worst_logit_diff(core.runner, ref, prompts)
+    print(f"tiny q4f32_m vs transformers on the mixed GGUF: max logit diff {worst:.2e}")
+    assert worst < 1e-3
+    (got,) = run_core(core, [prompts[1]], greedy(16))
+    assert got == hf_greedy(ref, prompts[1], 16)
+    from wick.native.cpu_backend import CpuBackend  # the CPU kernel set: both widths too
+
+    assert run_core(make_core(art_dir, CpuBackend.create(), num_pages=32), [prompts[1]],
+                    greedy(16)) == [got]
+
+
+def test_a_mixed_gguf_defaults_to_q4_m(tmp_path):
+    """No quantization asked: a GGUF mixing widths gets q4f16_m (Gemma: q4f32_m); one of a
+    single width, or an HF directory, q4f16_1."""
+    from wick.compiler.compile import default_quantization
+    from tests.tiny_models import make_tiny_model, write_gguf
+
+    hf_dir = make_tiny_model(tmp_path / "m", "llama", seed=32)
+    mixed = write_gguf(hf_dir, tmp_path / "mixed.gguf", "llama", types=MIXED_TYPES)
+    uniform = write_gguf(hf_dir, tmp_path / "q8.gguf", "llama",
+                         types={k: "Q8_0" for k in MIXED_TYPES})
+    assert default_quantization(str(mixed)) == "q4f16_m"
+    assert default_quantization(str(uniform)) == "q4f16_1"
+    assert default_quantization(str(hf_dir)) == "q4f16_1"
+    gemma = make_tiny_model(tmp_path / "g", "gemma3", seed=32, tie=True, head_dim=32,
+                            query_pre_attn_scalar=24, pad_token_id=0)
+    assert default_quantization(str(write_gguf(gemma, tmp_path / "g.gguf", "gemma3",
+                                               types=MIXED_TYPES))) == "q4f32_m"
