@@ -113,3 +113,24 @@ def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds, kind):
     alone = np.concatenate([run([i]) for i in range(rows_total)])
     for rows in (list(range(rows_total)), [4, 0, 8, 2, 6], [7, 3], list(range(5, 70))):
         assert np.array_equal(run(rows), alone[rows]), rows
+
+
+def test_the_kernel_sets_build_on_two_threads_to_the_same_bytes():
+    """compile._build_libraries builds the CPU and WebAssembly libraries concurrently; each
+    is byte for byte the library built alone."""
+    from types import SimpleNamespace
+
+    from wick.compiler.compile import _build_libraries
+    from wick.compiler.cpu_kernels import build_cpu_library
+    from wick.compiler.cuda_kernels import CudaSet
+    from wick.compiler.wasm_kernels import build_wasm_libraries
+
+    functions = {"matmul_a": te_f32_matmul(64, 64), "matmul_b": te_f32_matmul(32, 128,
+                                                                             adds=("bias",))}
+    stages = []
+    both = _build_libraries(SimpleNamespace(cpu_functions=functions, cuda=CudaSet()),
+                            lambda stage, done, total: stages.append((done, total)))
+    assert stages == [(0, 2), (1, 2), (2, 2)]
+    assert both["cpu"][0] == build_cpu_library(functions)[0]
+    alone = build_wasm_libraries(functions)
+    assert {k: both[k][0] for k in alone} == {k: v[0] for k, v in alone.items()}
