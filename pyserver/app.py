@@ -117,7 +117,8 @@ class ModelPool:
 
     ``state`` is ``loading`` -> ``ready`` (every loader done) or ``failed`` (one raised). A
     model serves as soon as it is loaded. Names: the engine's ``model_id`` (``/v1/models``),
-    also ``model_id-quantization``; a request without ``model`` gets the first model.
+    also ``model_id-quantization`` and the name it was loaded by; a request without ``model``
+    gets the first model.
     """
 
     loaders: Sequence[tuple[str, Loader]] = ()  # (label for logs, loader)
@@ -155,6 +156,9 @@ class ModelPool:
                 self.loading = label
                 engine = await _in_daemon_thread(loader)
                 name = self.add(engine)
+                # the name it was served by works too (wick serve hf://ORG/REPO: the model id
+                # is ORG/REPO, as vLLM lists it; a client may send either)
+                self._aliases.setdefault(label, name)
                 if self.on_loaded is not None:
                     self.on_loaded(name, engine)
             self.state, self.loading = "ready", None

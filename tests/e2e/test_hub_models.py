@@ -130,3 +130,20 @@ def test_a_registry_entry_may_name_a_hub_repo(hub, compiled_from_hub, monkeypatc
     monkeypatch.setattr(sources, "builtin_models", lambda: registry)
     assert compile_model("tiny-qwen2-instruct", "q0f32", **TINY_OPTIONS) == \
         compiled_from_hub("qwen2")
+
+
+def test_a_served_model_answers_to_the_name_it_was_served_by():
+    """`wick serve hf://org/tiny`: its model id is org/tiny (listed), and a request naming
+    hf://org/tiny (what the operator typed) reaches it as well."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from wick.server.app import ModelPool
+
+    engine = SimpleNamespace(core=SimpleNamespace(info=SimpleNamespace(
+        model_id="org/tiny", quantization="q4f16_1")))
+    pool = ModelPool(loaders=[("hf://org/tiny", lambda: engine)])
+    asyncio.run(pool.load())
+    assert pool.state == "ready" and list(pool.engines) == ["org/tiny"]
+    assert all(pool.select(name) is engine
+               for name in ("org/tiny", "org/tiny-q4f16_1", "hf://org/tiny"))
