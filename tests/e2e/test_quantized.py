@@ -1,6 +1,7 @@
 """Quantized variants: perplexity of SmolLM2 on a fixed public-domain text (q0f32 vs transformers,
-q4 vs transformers holding the artifact's dequantized weights, q4 vs q0f32), and the tiny model's
-q4f32_1 logits against transformers with ``dequantize_q4`` weights (the packing, exactly)."""
+q4f32_1 and the mixed q4f16_m vs transformers holding the artifact's dequantized weights, and vs
+q0f32), the tiny model's q4f32_1/q8f32_1 logits against transformers with the dequantized
+weights (the packing, exactly), and q4f32_m on a tiny GGUF mixing widths."""
 
 from __future__ import annotations
 
@@ -70,10 +71,10 @@ def test_q0f32_perplexity_equals_transformers(smollm2_core, smollm2_hf, text_ids
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["q4f32_1", "q4f16_1"])
+@pytest.mark.parametrize("quant", ["q4f32_1", "q4f16_m"])
 def test_q4_perplexity_equals_dequantized_reference(quant, smollm2_core, smollm2_hf, text_ids,
                                                     compiled, backend):
-    if quant.endswith("f16_1") and "shader-f16" not in backend.features:
+    if "f16" in quant and "shader-f16" not in backend.features:
         pytest.skip("device lacks shader-f16")
     core = smollm2_core(quant)
     ppl, logits = wick_perplexity(core, text_ids)
@@ -93,15 +94,17 @@ def test_q4_perplexity_equals_dequantized_reference(quant, smollm2_core, smollm2
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["q4f32_1", "q4f16_1"])
+@pytest.mark.parametrize("quant", ["q4f32_1", "q4f16_m"])
 def test_q4_perplexity_within_10_percent_of_q0f32(quant, smollm2_core, text_ids, backend):
-    if quant.endswith("f16_1") and "shader-f16" not in backend.features:
+    if "f16" in quant and "shader-f16" not in backend.features:
         pytest.skip("device lacks shader-f16")
     for q in ("q0f32", quant):
         if q not in _ppl:
             _ppl[q] = wick_perplexity(smollm2_core(q), text_ids)[0]
     print(f"{quant} perplexity {_ppl[quant]:.4f} vs q0f32 {_ppl['q0f32']:.4f}")
-    assert _ppl[quant] < 1.10 * _ppl["q0f32"]
+    # q4f16_m keeps the GGUF exactly (Q4_1 layers in 4 bits, the Q8_0 embedding in 8): only
+    # float16 activations move it (over the KJV passages q4f32_m equals q0f32, 27.455)
+    assert _ppl[quant] < (1.02 if quant.endswith("_m") else 1.10) * _ppl["q0f32"]
 
 
 # ----------------------------------------------------------------------------- tiny q4f32_1 / q8f32_1
