@@ -138,12 +138,12 @@ def _listing(ref: HubRef) -> list[str]:
         if _cached_commit(ref) is not None:  # (gated or private, fetched with a token once)
             raise _NoAnswer(err) from None
         raise _hub_error(ref, err) from None
-    except (OfflineModeIsEnabled, OSError) as err:  # (OSError: no network)
-        raise _NoAnswer(err) from None
-    except HfHubHTTPError as err:
+    except HfHubHTTPError as err:  # (an OSError too: before the clause below)
         if err.response is not None and err.response.status_code < 500:
             raise _hub_error(ref, err) from None
         raise _NoAnswer(err) from None  # the Hub is down: the cache may do
+    except (OfflineModeIsEnabled, OSError) as err:  # (OSError: no network)
+        raise _NoAnswer(err) from None
     except Exception as err:  # noqa: BLE001 - httpx's ConnectError, TimeoutException, ...
         if _network_error(err):
             raise _NoAnswer(err) from None
@@ -290,8 +290,11 @@ def _unreachable(ref: HubRef, cause: BaseException | None) -> WickError:
         return HubUnreachableError(
             f"{ref.uri} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and "
             "HF_HUB_OFFLINE is set: fetch it once with the network on (unset HF_HUB_OFFLINE)")
-    if cause is not None and not isinstance(cause, OSError) and not _network_error(cause):
-        return _hub_error(ref, cause)
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(cause, HfHubHTTPError) or (
+            cause is not None and not isinstance(cause, OSError) and not _network_error(cause)):
+        return _hub_error(ref, cause)  # it answered: what it said
     why = f" ({_first_line(cause)})" if cause is not None else ""
     return HubUnreachableError(
         f"cannot reach {constants.ENDPOINT}{why} and {ref.uri} is not in the Hugging Face "

@@ -52,6 +52,7 @@ class StandinHub:
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
         self.requests: list[Asked] = []
+        self.down = False  # every request answers 503, as the Hub in an outage
         self._cuts: dict[tuple[str, str], int] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -107,6 +108,8 @@ def _handler(hub: StandinHub):
         def _route(self, body: bool) -> None:
             hub.requests.append(Asked(self.command, self.path,
                                       {k.lower(): v for k, v in self.headers.items()}))
+            if hub.down:
+                return self._error(503, "ServiceUnavailable", "the Hub is down")
             path = unquote(urlsplit(self.path).path)
             if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/(.+?)(?:/(.*))?", path):
                 return self._tree(m[1], m[2])

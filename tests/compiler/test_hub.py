@@ -194,3 +194,17 @@ def test_a_dropped_download_resumes_where_it_stopped(hub):
     assert len(gets) == 2 and "range" not in gets[0].headers
     resumed_at = int(gets[1].headers["range"].removeprefix("bytes=").rstrip("-"))
     assert 0 < resumed_at <= 50_000  # the bytes before the cut were kept, not fetched again
+
+
+def test_a_hub_that_is_down_leaves_the_cache_usable(hub):
+    from wick.compiler.hub import HubUnreachableError, fetch
+
+    hub.add("org/model", hf_repo())
+    hub.add("org/later", hf_repo(b"l" * 4000))
+    fetched = fetch("hf://org/model")
+    hub.down = True
+    assert fetch("hf://org/model") == fetched
+    with pytest.raises(HubUnreachableError) as caught:
+        fetch("hf://org/later")
+    assert caught.value.status == 502
+    assert f"{hub.url} answered 503 for hf://org/later" in caught.value.message
