@@ -116,7 +116,7 @@ def test_wheel_ships_the_browser_engine_and_serves_it(web_bundle, tmp_path):
     out = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
                    check=True)
-    (wheel,) = out.glob("wick-*.whl")
+    (wheel,) = out.glob("wick_llm-*.whl")  # (the distribution wick-llm)
     names = zipfile.ZipFile(wheel).namelist()
     assert "wick/server/static/web/wick.d.ts" in names  # the public API's types
     assert "wick/server/static/web/types/client.d.ts" in names
