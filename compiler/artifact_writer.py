@@ -203,10 +203,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def artifact_problems(out_dir: Path, *, hashes: bool = False) -> list[str]:
+def artifact_problems(out_dir: Path, *, hashes: bool = False,
+                      sha256: Callable[[Path], str] | None = None) -> list[str]:
     """What is wrong with a finished artifact, cheaply: every listed file present, kernels and
     tokenizer matching their sha256 (small), shards of their listed size; with ``hashes`` (or
-    when a load left ``VERIFY_MARKER``) every shard's sha256 too. Empty: reuse it."""
+    when a load left ``VERIFY_MARKER``) every shard's sha256 too. Empty: reuse it. ``sha256``:
+    how to hash a file (default: read it all, every time)."""
+    sha256 = sha256 or _file_sha256
     out_dir = Path(out_dir)
     hashes = hashes or (out_dir / VERIFY_MARKER).exists()
     try:
@@ -225,7 +228,7 @@ def artifact_problems(out_dir: Path, *, hashes: bool = False) -> list[str]:
             if "nbytes" in entry and size != entry["nbytes"]:
                 problems.append(f"{entry['file']}: {size} bytes, the manifest says "
                                 f"{entry['nbytes']}")
-            elif hash_it and _file_sha256(path) != entry["sha256"]:
+            elif hash_it and sha256(path) != entry["sha256"]:
                 problems.append(f"{entry['file']}: sha256 mismatch")
         except OSError as err:
             problems.append(f"{entry['file']}: {err.strerror or err}")

@@ -513,10 +513,12 @@ def compile_model(
 
     report = progress or (lambda stage, done, total: None)
     fetched = _fetched_from_hub(model)
+    # a built-in's registry entry (default variant, sampling card) is found by its name
+    entry_name = model if model in builtin_models() else None
     if fetched is not None:
         model = str(fetched.path)  # (its snapshot in huggingface_hub's cache, from now on)
-    family = family_of(model)  # (config or metadata only: read once)
-    quant = get_quantization(quantization or default_quantization(model, family))
+    family = family_of(entry_name or model)  # (config or metadata only: read once)
+    quant = get_quantization(quantization or default_quantization(entry_name or model, family))
     _refuse_f16_overflow(family, quant)  # before any download or hashing
     sweep_stale_builds(paths.artifacts_dir())
     if output is not None:
@@ -569,7 +571,7 @@ def compile_model(
                              kv_window_pool=module.window_pool(),
                              embedding=_embedding_section(module, cfg, hf, loaded.tokenizer_json,
                                                           prefill_chunk_size),
-                             sampling=_sampling_section(model, hf)),
+                             sampling=_sampling_section(entry_name or model, hf)),
         source={"model": origin, "sha256": source_hash}, options=options)
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,

@@ -15,14 +15,16 @@ cache, as huggingface_hub's own functions do.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable
 
 from ..engine.artifact import MANIFEST_NAME
 from ..engine.errors import InvalidRequestError, WickError
 
 SCHEME = "hf://"
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a revision naming one commit: immutable
 
 # What compiler/hf_source.py and embedding_files.py read from an HF model repo; the rest of a
 # repo (README, other weight formats, ONNX and GGUF exports, images) is never downloaded.
@@ -104,7 +106,12 @@ def fetch(model: str) -> Fetched:
     """Download (or find in the cache) what wick needs of ``model``, an ``hf://`` URI."""
     ref = parse(model)
     if ref.filename is not None:
-        return _gguf(ref, ref.filename)
+        return _gguf(ref, ref.filename)  # (a commit in the cache: no request at all)
+    if ref.revision is not None and COMMIT.fullmatch(ref.revision) and _cached(ref):
+        try:  # a commit never changes: nothing to ask the Hub, unless the cache lacks a file
+            return _from_cache(ref, None)
+        except HubUnreachableError:
+            pass
     try:
         files = _listing(ref)
     except _NoAnswer as no_answer:  # the Hub could not be asked: what the cache holds
@@ -135,7 +142,7 @@ def _listing(ref: HubRef) -> list[str]:
     try:
         info = HfApi().model_info(ref.repo_id, revision=ref.revision)
     except (RepositoryNotFoundError, RevisionNotFoundError) as err:
-        if _cached_commit(ref) is not None:  # (gated or private, fetched with a token once)
+        if _cached(ref):  # (gated or private, fetched with a token once)
             raise _NoAnswer(err) from None
         raise _hub_error(ref, err) from None
     except HfHubHTTPError as err:  # (an OSError too: before the clause below)
@@ -170,19 +177,14 @@ def _kind(ref: HubRef, files: list[str]) -> tuple[str, list[str]]:
         f"or a compiled wick artifact ({MANIFEST_NAME})", param="model")
 
 
-def _from_cache(ref: HubRef, cause: BaseException) -> Fetched:
-    """The repo as fetched before, where the Hub could not be asked (``cause``): its kind from
-    the files the cache holds at the revision."""
-    from huggingface_hub import try_to_load_from_cache
-
-    def cached(name: str) -> bool:
-        return isinstance(try_to_load_from_cache(ref.repo_id, name, revision=ref.revision), str)
-
-    if cached(MANIFEST_NAME):
-        return _fetched("artifact", Path(_snapshot(ref, None, cause)), ref)
-    if cached("config.json"):
-        return _fetched("hf", Path(_snapshot(ref, HF_PATTERNS, cause)), ref)
-    folder = Path(_snapshot(ref, ["*.gguf"], cause))
+def _from_cache(ref: HubRef, cause: BaseException | None) -> Fetched:
+    """The repo as fetched before (without asking the Hub: it could not be asked, ``cause``,
+    or the revision is a commit): its kind from the files the cache holds at the revision."""
+    if _cached(ref, MANIFEST_NAME):
+        return _fetched("artifact", Path(_snapshot(ref, None, True, cause)), ref)
+    if _cached(ref, "config.json"):
+        return _fetched("hf", Path(_snapshot(ref, HF_PATTERNS, True, cause)), ref)
+    folder = Path(_snapshot(ref, ["*.gguf"], True, cause))
     ggufs = sorted(p for p in folder.rglob("*.gguf"))
     if not ggufs:
         raise _unreachable(ref, cause)
@@ -191,15 +193,15 @@ def _from_cache(ref: HubRef, cause: BaseException) -> Fetched:
     return _fetched("gguf", ggufs[0], ref, names[0])
 
 
-def _snapshot(ref: HubRef, patterns: list[str] | None,
-              offline: BaseException | None = None) -> str:
-    """The snapshot of the repo's files matching ``patterns`` (None: all); from the cache only
-    where ``offline`` says why the Hub could not be asked."""
+def _snapshot(ref: HubRef, patterns: list[str] | None, cached_only: bool = False,
+              cause: BaseException | None = None) -> str:
+    """The snapshot of the repo's files matching ``patterns`` (None: all); ``cached_only``:
+    from the cache alone (``cause``: why the Hub was not asked, for the error)."""
     from huggingface_hub import snapshot_download
 
     return _calling(ref, lambda: snapshot_download(
         ref.repo_id, revision=ref.revision, allow_patterns=patterns,
-        local_files_only=offline is not None), offline)
+        local_files_only=cached_only), cause)
 
 
 def _gguf(ref: HubRef, filename: str) -> Fetched:
@@ -219,14 +221,13 @@ def _fetched(kind: str, path: Path, ref: HubRef, filename: str | None = None) ->
     return Fetched(kind, path, ref.repo_id, origin)
 
 
-def _cached_commit(ref: HubRef) -> str | None:
+def _cached(ref: HubRef, *names: str) -> bool:
+    """Whether the cache holds one of ``names`` (default: what says a repo was fetched: an
+    artifact's manifest or a model's config) at the revision."""
     from huggingface_hub import try_to_load_from_cache
 
-    for name in (MANIFEST_NAME, "config.json"):
-        found = try_to_load_from_cache(ref.repo_id, name, revision=ref.revision)
-        if isinstance(found, str):
-            return PurePosixPath(Path(found).as_posix()).parent.name
-    return None
+    return any(isinstance(try_to_load_from_cache(ref.repo_id, name, revision=ref.revision), str)
+               for name in names or (MANIFEST_NAME, "config.json"))
 
 
 def _calling(ref: HubRef, call: Callable[[], str], offline: BaseException | None = None) -> str:

@@ -88,13 +88,16 @@ def _from_hub(model: str, quantization: str | None, features, progress: Progress
     from ..compiler.artifact_writer import artifact_problems
     from ..compiler.compile import compile_model
     from ..compiler.hub import fetch
+    from ..compiler.sources import file_sha256
 
     fetched = fetch(model)
     if fetched.kind != "artifact":
         quantization = pick_quantization(str(fetched.path), quantization, features, prefer_f32)
-        out = compile_model(model, quantization, progress=progress)  # (the fetch is cached)
+        # (by its commit: the compile finds it in the cache without asking the Hub again)
+        out = compile_model(fetched.origin, quantization, progress=progress)
         return Artifact.load(lambda p: (out / p).read_bytes(), str(out))
-    problems = artifact_problems(fetched.path, hashes=True)
+    # every file hashed: once per file version (the cache's blobs never change in place)
+    problems = artifact_problems(fetched.path, hashes=True, sha256=file_sha256)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ArtifactError(f"the artifact in {fetched.origin} is damaged: {problems[0]}{more}; "

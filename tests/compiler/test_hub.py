@@ -112,6 +112,9 @@ def test_revisions_by_branch_and_commit(hub):
         fetched = fetch(uri)
         assert fetched.origin == f"hf://org/model@{commit}"
         assert (fetched.path / "model.safetensors").read_bytes() == weights * 100
+    asked = len(hub.requests)
+    assert fetch(f"hf://org/model@{v2}").origin == f"hf://org/model@{v2}"
+    assert len(hub.requests) == asked  # a commit in the cache: the Hub is not asked again
 
 
 def test_gated_and_private_repos_need_a_token(hub):

@@ -118,17 +118,19 @@ def test_a_repo_holding_an_artifact_runs_as_it_is(hub, tiny_artifact):
 
 
 def test_a_registry_entry_may_name_a_hub_repo(hub, compiled_from_hub, monkeypatch):
-    """A built-in name whose registry entry is ``{"hf": "hf://..."}`` compiles that repo (here:
-    the artifact compiled from it before, found by its content)."""
+    """A built-in name whose registry entry is ``{"hf": "hf://..."}`` compiles that repo in the
+    entry's default variant (here: the artifact compiled from it before, found by content)."""
     from wick.compiler import sources
     from wick.compiler.compile import compile_model
 
     from tests.e2e.conftest import TINY_OPTIONS
 
     registry = {**sources.builtin_models(),
-                "tiny-qwen2-instruct": {"hf": "hf://org/tiny-qwen2", "family": "qwen2"}}
+                "tiny-qwen2-instruct": {"hf": "hf://org/tiny-qwen2", "family": "qwen2",
+                                        "default_quantization": "q0f32"}}
     monkeypatch.setattr(sources, "builtin_models", lambda: registry)
-    assert compile_model("tiny-qwen2-instruct", "q0f32", **TINY_OPTIONS) == \
+    # (no variant asked: the entry's default, q0f32)
+    assert compile_model("tiny-qwen2-instruct", None, **TINY_OPTIONS) == \
         compiled_from_hub("qwen2")
 
 
