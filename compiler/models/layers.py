@@ -174,5 +174,5 @@ def requantize(module: nn.Module, quant_of, prefix: str = "") -> None:
                     module[attr] = rebuilt
                 else:
                     setattr(module, attr, rebuilt)
-        elif isinstance(child, nn.Module | nn.ModuleList):
+        elif isinstance(child, nn.Module):  # (a ModuleList too)
             requantize(child, quant_of, name + ".")

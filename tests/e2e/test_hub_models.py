@@ -149,3 +149,16 @@ def test_a_served_model_answers_to_the_name_it_was_served_by():
     assert pool.state == "ready" and list(pool.engines) == ["org/tiny"]
     assert all(pool.select(name) is engine
                for name in ("org/tiny", "org/tiny-q4f16_1", "hf://org/tiny"))
+
+
+def test_a_served_manifest_keeps_an_hf_source_and_cuts_a_local_path():
+    import json
+
+    from wick.server.artifact_host import scrub_manifest
+
+    def served(source: str) -> str:
+        return json.loads(scrub_manifest(json.dumps({"source": {"model": source}}).encode())
+                          )["source"]["model"]
+
+    assert served("hf://org/tiny@" + "a" * 40) == "hf://org/tiny@" + "a" * 40
+    assert served("/home/me/models/tiny-qwen2") == "tiny-qwen2"
