@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
@@ -22,7 +22,9 @@ from ..engine.artifact import (
     SHARD_MAX_BYTES,
     VERIFY_MARKER,
 )
-from .lower import Lowered
+
+if TYPE_CHECKING:  # (TVM: the compile extra; this module's checks run without it)
+    from .lower import Lowered
 
 # the kernel sets kept as one file each: native CPU (compiler/cpu_kernels.py), WebAssembly, one
 # thread or shared memory (compiler/wasm_kernels.py), and CUDA C source (compiler/cuda_kernels.py);

@@ -59,7 +59,7 @@ def compiler_digest() -> str:
     digest = hashlib.sha256()
     # (and what reaches the manifest from elsewhere: the sampling keys a request takes, and the
     # registry's model cards only: another pin or size there rebuilds nothing)
-    extra = [here / "wasm_runtime.c", here.parent / "engine" / "artifact.py",
+    extra = [here / "kernel_runtime.c", here.parent / "engine" / "artifact.py",
              here.parent / "engine" / "sampling_defaults.py"]
     for path in sorted(here.rglob("*.py")) + extra:
         if path.is_file():

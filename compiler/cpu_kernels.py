@@ -2,8 +2,11 @@
 
 Every artifact carries its plans once; the WebGPU set runs them as WGSL launches, this set as
 native functions in one shared library (``kernels/cpu/kernels.so``) that the native CPU
-backend (native/cpu_backend.py) loads. The functions keep TVM's packed calling convention
-(tensors described by DLTensor), so the backend passes each plan call's tensors directly.
+backend (native/cpu_backend.py) loads with ctypes. The functions keep TVM's packed calling
+convention (tensors described by DLTensor), so the backend passes each plan call's tensors
+directly. The library is linked with wick's kernel runtime (compiler/kernel_runtime.c: thread
+pool, scratch memory, errors; the same file the WebAssembly kernel set links), so running it
+needs libc and nothing of TVM's: a runtime-only install (no ``wick-llm[compile]``) serves it.
 
 The TIR is the same as the GPU's, before scheduling, except where a kernel exists only in a
 GPU form (thread bindings, shared memory): attention and sampling have CPU twins written for
@@ -15,11 +18,21 @@ schedules apply; a function no rule matches compiles as TVM's plain loops.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import tvm
 from tvm import tirx
+
+from ..engine.artifact import host_cpu_flags
+
+RUNTIME_SOURCE = Path(__file__).with_name("kernel_runtime.c")
+# the manifest entry's "runtime": the kernel runtime's ABI linked in (exports wick_init,
+# wick_set_threads, wick_error). An entry without it needs TVM's runtime: recompile.
+RUNTIME_ABI = 1
+
 
 def host_cpu() -> str:
     """LLVM's name for this machine's CPU (e.g. "znver4", "skylake-avx512")."""
@@ -42,11 +55,30 @@ def build_cpu_library(functions: dict[str, tirx.PrimFunc],
     target = cpu_target(mcpu)
     lib = build_scheduled(functions, target)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernels.so"
-        lib.export_library(str(path))  # links with the system C compiler
+        obj, path = Path(tmp) / "kernels.o", Path(tmp) / "kernels.so"
+        lib.write_to_file(str(obj))
+        link(obj, path)
         data = path.read_bytes()
     return data, {"mcpu": str(target.attrs["mcpu"]), "triple": host_triple(),
+                  "cpu_flags": sorted(host_cpu_flags()), "runtime": RUNTIME_ABI,
                   "functions": sorted(functions)}
+
+
+def link(obj: Path, out: Path) -> None:
+    """Link the kernels' object with the kernel runtime into the shared library ``out``, with
+    the system C compiler. -Bsymbolic: the kernels' calls into the runtime stay inside the
+    library even in a process that has TVM's runtime loaded (its symbols have the same names)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    cmd = [cc, "-shared", "-fPIC", "-O2", "-pthread", "-Wl,-Bsymbolic", "-o", str(out),
+           "-x", "c", str(RUNTIME_SOURCE), "-x", "none", str(obj), "-lm"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise RuntimeError(f"cannot run the C compiler ({cc}) to link the CPU kernels: {e}; "
+                           "install one (apt-get install gcc)") from None
+    if done.returncode:
+        detail = (done.stderr or done.stdout).strip()
+        raise RuntimeError(f"linking the CPU kernels failed: {detail[-2000:]}")
 
 
 def host_triple() -> str:

@@ -11,7 +11,7 @@ thread; ``kernels-threads.wasm`` imports a shared memory and splits parallel loo
 the worker and helper threads instantiated over that memory (only a cross-origin isolated page
 may share memory). Each holds, besides the kernels:
 
-* the runtime hooks TVM's code calls (compiler/wasm_runtime.c: scratch memory, parallel
+* the runtime hooks TVM's code calls (compiler/kernel_runtime.c: scratch memory, parallel
   loops, error messages) and the executor's allocator (``wick_alloc`` / ``wick_free``);
 * wasi-libc's math (``expf``, ``logf``, ...) and ``malloc``, linked in by zig's toolchain
   (PyPI ``ziglang``: clang, wasm-ld and wasi-libc in one wheel).
@@ -31,7 +31,7 @@ from pathlib import Path
 import tvm
 from tvm import tirx
 
-RUNTIME_SOURCE = Path(__file__).with_name("wasm_runtime.c")
+RUNTIME_SOURCE = Path(__file__).with_name("kernel_runtime.c")
 # what every browser with WebAssembly SIMD (Chrome 91+, Firefox 89+, Safari 16.4+) also has
 FEATURES = ("+simd128", "+bulk-memory", "+nontrapping-fptoint", "+sign-ext", "+mutable-globals",
             "+atomics")  # (atomics: the threaded module's pool and its shared memory)

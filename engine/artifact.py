@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Callable, Collection, Iterator
 
@@ -113,3 +114,47 @@ class Artifact:
     def tokenizer_json(self) -> str:
         tok = self.manifest["tokenizer"]
         return self.read_verified(tok["file"], tok["sha256"]).decode("utf-8")
+
+
+# ------------------------------------------------------------------ the CPU kernel set's host
+
+# x86 flags that name instruction sets LLVM may emit (the rest of /proc/cpuinfo's flags tell
+# of the kernel, the hypervisor and the timers: a bare-metal machine lacks "hypervisor")
+_X86_ISA = re.compile(r"(sse\w*|ssse3|pni|avx\w*|fma4?|f16c|bmi[12]|popcnt|abm|movbe|adx|aes|vaes"
+                      r"|v?pclmulqdq|gfni|sha_ni|amx\w*|cx16|xop|tbm|lm)")
+
+
+def host_cpu_flags() -> frozenset[str]:
+    """The instruction-set features this machine's CPU reports (Linux: /proc/cpuinfo's
+    ``flags`` on x86, ``Features`` on Arm); empty where the OS does not say."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(v for v in value.split() if _X86_ISA.fullmatch(v))
+                if key.strip() == "Features":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_kernels_misfit(entry: dict) -> str | None:
+    """Why this machine cannot run a CPU kernel set (manifest ``cpu_kernels``), or None.
+
+    The compiler records the features of the CPU it compiled for (``cpu_flags``): LLVM may use
+    any of them, so a machine lacking one could stop on an illegal instruction. A machine with
+    all of them runs the set, whatever its CPU's name (``mcpu`` only tunes)."""
+    if entry.get("runtime") is None:
+        return ("its CPU kernels need TVM's runtime (compiled by an older wick): recompile "
+                "the model (`wick compile --force`)")
+    wanted = frozenset(entry.get("cpu_flags") or ())
+    have = host_cpu_flags()
+    if wanted and have:
+        missing = sorted(wanted - have)
+        if missing:
+            shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+            return (f"its CPU kernels were built for {entry.get('mcpu')!r}, and this CPU lacks "
+                    f"{shown}: recompile the model on this machine (`wick compile --force`)")
+    return None

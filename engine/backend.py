@@ -30,6 +30,10 @@ BufferHandle = int
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint8": 1,
                "int8": 1, "bool": 1}
+# DLPack (type code, bits) of the same dtypes, which a library kernel checks of its tensors
+# (the cpu and wasm backends describe tensors to it): 0 int, 1 uint, 2 float, 6 bool
+DLPACK_DTYPES = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "uint32": (1, 32),
+                 "int64": (0, 64), "uint8": (1, 8), "int8": (0, 8), "bool": (6, 8)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,31 +2,32 @@
 
 Same contract as the wgpu backend (engine/backend.py), ``kind = "cpu"``: buffers are host
 memory, and a step is a list of ``Call``s, each one native function of the artifact's library
-called on its tensors. The library is TVM LLVM code with TVM's packed calling convention, so
-TVM's runtime loads it and provides what the kernels call back into: the thread pool behind
-``T.parallel`` loops, scratch workspace and error reporting. No second runtime is written here.
+called on its tensors. The library is TVM LLVM code with TVM's packed calling convention,
+linked with wick's kernel runtime (compiler/kernel_runtime.c: the thread pool behind
+``T.parallel`` loops, scratch memory, error messages), so it is loaded with ctypes and needs
+nothing of TVM: this is the whole CPU runtime (the twin of web/src/wasm_executor.ts).
 
-Buffers are 64-byte aligned numpy arrays; a tensor handed to a kernel is a DLPack view of one,
-made once per (buffer, offset, shape, dtype) and reused, so a step's cost is the kernels plus
-about a microsecond per call.
+Buffers are 64-byte aligned numpy arrays. A call's arguments (16-byte TVMFFIAny values, each
+pointing at a DLTensor, and their shapes) are packed once per distinct argument list and
+reused, so a step's cost is the kernels plus about a microsecond per call.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
+import struct
 from typing import Sequence
 
 import numpy as np
 
-from ..engine.backend import BufferHandle, Call, Read, TensorRef, Write
+from ..engine.artifact import cpu_kernels_misfit
+from ..engine.backend import DLPACK_DTYPES, BufferHandle, Call, Read, TensorRef, Write
 from ..engine.errors import ArtifactError, DeviceError
 
 ALIGN = 64  # bytes: what TVM's CPU code assumes of a tensor's data pointer
-_NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
-                 "uint32": np.uint32, "int64": np.int64, "uint8": np.uint8, "int8": np.int8,
-                 "bool": np.bool_}
 
 
 def cpu_name() -> str:
@@ -43,12 +44,61 @@ def cpu_name() -> str:
 
 @functools.cache
 def default_threads() -> int:
-    """One thread per core this process may run on: read once, before TVM's pool pins the
-    calling thread to one core (a second backend would otherwise see one core)."""
+    """One thread per core this process may run on: read once, before anything pins the
+    calling thread to one core (TVM's pool does, where a compile in this process started it;
+    a later backend would otherwise see one core)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+# TVM's packed calling convention, native 64-bit layout: `int f(void* self, TVMFFIAny* args,
+# int num_args, TVMFFIAny* result)`; TVMFFIAny {int32 type_index; uint32 pad; 8-byte value},
+# DLTensor {void* data; {int32 device_type, device_id}; int32 ndim; {uint8 code, uint8 bits,
+# uint16 lanes}; int64* shape; int64* strides (null: compact); uint64 byte_offset}.
+_ANY = struct.Struct("<iIQ")
+_TENSOR = struct.Struct("<QiiiBBHQQQ")
+_FFI_DLTENSOR_PTR = 7
+_DEVICE_CPU = 1
+_PACKED_CALLS_KEPT = 1 << 14  # distinct argument lists kept packed (then packed afresh)
+_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
+                           ctypes.c_void_p)
+
+
+# library handle -> the thread count its pool was last set to. One file loaded twice (two
+# engines of one artifact) is one library with one pool: each backend sets its own count
+# before its step when the other changed it.
+_pool_threads: dict[int, int] = {}
+
+
+class _Library:
+    """One loaded kernel library: its handle (never unloaded: its pool's threads live in it)
+    and the runtime's entry points."""
+
+    def __init__(self, path: str) -> None:
+        # (dlopen reads the file, not its name: a huggingface_hub cache blob loads as is)
+        self.dll = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+        self.dll.wick_init()
+        self.dll.wick_set_threads.restype = ctypes.c_int32
+        self.dll.wick_error.restype = ctypes.c_char_p
+        self.dll.wick_helper_tasks.restype = ctypes.c_int32
+
+    def use_threads(self, threads: int) -> None:
+        handle = self.dll._handle
+        if _pool_threads.get(handle) != threads:
+            self.dll.wick_set_threads(ctypes.c_int32(threads))
+            _pool_threads[handle] = threads
+
+    def function(self, name: str):
+        return _KERNEL(("__tvm_ffi_" + name, self.dll))
+
+    def error(self) -> str:
+        return (self.dll.wick_error() or b"").decode("utf-8", "replace")
+
+    def helper_tasks(self) -> int:
+        """Parallel-loop tasks the pool's helper threads ran so far (tests)."""
+        return self.dll.wick_helper_tasks()
 
 
 class CpuBackend:
@@ -66,22 +116,16 @@ class CpuBackend:
     max_buffer_size = 1 << 46
 
     def __init__(self, threads: int | None = None) -> None:
-        try:
-            import tvm  # noqa: F401  (its runtime loads and runs the kernel libraries)
-            import tvm_ffi
-        except Exception as e:
-            raise DeviceError(f"the CPU backend needs TVM's runtime (apache-tvm): {e}") from None
-        self._tvm, self._ffi = tvm, tvm_ffi
         self.threads = int(threads or default_threads())
-        # TVM's pool otherwise starts with one thread on some machines (FIELD_NOTES)
-        tvm.get_global_func("runtime.config_threadpool")(1, self.threads)
         self.adapter_name = cpu_name()
         self.name = f"cpu: {self.adapter_name} ({self.threads} threads)"
         self._arrays: dict[BufferHandle, np.ndarray] = {}  # handle -> aligned uint8 array
         self._next_handle = 1
-        self._functions: list = []
-        self._libraries: list = []  # loaded modules stay alive as long as the backend
-        self._views: dict[TensorRef, object] = {}  # tensor -> its DLPack view, made once
+        self._functions: list = []  # (ctypes function, its library, its name)
+        self._libraries: list[_Library] = []
+        # argument list -> (packed block, its address, count): packed once, reused
+        self._packed: dict[tuple[TensorRef, ...], tuple[object, int, int]] = {}
+        self._result = ctypes.create_string_buffer(_ANY.size)  # (kernels return nothing)
 
     @classmethod
     def create(cls, threads: int | None = None) -> CpuBackend:
@@ -90,26 +134,18 @@ class CpuBackend:
     # -------------------------------------------------------------- kernels
 
     def load_library(self, entry: dict, path: str, data: bytes) -> int:
-        from tvm.target import codegen
-
-        mcpu, functions = entry["mcpu"], entry["functions"]
-        here = str(codegen.llvm_get_system_cpu())
-        if mcpu != here:
-            raise ArtifactError(
-                f"{path}: CPU kernels built for {mcpu!r}, this machine's CPU is {here!r}: "
-                "recompile the model here (`wick compile --force`)", code="artifact_stale")
+        misfit = cpu_kernels_misfit(entry)
+        if misfit:
+            raise ArtifactError(misfit, path=path, code="artifact_stale")
         try:
-            # (TVM's loader, not tvm.runtime.load_module: that one resolves symlinks first
-            # and then reads the format from the target's name, which huggingface_hub's
-            # cache names by content hash, with no ".so")
-            lib = self._tvm.runtime.module._load_module(path)
-        except Exception as e:
+            lib = _Library(path)
+        except (OSError, AttributeError) as e:
             raise ArtifactError(f"cannot load the CPU kernels: {e}", path=path) from None
         base = len(self._functions)
-        for name in functions:
+        for name in entry["functions"]:
             try:
-                self._functions.append(lib[name])
-            except Exception:
+                self._functions.append((lib.function(name), lib, name))
+            except AttributeError:
                 raise ArtifactError(f"function {name!r} missing from the CPU kernels",
                                     path=path) from None
         self._libraries.append(lib)
@@ -128,8 +164,7 @@ class CpuBackend:
 
     def free(self, buffer: BufferHandle) -> None:
         del self._arrays[buffer]
-        for t in [t for t in self._views if t.buffer == buffer]:
-            del self._views[t]
+        self._packed.clear()  # (packed addresses may point into it; frees are rare)
 
     def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
         mv = memoryview(data).cast("B")
@@ -145,25 +180,44 @@ class CpuBackend:
 
     # -------------------------------------------------------------- steps
 
-    def _tensor(self, t: TensorRef):
-        v = self._views.get(t)
-        if v is None:
+    def _pack(self, args: tuple[TensorRef, ...]) -> tuple[object, int, int]:
+        """The call block of ``args``: the TVMFFIAny array, then the DLTensors, then their
+        shapes, in one buffer that stays alive with the cache entry."""
+        n = len(args)
+        tensors_at = n * _ANY.size
+        shapes_at = tensors_at + n * _TENSOR.size
+        block = ctypes.create_string_buffer(shapes_at + 8 * sum(len(t.shape) for t in args))
+        base = ctypes.addressof(block)
+        shape = shapes_at
+        for i, t in enumerate(args):
             arr = self._arrays[t.buffer]
-            count = int(np.prod(t.shape, dtype=np.int64))
-            typed = arr[t.offset:t.offset + t.nbytes].view(_NUMPY_DTYPES[t.dtype])[:count]
-            # (alignment is the buffer's: offsets inside it follow the plan's own alignment)
-            v = self._views[t] = self._ffi.from_dlpack(typed.reshape(t.shape),
-                                                       require_alignment=0)
-        return v
+            if t.offset + t.nbytes > arr.nbytes:
+                raise DeviceError(f"tensor of {t.nbytes} bytes at {t.offset} overflows buffer "
+                                  f"{t.buffer} of {arr.nbytes}")
+            code, bits = DLPACK_DTYPES[t.dtype]
+            tensor = base + tensors_at + i * _TENSOR.size
+            _ANY.pack_into(block, i * _ANY.size, _FFI_DLTENSOR_PTR, 0, tensor)
+            # (offsets keep the plan's own alignment; the buffer is 64-byte aligned)
+            _TENSOR.pack_into(block, tensors_at + i * _TENSOR.size, arr.ctypes.data + t.offset,
+                              _DEVICE_CPU, 0, len(t.shape), code, bits, 1, base + shape, 0, 0)
+            struct.pack_into(f"<{len(t.shape)}q", block, shape, *t.shape)
+            shape += 8 * len(t.shape)
+        if len(self._packed) >= _PACKED_CALLS_KEPT:
+            self._packed.clear()
+        packed = self._packed[args] = (block, base, n)
+        return packed
 
     def run(self, writes: Sequence[Write], dispatches: Sequence[Call],
             reads: Sequence[Read]) -> list[bytes]:
         for w in writes:
             self.write(w.buffer, w.offset, w.data)
-        functions, tensor = self._functions, self._tensor
+        for lib in self._libraries:
+            lib.use_threads(self.threads)
+        functions, packed, pack = self._functions, self._packed, self._pack
+        result = ctypes.addressof(self._result)
         for call in dispatches:
-            try:
-                functions[call.function](*[tensor(t) for t in call.args])
-            except Exception as e:  # a kernel's own check (shape, dtype) failed
-                raise DeviceError(f"CPU kernel {call.function} failed: {e}") from None
+            block = packed.get(call.args) or pack(call.args)
+            fn = functions[call.function]
+            if fn[0](None, block[1], block[2], result):  # a kernel's own check (shape, dtype)
+                raise DeviceError(f"CPU kernel {fn[2]} failed: {fn[1].error()}")
         return [self._arrays[r.buffer][r.offset:r.offset + r.size].tobytes() for r in reads]

@@ -47,8 +47,8 @@ class BrowserVariants:
         return thread
 
     def _build(self, model: str, quant: str, source: str | None, options: dict) -> None:
-        from ..compiler.compile import compile_model
         from ..compiler.hub import is_hub_uri
+        from ..compiler.extra import require_compiler
         from ..compiler.sources import builtin_models
         from .cli import ProgressBars
 
@@ -68,6 +68,9 @@ class BrowserVariants:
             bars(stage, done, total)
 
         try:
+            require_compiler(f"the {quant} variant of {model} (for browsers without shader-f16)")
+            from ..compiler.compile import compile_model
+
             with self._lock:
                 if options.pop("synthetic", False):  # (wick compile --synthetic CONFIG)
                     from ..compiler.synthetic import compile_synthetic

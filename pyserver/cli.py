@@ -122,8 +122,10 @@ class ProgressBars:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from ..compiler.compile import compile_model
+    from ..compiler.extra import require_compiler
 
+    require_compiler(args.model)
+    from ..compiler.compile import compile_model
     from ..compiler.synthetic import compile_synthetic
 
     bars = ProgressBars()

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
+from ..compiler.extra import require_compiler
 from ..engine import AsyncEngineAPI, EngineAPI, EngineCore
 from ..engine.artifact import MANIFEST_NAME, VERIFY_MARKER, Artifact
 from ..engine.assembly import assemble_core
@@ -65,6 +66,7 @@ def load_artifact(model: str, quantization: str | None, features, progress: Prog
         return _artifact_at(path, quantization)
     if not path.exists() and ("/" in model or model.endswith(".gguf")):
         raise ModelNotFoundError(model)
+    require_compiler(model)
     from ..compiler.compile import compile_model
 
     quantization = pick_quantization(model, quantization, features, prefer_f32)
@@ -86,12 +88,14 @@ def _from_hub(model: str, quantization: str | None, features, progress: Progress
     """An ``hf://`` model: a repo holding a compiled artifact runs as it is, once every file
     matches the manifest's sha256; a model repo or GGUF is compiled (cached) like a local one."""
     from ..compiler.artifact_writer import artifact_problems
-    from ..compiler.compile import compile_model
     from ..compiler.hub import fetch
     from ..compiler.sources import file_sha256
 
     fetched = fetch(model)
     if fetched.kind != "artifact":
+        require_compiler(model)
+        from ..compiler.compile import compile_model
+
         quantization = pick_quantization(str(fetched.path), quantization, features, prefer_f32)
         # (by its commit: the compile finds it in the cache without asking the Hub again)
         out = compile_model(fetched.origin, quantization, progress=progress)

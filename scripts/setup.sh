@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+extras="[compile]"  # (everything: the runtime-only install is plain `pip install wick-llm`)
+[ "${1:-}" = "--test" ] && extras="[compile,test]"
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
@@ -63,7 +63,7 @@ fi
 
 # Browser tests drive Debian's Chromium (headless, --enable-unsafe-webgpu) with playwright;
 # `playwright install` is never used.
-if [ -n "$extras" ] && [ ! -x /usr/bin/chromium ]; then
+if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ]; then
   if command -v apt-get >/dev/null 2>&1; then
     step "installing chromium (browser tests)" apt_install chromium
   else

@@ -11,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,15 +109,23 @@ def test_model_index_and_bundle_routes(tmp_path):
     assert client.get("/static/wick.js?name=../../app.py").text == r.text  # no parameters
 
 
-def test_wheel_ships_the_browser_engine_and_serves_it(web_bundle, tmp_path):
+@pytest.fixture(scope="module")
+def wheel(web_bundle, tmp_path_factory) -> Path:
+    """`pip wheel .`: the distribution as users install it."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+                   check=True)
+    (wheel,) = out.glob("wick_llm-*.whl")  # (the distribution wick-llm)
+    return wheel
+
+
+def test_wheel_ships_the_browser_engine_and_serves_it(wheel, tmp_path):
     """`pip wheel .` carries the built web/ and wasm/ assets (setup.py builds them when absent);
     installed from that wheel alone, the server serves every file the worker will ask for."""
     import subprocess
 
-    out = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
-                   check=True)
-    (wheel,) = out.glob("wick_llm-*.whl")  # (the distribution wick-llm)
     names = zipfile.ZipFile(wheel).namelist()
     assert "wick/server/static/web/wick.d.ts" in names  # the public API's types
     assert "wick/server/static/web/types/client.d.ts" in names
@@ -157,3 +166,81 @@ print("extension", info["files"], "files")
     assert "extension " in r.stdout
     assert {"wick", "wick_web", "jinja2", "markupsafe"} <= {
         w["file"].rsplit("/", 1)[-1].split("-")[0].lower() for w in wheels}
+
+
+COMPILE_EXTRA = {"apache-tvm", "apache-tvm-ffi", "ziglang"}
+
+
+def test_the_wheel_without_the_compile_extra_serves_an_artifact(wheel, tiny_q4_artifact,
+                                                                  tiny_llama_dir, tmp_path):
+    """The runtime-only install: the wheel's base requirements hold no compiler (TVM, zig: the
+    `compile` extra does). Installed from the wheel alone, with tvm, tvm_ffi and ziglang
+    unimportable, `wick serve ARTIFACT --device cpu` runs the artifact's CPU kernels on the
+    runtime linked into them and answers what this process's engine answers; `wick compile`
+    prints one error line naming the extra, exit 1."""
+    import re
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+    from email.parser import Parser
+
+    from tests.conftest import wick_process_env
+    from wick.server.local import Engine
+
+    with zipfile.ZipFile(wheel) as z:
+        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        requires = Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist")
+    name = lambda r: re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower()  # noqa: E731
+    base = {name(r) for r in requires if "extra ==" not in r}
+    assert {"wgpu", "numpy", "tokenizers", "fastapi", "huggingface_hub"} <= base
+    assert not base & COMPILE_EXTRA
+    assert {name(r) for r in requires if re.search(r"extra == ['\"]compile['\"]", r)} == COMPILE_EXTRA
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = wick_process_env(WICK_TEST_WITHOUT="tvm,tvm_ffi,ziglang")
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    command = [sys.executable, "-c", "import sys, wick; assert wick.__file__.startswith(sys.argv[1])"
+               "; del sys.argv[1]; from wick.server.cli import main; sys.exit(main())", str(site)]
+
+    done = subprocess.run([*command, "compile", str(tiny_llama_dir)], env=env, text=True,
+                          capture_output=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: compiling "), lines
+    assert "pip install 'wick-llm[compile]'" in lines[0] and "Traceback" not in lines[0]
+
+    request = {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0,
+               "ignore_eos": True}
+    expected = Engine(str(tiny_q4_artifact), device="cpu").completions.create(**request)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*command, "serve", str(tiny_q4_artifact), "--device", "cpu",
+                             "--port", str(port), "--shutdown-grace", "0.5"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path)
+    try:
+        base_url, status, deadline = f"http://127.0.0.1:{port}", None, time.monotonic() + 120
+        while status != 200 and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = urllib.request.urlopen(f"{base_url}/health", timeout=5).status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert status == 200, proc.poll()
+        body = json.dumps(request).encode()
+        reply = json.load(urllib.request.urlopen(urllib.request.Request(
+            f"{base_url}/v1/completions", data=body,
+            headers={"Content-Type": "application/json"}), timeout=60))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert reply["choices"][0]["text"] == expected.choices[0].text, out
+    assert reply["usage"]["completion_tokens"] == 12
+    assert "cpu:" in out and "Traceback" not in out, out

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import TINY_OPTIONS
-from tests.e2e.helpers import hf_greedy, ids_of, make_core, prefill_logits, run_core
+from tests.e2e.helpers import (
+    hf_greedy,
+    ids_of,
+    kv_cache_of,
+    make_core,
+    prefill_logits,
+    run_core,
+)
 # the same tests, collected again here with this module's CPU fixtures
 from tests.e2e.test_tiny_parity import (  # noqa: F401
     test_chunked_prefill_gives_the_same_tokens,
@@ -149,3 +156,103 @@ def test_f16_variants_run_on_the_cpu_too(tiny_llama_dir, compiled, cpu, backend)
     assert np.abs(a - b).max() < 2e-2 * max(1.0, np.abs(b).max())
     assert int(a[0].argmax()) == int(b[0].argmax())
     assert pick_quantization("smollm2-135m-instruct", None, cpu.features, cpu.prefers_f32) == "q4f32_1"
+
+
+# ---------------------------------------------------------------------- the kernel runtime
+
+
+def test_the_library_needs_only_libc_and_its_pool_splits_loops(tiny_llama_dir, compiled):
+    """kernels.so is linked with wick's kernel runtime (compiler/kernel_runtime.c): it asks
+    the dynamic linker for libc, libm and ld.so only (no TVM), the manifest says so; with 2 threads
+    the pool's helper runs parallel-loop tasks whose results equal 1 thread's bit for bit."""
+    import json
+    import subprocess
+
+    from wick.engine.artifact import MANIFEST_NAME, host_cpu_flags
+    from wick.native.cpu_backend import CpuBackend
+
+    art = compiled(tiny_llama_dir, "q0f32", **TINY_OPTIONS)
+    entry = json.loads((art / MANIFEST_NAME).read_text())["cpu_kernels"]
+    assert entry["runtime"] == 1 and set(entry["cpu_flags"]) <= host_cpu_flags()
+    dynamic = subprocess.run(["readelf", "-d", str(art / entry["file"])], capture_output=True,
+                             text=True, check=True).stdout
+    needed = {line.split("[")[1].split("]")[0] for line in dynamic.splitlines()
+              if "(NEEDED)" in line}
+    assert needed and all(n.startswith(("libc.so", "libm.so", "ld-linux")) for n in needed), needed
+
+    prompts = [ids_of(40, 3), ids_of(7, 4)]
+    one, two = CpuBackend(threads=1), CpuBackend(threads=2)
+    core1, core2 = make_core(art, one, num_pages=64), make_core(art, two, num_pages=64)
+    lib = two._libraries[0]
+    before = lib.helper_tasks()
+    logits2 = prefill_logits(core2.runner, prompts)
+    assert lib.helper_tasks() > before  # the helper thread took tasks
+    before = lib.helper_tasks()
+    logits1 = prefill_logits(core1.runner, prompts)  # (the same library: its pool set to 1)
+    assert lib.helper_tasks() == before
+    assert np.array_equal(logits1, logits2)
+
+
+def test_two_engines_step_at_once_on_one_library(tiny_llama_dir, compiled):
+    """Two engines of one artifact in two threads share the library's pool: a loop launched
+    while the other thread's holds it runs alone, and both get what they get solo."""
+    import threading
+
+    from wick.native.cpu_backend import CpuBackend
+
+    art = compiled(tiny_llama_dir, "q0f32", **TINY_OPTIONS)
+    cores = [make_core(art, CpuBackend(threads=2), num_pages=64) for _ in range(2)]
+    prompts = [[ids_of(60, 10 + i)] for i in range(2)]
+
+    def logits(i: int) -> np.ndarray:
+        out = prefill_logits(cores[i].runner, prompts[i])
+        kv_cache_of(cores[i].runner).free(0)
+        return out
+
+    solo = [logits(i) for i in range(2)]
+    results: dict[int, list] = {0: [], 1: []}
+
+    def work(i: int) -> None:
+        for _ in range(5):
+            results[i].append(logits(i))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i in range(2):
+        assert len(results[i]) == 5
+        assert all(np.array_equal(r, solo[i]) for r in results[i])
+
+
+def test_a_kernels_own_check_names_the_kernel_and_what_failed(tiny_core):
+    """A call whose tensors do not fit the kernel: its check's message, through the
+    runtime's error slot, in a DeviceError naming the kernel (no crash)."""
+    from wick.engine.backend import Call, TensorRef
+    from wick.engine.errors import DeviceError
+
+    backend = tiny_core.runner.backend
+    buffer = backend.alloc(64)
+    try:
+        with pytest.raises(DeviceError, match=r"CPU kernel \S+ failed: \S+"):
+            backend.run([], [Call(0, (TensorRef(buffer, 0, (4,), "float32"),))], [])
+    finally:
+        backend.free(buffer)
+
+
+def test_a_library_the_cpu_cannot_run_is_refused_with_what_to_do(tiny_core):
+    from wick.engine.artifact import cpu_kernels_misfit, host_cpu_flags
+    from wick.engine.errors import ArtifactError
+    from wick.native.cpu_backend import CpuBackend
+
+    here = sorted(host_cpu_flags())
+    assert cpu_kernels_misfit({"runtime": 1, "cpu_flags": here, "mcpu": "x"}) is None
+    old = cpu_kernels_misfit({"mcpu": "x", "functions": []})  # before the kernel runtime
+    assert "TVM's runtime" in old and "wick compile --force" in old
+    if here:
+        why = cpu_kernels_misfit({"runtime": 1, "cpu_flags": [*here, "avx9000"], "mcpu": "zen9"})
+        assert "'zen9'" in why and "lacks avx9000" in why and "wick compile --force" in why
+    with pytest.raises(ArtifactError) as e:
+        CpuBackend(threads=1).load_library({"mcpu": "x", "functions": ["f"]}, "k.so", b"")
+    assert e.value.code == "artifact_stale"

@@ -18,7 +18,8 @@ import json
 from array import array
 from typing import Any, Sequence
 
-from wick.engine.backend import BufferHandle, Call, Dispatch, KernelSpec, Read, Write
+from wick.engine.backend import (DLPACK_DTYPES, BufferHandle, Call, Dispatch, KernelSpec, Read,
+                                 Write)
 from wick.engine.errors import DeviceError
 
 
@@ -161,15 +162,11 @@ class WebGPUBackend(_ExecutorBackend):
         raw = await self._x.runStep(meta, data, _i32(words), _u8(uniforms), rmeta)
         return self._unpack(raw, reads)
 
-# DLPack (type code, bits) of the dtypes plans use: 0 int, 1 uint, 2 float, 6 bool
-_DLPACK = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "uint32": (1, 32),
-           "int64": (0, 64), "uint8": (1, 8), "int8": (0, 8), "bool": (6, 8)}
-
 
 def _call_words(c: Call) -> array:
     enc = array("i", [c.function, len(c.args)])
     for t in c.args:
-        code, bits = _DLPACK[t.dtype]
+        code, bits = DLPACK_DTYPES[t.dtype]
         enc.extend((t.buffer, t.offset, code | bits << 8 | 1 << 16, len(t.shape), *t.shape))
     return enc
 

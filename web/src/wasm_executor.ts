@@ -9,9 +9,9 @@
  *   kernels-threads.wasm over a shared memory instead, and starts one helper worker per extra
  *   core, each an instance of the same module over the same memory with its own stack, parked
  *   in wick_thread_main until a kernel's parallel loop hands it a task
- *   (compiler/wasm_runtime.c). Helpers join as they come up; until then loops run here.
+ *   (compiler/kernel_runtime.c). Helpers join as they come up; until then loops run here.
  * - alloc/free/write: integer handles over 64-byte aligned blocks of the module's heap
- *   (wick_alloc / wick_free, compiler/wasm_runtime.c).
+ *   (wick_alloc / wick_free, compiler/kernel_runtime.c).
  * - runCalls: ONE call per engine step from Python: writes, then each kernel call with its
  *   tensors described as DLTensors in a scratch block, then the reads. Synchronous.
  *
@@ -27,7 +27,7 @@ const TENSOR_BYTES = 40;
 const FFI_DLTENSOR_PTR = 7;
 const DEVICE_CPU = 1;
 const ALIGN = 64;
-const MAX_THREADS = 16; // (wasm_runtime.c's pool size)
+const MAX_THREADS = 16; // (kernel_runtime.c's pool size)
 const THREAD_STACK = 1 << 20;
 
 /** A helper thread: instantiate the module over the shared memory, take its own stack, then
