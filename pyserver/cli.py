@@ -442,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .extension_build import add_extension_parser
 
     add_extension_parser(sub)
+    from .export import add_export_parser
+
+    add_export_parser(sub)
     return parser
 
 

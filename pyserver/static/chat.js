@@ -5,7 +5,8 @@
 // the server when it has a model loaded (its native CPU kernels beat a browser's), else the
 // browser engine.
 // The Chrome extension's side panel runs this same file with `globalThis.wickChat` set: models
-// from its host, the browser engine only, the extension's shared engine.
+// from its host, the browser engine only, the extension's shared engine; so does a `wick
+// export` site (static/site.js: `browserOnly`, no server to talk to).
 const config = globalThis.wickChat ?? { host: "", wickModule: "/static/wick.js", extension: false };
 const $ = (id) => document.getElementById(id);
 const history = []; // {role, content}
@@ -110,12 +111,21 @@ async function browserEngineFor(key) {
       },
     });
     browserEngine = { key, engine };
-    $("status").textContent = `${engine.info.model} ${engine.info.quantization} on ${engine.info.device}` +
-      (engine.info.attached ? " (already loaded)" : "");
+    const info = engine.info;
+    $("status").textContent = `${info.model} ${info.quantization} on ${info.device}${threadsText(info)}` +
+      (info.attached ? " (already loaded)" : "");
     return engine;
   } finally {
     bar.hidden = true;
   }
+}
+
+// The WebAssembly kernels run on every core only where the page is cross-origin isolated
+// (COOP/COEP headers): say which.
+function threadsText(info) {
+  if (info.backend !== "wasm") return "";
+  if (info.threads > 1) return `, ${info.threads} threads`;
+  return globalThis.crossOriginIsolated ? ", 1 thread" : ", 1 thread: the page is not cross-origin isolated";
 }
 
 async function* browserChunks(body, signal) {
@@ -217,7 +227,8 @@ async function send(text) {
       const rate = firstToken && n > 1 && ended > firstToken ? (n - 1) / ((ended - firstToken) / 1000) : n / secs;
       const shown = rate >= 10 ? rate.toFixed(1) : rate.toPrecision(2);
       const cached = usage.prompt_tokens_details?.cached_tokens;
-      const where = mode() === "browser" && browserEngine ? ` on ${browserEngine.engine.info.backend}` : "";
+      const where = mode() === "browser" && browserEngine
+        ? ` on ${browserEngine.engine.info.backend}${threadsText(browserEngine.engine.info)}` : "";
       $("status").textContent = `${usage.completion_tokens} tokens in ${secs.toFixed(1)} s ` +
         `(${shown} tok/s${where}, first token ${ttft} s${cached ? `, ${cached} prompt tokens cached` : ""})`;
     }
@@ -264,7 +275,7 @@ async function start() {
   // a software adapter (SwiftShader) is a GPU emulated on the CPU: not the fast path
   const gpu = Boolean(adapter) && !(adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter);
   const saved = localStorage.getItem("wick-engine");
-  if (config.extension) { // the extension's engine only: no server to talk to
+  if (config.extension || config.browserOnly) { // the browser engine only: no server to talk to
     $("engine").closest("label").hidden = true;
   } else {
     $("engine").value = saved || (gpu || !(await serverHasModels()) ? "browser" : "server");

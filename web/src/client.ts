@@ -149,7 +149,9 @@ export interface SpeculativeOptions {
 export interface CreateEngineOptions {
   quantization?: string;
   onProgress?: (p: Progress) => void;
-  /** Origin (and path prefix) of the wick server; default: this script's origin. */
+  /** Origin (and path prefix) of the wick host or `wick export` site the models and the
+   * runtime come from; default: the one this script came from (the path before its
+   * `/static/`). Another origin must send CORS headers. */
   baseUrl?: string;
   /** Bytes of KV cache pages (default 256 MiB, capped by what the model can use). */
   kvCacheBytes?: number;
@@ -449,6 +451,15 @@ function aborted(signal: AbortSignal): Error {
   return err;
 }
 
+/** The wick site this module came from: its URL up to its `/static/` directory (a wick
+ * host's /static/wick.js, or a `wick export` site's DIR/static/wick.js at any path), else its
+ * directory. Models, artifacts and the runtime are found below it. */
+function siteRoot(): string {
+  const url = new URL(import.meta.url);
+  const at = url.pathname.lastIndexOf("/static/");
+  return url.origin + (at >= 0 ? url.pathname.slice(0, at) : url.pathname.replace(/\/[^/]*$/, ""));
+}
+
 /** A module Worker running `url`. A Worker's script must have the page's origin: when wick.js
  * was imported from another origin (a wick host started with --cors-origin for this page), a
  * same-origin blob module imports the real worker script, which then loads everything from
@@ -571,7 +582,7 @@ export async function createEngine(model: string, options: CreateEngineOptions =
   }
   if (inExtension()) return connectExtension(null, model, options);
   if (backend === "webgpu" && !(globalThis.navigator as Navigator | undefined)?.gpu) throw noWebGPU();
-  const baseUrl = (options.baseUrl ?? new URL(import.meta.url).origin).replace(/\/$/, "");
+  const baseUrl = (options.baseUrl ?? siteRoot()).replace(/\/$/, "");
   const workerUrl = new URL(options.workerUrl ?? "./wick-worker.js", import.meta.url);
   const load = loadMessage(model, options, baseUrl);
   if (options.shared) {
