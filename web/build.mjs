@@ -2,6 +2,8 @@
 // worker), plus the API's type declarations, into pyserver/static/web/ (served at
 // /static/web/); and the Chrome extension's scripts (web/src/extension) into
 // pyserver/static/ext/ (`wick extension build` packs them). `node build.mjs [outdir]`.
+// `node build.mjs --package`: the npm package's dist/ (wick.js, wick-worker.js, the types), no
+// extension (npm pack runs it).
 import { build } from "esbuild";
 import { execFileSync } from "node:child_process";
 import { rmSync, writeFileSync } from "node:fs";
@@ -9,18 +11,24 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const outdir = process.argv[2] ?? path.join(here, "..", "pyserver", "static", "web");
+const forPackage = process.argv[2] === "--package";
+const outdir = forPackage ? path.join(here, "dist")
+  : process.argv[2] ?? path.join(here, "..", "pyserver", "static", "web");
 const common = { bundle: true, format: "esm", target: "es2022", sourcemap: true, logLevel: "warning",
   platform: "browser" };
+if (forPackage) rmSync(outdir, { recursive: true, force: true });
 await build({ ...common, entryPoints: { wick: path.join(here, "src", "client.ts") }, outdir });
 await build({ ...common, entryPoints: { "wick-worker": path.join(here, "src", "worker.ts") }, outdir });
 const extdir = path.join(outdir, "..", "ext");
-rmSync(extdir, { recursive: true, force: true });
-await build({ ...common, sourcemap: false, outdir: extdir, entryPoints: Object.fromEntries(
-  ["background", "offscreen", "sidepanel", "options"].map((n) => [n, path.join(here, "src", "extension", `${n}.ts`)])) });
+if (!forPackage) {
+  rmSync(extdir, { recursive: true, force: true });
+  await build({ ...common, sourcemap: false, outdir: extdir, entryPoints: Object.fromEntries(
+    ["background", "offscreen", "sidepanel", "options"].map((n) => [n, path.join(here, "src", "extension", `${n}.ts`)])) });
+}
 // the public API's types beside the bundle: wick.d.ts -> types/client.d.ts
 rmSync(path.join(outdir, "types"), { recursive: true, force: true });
 execFileSync(path.join(here, "node_modules", ".bin", "tsc"), ["-p", here, "--noEmit", "false",
   "--declaration", "--emitDeclarationOnly", "--outDir", path.join(outdir, "types")], { stdio: "inherit" });
 writeFileSync(path.join(outdir, "wick.d.ts"), 'export * from "./types/client.js";\n');
-console.error(`web: wick.js, wick-worker.js, wick.d.ts -> ${outdir}; extension scripts -> ${extdir}`);
+console.error(`web: wick.js, wick-worker.js, wick.d.ts -> ${outdir}` +
+  (forPackage ? "" : `; extension scripts -> ${extdir}`));

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import urllib.parse
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def exported(web_bundle, tiny_q4_artifact, tmp_path_factory):
     return root, site, done.stdout
 
 
-def static_server(root: Path, headers: dict[str, str]):
+def static_server(root: Path, headers: dict[str, str], sub: str = SUB):
     class Handler(SimpleHTTPRequestHandler):
         def end_headers(self) -> None:
             for k, v in headers.items():
@@ -63,7 +64,8 @@ def static_server(root: Path, headers: dict[str, str]):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/{SUB}/"
+    path = f"/{sub}/" if sub else "/"
+    return server, f"http://127.0.0.1:{server.server_address[1]}{path}"
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +179,54 @@ def test_the_exported_chat_page_answers_on_every_core(browser, isolated_host, ti
         assert errors == [], errors
     finally:
         ctx.close()
+
+
+def test_an_app_bundling_the_npm_package_loads_from_an_export_on_another_origin(
+        browser, exported, native, tmp_path):
+    """`npm pack` gives a tarball holding the bundle and its types, versioned with the Python
+    package; web/examples/app (20 lines), installed from it and bundled with esbuild, served
+    from one origin, loads the model, the runtime and the worker from the export on another
+    (which sends CORS headers) and streams the native engine's tokens."""
+    import tarfile
+
+    import wick
+
+    web = ROOT / "web"
+    assert json.loads((web / "package.json").read_text())["version"] == wick.__version__
+    packed = subprocess.run(["npm", "pack", "--json", "--pack-destination", str(tmp_path)],
+                            cwd=web, capture_output=True, text=True, timeout=300)
+    assert packed.returncode == 0, packed.stderr
+    tarball = tmp_path / json.loads(packed.stdout)[0]["filename"]
+    with tarfile.open(tarball) as t:
+        names = set(t.getnames())
+    assert {"package/dist/wick.js", "package/dist/wick-worker.js", "package/dist/wick.d.ts",
+            "package/dist/types/client.d.ts", "package/package.json"} <= names
+    assert not any(n.startswith("package/src/") for n in names)
+
+    app = tmp_path / "app"
+    app.mkdir()
+    for name in ("main.js", "index.html"):
+        (app / name).write_text((web / "examples" / "app" / name).read_text())
+    (app / "package.json").write_text('{"name": "app", "private": true, "type": "module"}')
+    npm = ["npm", "install", "--offline", "--no-audit", "--no-fund", "--loglevel=error"]
+    subprocess.run([*npm, str(tarball)], cwd=app, check=True, timeout=300)
+    subprocess.run([str(web / "node_modules" / ".bin" / "esbuild"), "main.js", "--bundle",
+                    "--format=esm", "--outfile=dist/app.js", "--log-level=warning"],
+                   cwd=app, check=True, timeout=120)
+    export_server, site = static_server(exported[0], {"Access-Control-Allow-Origin": "*"})
+    app_server, app_url = static_server(app, {}, sub="")
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(240_000)
+        query = urllib.parse.urlencode({"site": site, "model": native["model"],
+                                        "q": MESSAGES[0]["content"], "n": N})
+        page.goto(f"{app_url}index.html?{query}")
+        page.wait_for_function("() => globalThis.wickAppDone !== undefined")
+        done = page.evaluate("globalThis.wickAppDone")
+    finally:
+        ctx.close()
+        export_server.shutdown()
+        app_server.shutdown()
+    assert done["text"] == native["chat"]
+    assert done["info"]["backend"] == "wasm"

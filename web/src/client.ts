@@ -149,9 +149,10 @@ export interface SpeculativeOptions {
 export interface CreateEngineOptions {
   quantization?: string;
   onProgress?: (p: Progress) => void;
-  /** Origin (and path prefix) of the wick host or `wick export` site the models and the
-   * runtime come from; default: the one this script came from (the path before its
-   * `/static/`). Another origin must send CORS headers. */
+  /** Origin (and path prefix) of the wick host or `wick export` site the models, the runtime
+   * and the worker come from; default: the one this script came from (the path before its
+   * `/static/`). Needed where wick.js is bundled into an app (npm). Another origin must send
+   * CORS headers. */
   baseUrl?: string;
   /** Bytes of KV cache pages (default 256 MiB, capped by what the model can use). */
   kvCacheBytes?: number;
@@ -582,8 +583,14 @@ export async function createEngine(model: string, options: CreateEngineOptions =
   }
   if (inExtension()) return connectExtension(null, model, options);
   if (backend === "webgpu" && !(globalThis.navigator as Navigator | undefined)?.gpu) throw noWebGPU();
-  const baseUrl = (options.baseUrl ?? siteRoot()).replace(/\/$/, "");
-  const workerUrl = new URL(options.workerUrl ?? "./wick-worker.js", import.meta.url);
+  // (absolute: the worker resolves nothing against the page)
+  const baseUrl = (options.baseUrl === undefined ? siteRoot()
+    : new URL(options.baseUrl, globalThis.location?.href).href).replace(/\/$/, "");
+  // the worker beside this module, or, given a baseUrl (e.g. wick.js bundled into an app from
+  // npm), the one that site serves: the same version as its runtime
+  const workerUrl = options.workerUrl !== undefined ? new URL(options.workerUrl, import.meta.url)
+    : new URL(options.baseUrl !== undefined ? `${baseUrl}/static/wick-worker.js` : "./wick-worker.js",
+      import.meta.url);
   const load = loadMessage(model, options, baseUrl);
   if (options.shared) {
     if (workerUrl.origin !== globalThis.location?.origin) {
