@@ -493,12 +493,13 @@ def _check_tool_calls(value: Any, where: str, role: str) -> list[dict[str, Any]]
         w = f"{where}[{i}]"
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
-                not isinstance(fn.get("arguments"), str):
+                not isinstance(fn.get("arguments"), str) or \
+                not isinstance(c.get("id", ""), str) or c.get("type", "function") != "function":
             raise InvalidRequestError(
                 f"Invalid value for '{w}': expected {{\"id\", \"type\": \"function\", "
-                "\"function\": {\"name\", \"arguments\"}} with string name and arguments.",
+                "\"function\": {\"name\", \"arguments\"}} with string id, name and arguments.",
                 param=w, code="invalid_value")
-        calls.append({"id": str(c.get("id", "")), "type": "function",
+        calls.append({"id": c.get("id", ""), "type": "function",
                       "function": {"name": fn["name"], "arguments": fn["arguments"]}})
     return calls
 
@@ -797,7 +798,7 @@ class ChatCompletion:
     model: str
     choices: list[ChatCompletionChoice]
     usage: CompletionUsage
-    object: str = "chat.completion"
+    object: Literal["chat.completion"] = "chat.completion"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -858,7 +859,7 @@ class ChatCompletionChunk:
     model: str
     choices: list[ChunkChoice]
     usage: CompletionUsage | None = None  # only on the final chunk, when include_usage
-    object: str = "chat.completion.chunk"
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -901,7 +902,7 @@ class Completion:
     model: str
     choices: list[CompletionChoice]
     usage: CompletionUsage | None = None
-    object: str = "text_completion"
+    object: Literal["text_completion"] = "text_completion"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

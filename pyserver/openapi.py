@@ -12,6 +12,8 @@ from ..engine.embeddings import ENCODING_FORMATS, MAX_INPUTS
 from ..engine.protocol import ChatCompletion, ChatCompletionChunk, Completion
 from .request_schemas import (
     CHAT_REQUEST_MESSAGE,
+    DELTA_TOOL_CALL,
+    REPLY_TOOL_CALL,
     Served,
     chat_request,
     completion_request,
@@ -86,7 +88,15 @@ def protocol_schemas(served: Served = Served()) -> tuple[dict[str, dict], dict[s
             named("CreateEmbeddingResponse", EMBEDDING_RESPONSE),
             {"input": ["The lighthouse stood on the rocks.", "A ship passed."]}, errors),
     }
+    _typed_tool_calls(components)
     return components, extras
+
+
+def _typed_tool_calls(components: dict[str, dict]) -> None:
+    """A reply's ``tool_calls`` are plain dicts in the protocol's dataclasses; say their shape."""
+    for name, item in (("ChatMessage", REPLY_TOOL_CALL), ("ChoiceDelta", DELTA_TOOL_CALL)):
+        components[name]["properties"]["tool_calls"] = {
+            "anyOf": [{"type": "array", "items": item}, {"type": "null"}], "default": None}
 
 
 # engine/embeddings.py's request and reply (EmbeddingRequest.from_dict checks the same fields)

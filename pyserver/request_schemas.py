@@ -89,6 +89,15 @@ TEMPLATE_KWARGS = {"type": ["object", "null"],
                    "propertyNames": {"not": {"enum": list(TEMPLATE_RESERVED)}}}
 
 # one message of a request (``ChatMessage.from_dict``)
+# a tool call in a reply: engine/tools.py ToolCall.to_dict; streamed, with its place in the
+# message (serve_chat: "index")
+TOOL_CALL_FUNCTION = {"type": "object", "required": ["name", "arguments"], "properties": {
+    "name": {"type": "string"}, "arguments": {"type": "string", "description": "JSON text"}}}
+REPLY_TOOL_CALL = {"type": "object", "required": ["id", "type", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"const": "function"}, "function": TOOL_CALL_FUNCTION}}
+DELTA_TOOL_CALL = {**REPLY_TOOL_CALL, "required": ["index", "id", "type", "function"],
+                   "properties": {"index": {"type": "integer"}, **REPLY_TOOL_CALL["properties"]}}
+
 CHAT_REQUEST_MESSAGE = {
     "type": "object", "additionalProperties": False, "required": ["role"],
     "properties": {
@@ -101,9 +110,9 @@ CHAT_REQUEST_MESSAGE = {
             NULL]},
         "name": {"type": ["string", "null"]},
         "tool_calls": {"anyOf": [{"type": "array", "items": {
-            "type": "object", "required": ["function"], "properties": {"function": {
-                "type": "object", "required": ["name", "arguments"],
-                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}},
+            "type": "object", "required": ["function"], "properties": {
+                "id": {"type": "string"}, "type": {"const": "function"},
+                "function": TOOL_CALL_FUNCTION}}},
             NULL]},
         "tool_call_id": {"type": ["string", "null"]},
         "reasoning_content": {"type": ["string", "null"]},

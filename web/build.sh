@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY="${1:-${PYTHON:-python3}}"
 if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi
+# the request/reply types from the engine's protocol (committed too: a Python that cannot import
+# wick's server, e.g. a wheel's isolated build, keeps the committed file)
+"$PY" protocol_types.py || echo "web: kept the committed src/protocol.gen.ts" >&2
 npx --no-install tsc --noEmit -p .
 node build.mjs
 "$PY" ../wasm/build.py

@@ -244,3 +244,37 @@ def test_the_wheel_without_the_compile_extra_serves_an_artifact(wheel, tiny_q4_a
     assert reply["choices"][0]["text"] == expected.choices[0].text, out
     assert reply["usage"]["completion_tokens"] == 12
     assert "cpu:" in out and "Traceback" not in out, out
+
+
+TSC = ROOT / "web" / "node_modules" / ".bin" / "tsc"
+TSC_OPTIONS = ["--noEmit", "--strict", "--target", "ES2022", "--module", "ES2022",
+               "--moduleResolution", "bundler", "--lib", "ES2022,DOM,DOM.Iterable,WebWorker",
+               "--types", "@webgpu/types,chrome", "--skipLibCheck"]
+
+
+def test_the_js_types_are_the_engine_protocols():
+    """web/src/protocol.gen.ts is what web/protocol_types.py writes from the engine's protocol
+    now (run it after changing engine/protocol.py or pyserver/request_schemas.py)."""
+    spec = importlib.util.spec_from_file_location("protocol_types", ROOT / "web" / "protocol_types.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert (ROOT / "web" / "src" / "protocol.gen.ts").read_text() == mod.generate()
+
+
+def test_an_app_using_tools_logprobs_and_streams_type_checks():
+    """tests/browser/typecheck/usage.ts (tools, tool_calls, json_schema response format,
+    logprobs, streams, legacy completions) compiles against the JS API under --strict;
+    wrong.ts (a misspelt tool field, an unknown role, a json_schema without its name) fails
+    on exactly those three calls."""
+    import subprocess
+
+    if not TSC.exists():
+        pytest.skip("web/node_modules is missing (bash web/build.sh)")
+    here = ROOT / "tests" / "browser" / "typecheck"
+    ok = subprocess.run([str(TSC), *TSC_OPTIONS, str(here / "usage.ts")], cwd=ROOT / "web",
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout
+    bad = subprocess.run([str(TSC), *TSC_OPTIONS, str(here / "wrong.ts")], cwd=ROOT / "web",
+                         capture_output=True, text=True, timeout=300)
+    errors = [line for line in bad.stdout.splitlines() if ": error TS" in line]
+    assert [e.split("(")[1].split(",")[0] for e in errors] == ["8", "9", "10"], bad.stdout

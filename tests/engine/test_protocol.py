@@ -74,6 +74,12 @@ def chat(**kw):
           "response_format": {"type": "json_object"}}, "response_format", "invalid_value"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id",
          "missing_required_parameter"),
+        # an earlier call's id is a string and its type "function" (as OpenAI, and the schema
+        # and JS types generated from it, say)
+        *[({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+            {"function": {"name": "f", "arguments": "{}"}, **bad}]}]},
+           "messages[0].tool_calls[0]", "invalid_value")
+          for bad in ({"id": 7}, {"type": "tool"})],
         ({"response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
         # (unhashable: once a TypeError, a 500 found by the OpenAPI fuzz test)
         ({"response_format": {"type": ["json_object"]}}, "response_format.type", "invalid_value"),

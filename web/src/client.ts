@@ -21,124 +21,39 @@ import {
 import { settings } from "./extension/settings.js";
 import { BACKENDS, PORT_NAME } from "./worker_protocol.js";
 import type { Api, Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
+import type * as P from "./protocol.gen.js";
 
 export * from "./errors.js";
 export type { Backend, EngineInfo, Progress } from "./worker_protocol.js";
 
-// ---- the openai package's shapes (the subset wick returns) ----
+// ---- the openai package's shapes (the subset wick takes and returns) ----
+// Generated from the engine's protocol (protocol.gen.ts, by web/protocol_types.py): named here
+// as the openai npm package names them.
 
-export interface ChatCompletionMessageParam {
-  role: "system" | "user" | "assistant" | "developer" | "tool";
-  content: string | null | { type: "text"; text: string }[];
-  name?: string;
-  /** an earlier reply's thinking (reasoning models); the chat template may use it */
-  reasoning_content?: string | null;
-}
-export interface SamplingParams {
-  model?: string;
-  max_tokens?: number | null;
-  max_completion_tokens?: number | null;
-  temperature?: number | null;
-  top_p?: number | null;
-  top_k?: number | null;
-  n?: number | null;
-  stop?: string | string[] | null;
-  seed?: number | null;
-  ignore_eos?: boolean;
-  stream_options?: { include_usage?: boolean } | null;
-  frequency_penalty?: number | null;
-  presence_penalty?: number | null;
-  /** token id (as a string) -> bias in [-100, 100] added to its logit */
-  logit_bias?: Record<string, number> | null;
-  /** wick extension (as vLLM): > 1 discourages tokens already in the prompt or output */
-  repetition_penalty?: number | null;
-  /** wick extension (as vLLM): keep tokens with p >= min_p * max p */
-  min_p?: number | null;
-  response_format?: ResponseFormat | null;
-  /** OpenAI's predicted outputs: text the output is expected to resemble (a document or code
-   * being edited), drafted from and verified; the output is the same as without it */
-  prediction?: { type: "content"; content: string | { type: "text"; text: string }[] } | null;
-  [key: string]: unknown;
-}
+export type * as Protocol from "./protocol.gen.js";
+export type ChatCompletionMessageParam = P.ChatRequestMessage;
+/** A chat request; `stream` is chosen by `create`'s overloads. */
+export type ChatCompletionCreateParamsBase = Omit<P.ChatCompletionRequest, "stream">;
+export type CompletionCreateParamsBase = Omit<P.CompletionRequest, "stream">;
 /** OpenAI's response formats, and wick's `grammar` (xgrammar EBNF with a `root` rule). */
-export type ResponseFormat =
-  | { type: "text" }
-  | { type: "json_object" }
-  | { type: "json_schema"; json_schema: { name: string; schema?: Record<string, unknown>;
-      strict?: boolean | null; description?: string } }
-  | { type: "grammar"; grammar: string };
-export interface ChatCompletionCreateParamsBase extends SamplingParams {
-  messages: ChatCompletionMessageParam[];
-  logprobs?: boolean | null;
-  /** 0-20, needs logprobs: true */
-  top_logprobs?: number | null;
-  /** extra chat template variables (as vLLM), e.g. `{ enable_thinking: false }` for Qwen3 */
-  chat_template_kwargs?: Record<string, unknown> | null;
-}
-export interface CompletionCreateParamsBase extends SamplingParams {
-  prompt: string | number[];
-  /** legacy shape: how many most likely tokens to list beside each sampled one (0-20) */
-  logprobs?: number | null;
-  /** the prompt before the output; with logprobs, each prompt token's logprob (max_tokens may
-   * then be 0) */
-  echo?: boolean | null;
-}
-export interface TopLogprob { token: string; logprob: number; bytes: number[] | null }
-export interface ChatCompletionTokenLogprob extends TopLogprob { top_logprobs: TopLogprob[] }
-export interface ChoiceLogprobs { content: ChatCompletionTokenLogprob[] | null; refusal: null }
-export interface CompletionLogprobs {
-  /** (null: an echoed prompt's first token, which nothing predicts) */
-  tokens: string[]; token_logprobs: (number | null)[]; top_logprobs: (Record<string, number> | null)[];
-  text_offset: number[];
-}
-export interface CompletionUsage {
-  prompt_tokens: number; completion_tokens: number; total_tokens: number;
-  /** `cached_tokens`: prompt tokens the engine's prefix cache gave (not computed again) */
-  prompt_tokens_details?: { cached_tokens?: number };
-  /** drafted tokens (a `prediction`, or the engine's speculation) the output kept or not */
-  completion_tokens_details?: { accepted_prediction_tokens?: number; rejected_prediction_tokens?: number };
-}
-export interface ChatCompletion {
-  id: string;
-  object: "chat.completion";
-  created: number;
-  model: string;
-  /** `reasoning_content`: a reasoning model's thinking, apart from its answer (as vLLM) */
-  choices: { index: number; message: { role: "assistant"; content: string | null; reasoning_content?: string | null }; finish_reason: string | null; logprobs: ChoiceLogprobs | null }[];
-  usage?: CompletionUsage;
-}
-export interface ChatCompletionChunk {
-  id: string;
-  object: "chat.completion.chunk";
-  created: number;
-  model: string;
-  choices: { index: number; delta: { role?: "assistant"; content?: string | null; reasoning_content?: string | null }; finish_reason: string | null; logprobs?: ChoiceLogprobs | null }[];
-  usage?: CompletionUsage | null;
-}
-export interface Completion {
-  id: string;
-  object: "text_completion";
-  created: number;
-  model: string;
-  choices: { index: number; text: string; finish_reason: string | null; logprobs: CompletionLogprobs | null }[];
-  usage?: CompletionUsage | null;
-}
+export type ResponseFormat = NonNullable<P.ChatCompletionRequest["response_format"]>;
+export type ChatCompletionTool = NonNullable<P.ChatCompletionRequest["tools"]>[number];
+export type ChatCompletionToolChoiceOption = NonNullable<P.ChatCompletionRequest["tool_choice"]>;
+export type ChatCompletionMessageToolCall = NonNullable<P.ChatMessage["tool_calls"]>[number];
+export type ChatCompletionChunkToolCall = NonNullable<P.ChoiceDelta["tool_calls"]>[number];
+export type TopLogprob = P.TopLogprob;
+export type ChatCompletionTokenLogprob = P.TokenLogprob;
+export type ChoiceLogprobs = P.ChoiceLogprobs;
+export type CompletionLogprobs = P.CompletionLogprobs;
+export type CompletionUsage = P.CompletionUsage;
+export type ChatCompletion = P.ChatCompletion;
+export type ChatCompletionChunk = P.ChatCompletionChunk;
+export type Completion = P.Completion;
 /** OpenAI's embeddings request: `input` a string, strings, token ids or lists of token ids
  * (an embedding model, e.g. all-minilm-l6-v2). `encoding_format: "base64"` gives each vector
  * as little-endian float32 bytes in base64. */
-export interface EmbeddingCreateParams {
-  input: string | string[] | number[] | number[][];
-  model?: string;
-  encoding_format?: "float" | "base64";
-  dimensions?: number;
-  user?: string;
-}
-export interface CreateEmbeddingResponse {
-  object: "list";
-  data: { object: "embedding"; index: number; embedding: number[] | string }[];
-  model: string;
-  usage: { prompt_tokens: number; total_tokens: number };
-}
+export type EmbeddingCreateParams = P.EmbeddingRequest;
+export type CreateEmbeddingResponse = P.CreateEmbeddingResponse;
 export interface RequestOptions { signal?: AbortSignal }
 
 export interface SpeculativeOptions {
