@@ -53,7 +53,11 @@ XGRAMMAR=$(.venv/bin/python -c "from wick.native.grammar import XGRAMMAR_VERSION
 step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-deps "xgrammar==${XGRAMMAR}"
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
-# when npm is available (the server and the Python engine work without them).
+# with node and npm (Debian's, installed when missing); the server and the Python engine work
+# without them.
+if ! command -v npm >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  try "installing nodejs and npm (the browser engine's build)" apt_install nodejs npm || true
+fi
 if command -v npm >/dev/null 2>&1; then
   try "building the browser engine (web/build.sh)" bash web/build.sh "$PWD/.venv/bin/python" ||
     echo "setup: the server and the Python engine work without the browser engine" >&2

@@ -14,6 +14,16 @@ os.environ.setdefault("WICK_HOME", str(ROOT / ".wick-test-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# scripts/test.sh (the README's test command, and CI) sets it: there a test whose tools
+# (node and npm, Chromium, playwright) are missing fails, since the setup installs them
+REQUIRE_TOOLS = os.environ.get("WICK_REQUIRE_TOOLS") == "1"
+
+
+def tool_missing(reason: str) -> None:
+    """Skip the test for a missing tool, or, where every tool must be there, fail it."""
+    if REQUIRE_TOOLS:
+        pytest.fail(f"{reason} (WICK_REQUIRE_TOOLS=1: scripts/setup.sh --test installs it)")
+    pytest.skip(reason)
 
 
 def wick_process_env(**extra: str) -> dict[str, str]:

