@@ -25,6 +25,8 @@ output at a time).
 
 from __future__ import annotations
 
+import threading
+
 import tvm
 from tvm import tirx
 
@@ -38,13 +40,21 @@ PARALLEL_MIN_WORK = 1 << 14  # loop iterations below which elementwise work stay
 WIDE_BATCHES = "wick.wide_batches"
 
 
+# Scheduling parses TVMScript (hand-written kernels are built from Python source), and CPython
+# 3.11's ast.parse is not thread-safe: two kernel sets scheduled at once on the compile's two
+# threads failed with "SystemError: AST constructor recursion depth mismatch" (a clean-clone
+# run of stop 40). Scheduling takes turns; LLVM's build, the long part, still runs on both.
+_SCHEDULING = threading.Lock()
+
+
 def build_scheduled(functions: dict[str, tirx.PrimFunc], target):
     """Every function scheduled for ``target`` (native CPU or wasm32) and compiled by LLVM into
     one module, each exported under its name."""
     funcs = {}
-    for name, f in functions.items():
-        # (a rule may return a new function: name it after scheduling)
-        funcs[tvm.ir.GlobalVar(name)] = schedule(f, target).with_attr("global_symbol", name)
+    with _SCHEDULING:
+        for name, f in functions.items():
+            # (a rule may return a new function: name it after scheduling)
+            funcs[tvm.ir.GlobalVar(name)] = schedule(f, target).with_attr("global_symbol", name)
     return tvm.tirx.build(tvm.IRModule(funcs), target=target)
 
 

@@ -5,7 +5,10 @@ bundles (wick.js, wick-worker.js), Pyodide with wick's wheels and the tokenizer/
 libraries (wasm/), the extension's own scripts (web/src/extension, built into static/ext/), its
 pages (extension/*.html) and the chat page's chat.js/chat.css for the side panel. Only model
 files come from the network: from ``--host`` (a ``wick serve``), cached in the extension's
-Cache API. OUT ending in ``.zip`` gives the Web Store upload; anything else an unpacked
+Cache API. One of them is compiled: a model's WebAssembly kernels (its own shapes, one module
+per model variant, so a build cannot hold those of every model its host may serve later),
+checked against the manifest's sha256 first; hence ``'wasm-unsafe-eval'`` in the CSP
+(tests/browser/test_extension.py proves nothing else is fetched to run). OUT ending in ``.zip`` gives the Web Store upload; anything else an unpacked
 directory (chrome://extensions, Developer mode, Load unpacked).
 """
 
