@@ -279,6 +279,38 @@ def test_options_page_lists_cached_models_and_revokes_sites(ctx, ext_id, host, n
     page.close()
 
 
+def test_only_model_files_come_from_the_host(host):
+    """Everything the extension runs is packaged but one thing (README, "The Chrome
+    extension"): over the extension's tests above (the ones below are web pages of the host's
+    origin, which boot the engine from it) the host was asked for its model index and for files
+    its artifacts' manifests list, and the only executable among them is a model's
+    WebAssembly kernels (kernels/wasm/*.wasm), which the loader checks against the manifest's
+    sha256 before compiling them."""
+    import re
+    import urllib.request
+
+    live, proxy = host
+    listed: dict[str, set[str]] = {}
+    for entry in json.load(urllib.request.urlopen(live.url + "/web/models.json"))["data"]:
+        m = json.load(urllib.request.urlopen(
+            f"{live.url}/artifacts/{entry['id']}/wick-artifact.json"))
+        listed[entry["id"]] = {"wick-artifact.json", m["tokenizer"]["file"],
+                               *(k["file"] for k in m["kernels"]),
+                               *(s["file"] for s in m["shards"]),
+                               *(m[k]["file"] for k in ("wasm_kernels", "wasm_threads_kernels")
+                                 if m.get(k))}
+    asked = {path.split("?")[0] for path, _, _, _ in proxy.log}
+    executable = []
+    for path in asked - {"/web/models.json"}:
+        m = re.fullmatch(r"/artifacts/([^/]+)/(.+)", path)
+        assert m and m.group(2) in listed.get(m.group(1), ()), path
+        if m.group(2).endswith((".wasm", ".js", ".mjs")):
+            executable.append(m.group(2))
+    assert any("/params/" in p for p in asked)
+    assert executable and all(re.fullmatch(r"kernels/wasm/kernels(-threads)?\.wasm", e)
+                              for e in executable), executable
+
+
 def test_shared_engine_is_loaded_once_for_two_tabs(ctx, host, native):
     live, proxy = host
     first = Page(ctx, proxy.url)
@@ -331,33 +363,3 @@ def test_a_killed_shared_worker_fails_requests_typed_and_the_next_reloads(ctx, h
     assert out == {"text": native["completion"]["choices"][0]["text"], "attached": False}
     tab.page.close()
 
-
-def test_only_model_files_come_from_the_host(host):
-    """Everything the extension runs is packaged but one thing (README, "The Chrome
-    extension"): over this whole module the host was asked for its model index and for files
-    its artifacts' manifests list, and the only executable among them is a model's
-    WebAssembly kernels (kernels/wasm/*.wasm), which the loader checks against the manifest's
-    sha256 before compiling them."""
-    import re
-    import urllib.request
-
-    live, proxy = host
-    listed: dict[str, set[str]] = {}
-    for entry in json.load(urllib.request.urlopen(live.url + "/web/models.json"))["data"]:
-        m = json.load(urllib.request.urlopen(
-            f"{live.url}/artifacts/{entry['id']}/wick-artifact.json"))
-        listed[entry["id"]] = {"wick-artifact.json", m["tokenizer"]["file"],
-                               *(k["file"] for k in m["kernels"]),
-                               *(s["file"] for s in m["shards"]),
-                               *(m[k]["file"] for k in ("wasm_kernels", "wasm_threads_kernels")
-                                 if m.get(k))}
-    asked = {path.split("?")[0] for path, _, _, _ in proxy.log}
-    executable = []
-    for path in asked - {"/web/models.json"}:
-        m = re.fullmatch(r"/artifacts/([^/]+)/(.+)", path)
-        assert m and m.group(2) in listed.get(m.group(1), ()), path
-        if m.group(2).endswith((".wasm", ".js", ".mjs")):
-            executable.append(m.group(2))
-    assert any("/params/" in p for p in asked)
-    assert executable and all(re.fullmatch(r"kernels/wasm/kernels(-threads)?\.wasm", e)
-                              for e in executable), executable
