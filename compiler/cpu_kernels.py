@@ -26,12 +26,9 @@ from pathlib import Path
 import tvm
 from tvm import tirx
 
-from ..engine.artifact import host_cpu_flags
+from ..engine.artifact import KERNEL_RUNTIME_ABI, host_cpu_flags
 
 RUNTIME_SOURCE = Path(__file__).with_name("kernel_runtime.c")
-# the manifest entry's "runtime": the kernel runtime's ABI linked in (exports wick_init,
-# wick_set_threads, wick_error). An entry without it needs TVM's runtime: recompile.
-RUNTIME_ABI = 1
 
 
 def host_cpu() -> str:
@@ -60,7 +57,7 @@ def build_cpu_library(functions: dict[str, tirx.PrimFunc],
         link(obj, path)
         data = path.read_bytes()
     return data, {"mcpu": str(target.attrs["mcpu"]), "triple": host_triple(),
-                  "cpu_flags": sorted(host_cpu_flags()), "runtime": RUNTIME_ABI,
+                  "cpu_flags": sorted(host_cpu_flags()), "runtime": KERNEL_RUNTIME_ABI,
                   "functions": sorted(functions)}
 
 

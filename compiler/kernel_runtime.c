@@ -19,6 +19,9 @@
  *
  * The caller calls wick_init() once, then the kernels' exported __tvm_ffi_<name> functions.
  */
+#if !defined(__wasm__) && defined(__linux__)
+#define _GNU_SOURCE /* (CPU_SET, pthread_attr_setaffinity_np) */
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,7 +147,12 @@ EXPORT(wick_thread_main) void wick_thread_main(int32_t index) {
     }
     seen = now;
     int32_t num_task = (int32_t)((uint32_t)now & ((1u << TASK_BITS) - 1));
-    if (index >= num_task) continue; /* (not in this job: ready after it was split) */
+    if (index >= num_task) { /* not in this job (fewer threads wanted): sleep, do not spin */
+      __atomic_fetch_add(&sleepers, 1, __ATOMIC_SEQ_CST);
+      park(&generation, seen);
+      __atomic_fetch_sub(&sleepers, 1, __ATOMIC_SEQ_CST);
+      continue;
+    }
     ParallelGroupEnv env = {0, num_task};
     int rc = job.body(index, &env, job.cdata);
     if (rc) job_failed = rc;
@@ -166,9 +174,12 @@ static void* helper_main(void* index) {
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static int32_t started = 1; /* this thread counts as the first */
 
-/* Parallel loops use `threads` threads (this one and threads - 1 helpers), started as needed.
+/* Parallel loops use `threads` threads (this one and threads - 1 helpers), started as needed,
+ * each allowed on the `ncpus` CPUs listed (none: the starting thread's own set, which a
+ * runtime that pinned this thread to one core would otherwise hand down to every helper).
  * Returns how many threads the pool now has (fewer when the system refuses one). */
-EXPORT(wick_set_threads) int32_t wick_set_threads(int32_t threads) {
+EXPORT(wick_set_threads) int32_t wick_set_threads(int32_t threads, const int32_t* cpus,
+                                                  int32_t ncpus) {
   if (threads < 1) threads = 1;
   if (threads > MAX_THREADS) threads = MAX_THREADS;
   pthread_mutex_lock(&start_lock);
@@ -177,6 +188,16 @@ EXPORT(wick_set_threads) int32_t wick_set_threads(int32_t threads) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+#if defined(__linux__)
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    for (int32_t i = 0; i < ncpus; i++) {
+      if (cpus[i] >= 0 && cpus[i] < CPU_SETSIZE) CPU_SET(cpus[i], &allowed);
+    }
+    if (ncpus > 0) pthread_attr_setaffinity_np(&attr, sizeof allowed, &allowed);
+#else
+    (void)cpus; (void)ncpus;
+#endif
     int failed = pthread_create(&t, &attr, helper_main, (void*)(intptr_t)started);
     pthread_attr_destroy(&attr);
     if (failed) break;
@@ -186,6 +207,17 @@ EXPORT(wick_set_threads) int32_t wick_set_threads(int32_t threads) {
   __atomic_store_n(&wanted, have, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&start_lock);
   return have;
+}
+
+/* One pool per process: a library loaded after another runs its parallel loops on the first
+ * one's pool (its own would keep a second set of helpers spinning on the same cores). */
+EXPORT(wick_parallel_launch) int wick_parallel_launch(ParallelLambda body, void* cdata,
+                                                      int num_task) {
+  return parallel_launch(body, cdata, num_task);
+}
+
+EXPORT(wick_use_pool) void wick_use_pool(void* launch) {
+  if (&__TVMBackendParallelLaunch) __TVMBackendParallelLaunch = launch;
 }
 #endif
 #else
@@ -249,6 +281,9 @@ EXPORT(wick_init) void wick_init(void) {
 }
 
 EXPORT(wick_error) const char* wick_error(void) { return last_error; }
+
+/* (after reading it: a later failure that sets no message must not show this one) */
+EXPORT(wick_clear_error) void wick_clear_error(void) { last_error[0] = 0; }
 
 #if defined(__wasm__)
 /* A zero-filled buffer of nbytes at a 64-byte aligned address, 0 when memory is exhausted. */

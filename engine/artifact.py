@@ -140,6 +140,12 @@ def host_cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+# A CPU kernel set's "runtime": the ABI of the kernel runtime linked into it
+# (compiler/kernel_runtime.c; native/cpu_backend.py calls wick_init, wick_set_threads,
+# wick_use_pool, wick_error). The compiler writes it, the backend runs only this one.
+KERNEL_RUNTIME_ABI = 1
+
+
 def cpu_kernels_misfit(entry: dict) -> str | None:
     """Why this machine cannot run a CPU kernel set (manifest ``cpu_kernels``), or None.
 
@@ -149,6 +155,10 @@ def cpu_kernels_misfit(entry: dict) -> str | None:
     if entry.get("runtime") is None:
         return ("its CPU kernels need TVM's runtime (compiled by an older wick): recompile "
                 "the model (`wick compile --force`)")
+    if entry["runtime"] != KERNEL_RUNTIME_ABI:
+        return (f"its CPU kernels were linked with kernel runtime {entry['runtime']!r}, and this "
+                f"wick runs {KERNEL_RUNTIME_ABI}: recompile the model with this wick "
+                "(`wick compile --force`)")
     wanted = frozenset(entry.get("cpu_flags") or ())
     have = host_cpu_flags()
     if wanted and have:

@@ -43,14 +43,20 @@ def cpu_name() -> str:
 
 
 @functools.cache
-def default_threads() -> int:
-    """One thread per core this process may run on: read once, before anything pins the
-    calling thread to one core (TVM's pool does, where a compile in this process started it;
-    a later backend would otherwise see one core)."""
+def allowed_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on: read once, before anything pins the calling thread
+    to one core (TVM's pool does, where a compile in this process started it: a later backend
+    would otherwise see one core, and the pool's helpers, started from that thread, inherit
+    its set). Empty where the OS does not say."""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return ()
+
+
+def default_threads() -> int:
+    """One thread per core this process may run on."""
+    return len(allowed_cpus()) or os.cpu_count() or 1
 
 
 # TVM's packed calling convention, native 64-bit layout: `int f(void* self, TVMFFIAny* args,
@@ -66,15 +72,35 @@ _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, cty
                            ctypes.c_void_p)
 
 
-# library handle -> the thread count its pool was last set to. One file loaded twice (two
-# engines of one artifact) is one library with one pool: each backend sets its own count
-# before its step when the other changed it.
-_pool_threads: dict[int, int] = {}
+class _Pool:
+    """The process's one thread pool: that of the first kernel library loaded (libraries are
+    never unloaded). Later libraries run their parallel loops on it, so helpers never spin on
+    the cores twice over (a draft model beside its target, two models served at once)."""
+
+    owner: "_Library | None" = None
+    threads = 0
+
+    @classmethod
+    def adopt(cls, lib: "_Library") -> None:
+        if cls.owner is None:
+            cls.owner = lib
+        else:
+            launch = ctypes.cast(cls.owner.dll.wick_parallel_launch, ctypes.c_void_p).value
+            lib.dll.wick_use_pool(ctypes.c_void_p(launch))
+
+    @classmethod
+    def use_threads(cls, threads: int) -> None:
+        if cls.threads != threads and cls.owner is not None:
+            cpus = allowed_cpus()
+            array = (ctypes.c_int32 * max(1, len(cpus)))(*cpus)
+            cls.owner.dll.wick_set_threads(ctypes.c_int32(threads), array,
+                                           ctypes.c_int32(len(cpus)))
+            cls.threads = threads
 
 
 class _Library:
-    """One loaded kernel library: its handle (never unloaded: its pool's threads live in it)
-    and the runtime's entry points."""
+    """One loaded kernel library: its handle (never unloaded: the pool's threads may live in
+    it) and the runtime's entry points."""
 
     def __init__(self, path: str) -> None:
         # (dlopen reads the file, not its name: a huggingface_hub cache blob loads as is)
@@ -83,22 +109,21 @@ class _Library:
         self.dll.wick_set_threads.restype = ctypes.c_int32
         self.dll.wick_error.restype = ctypes.c_char_p
         self.dll.wick_helper_tasks.restype = ctypes.c_int32
-
-    def use_threads(self, threads: int) -> None:
-        handle = self.dll._handle
-        if _pool_threads.get(handle) != threads:
-            self.dll.wick_set_threads(ctypes.c_int32(threads))
-            _pool_threads[handle] = threads
+        _Pool.adopt(self)
 
     def function(self, name: str):
         return _KERNEL(("__tvm_ffi_" + name, self.dll))
 
     def error(self) -> str:
-        return (self.dll.wick_error() or b"").decode("utf-8", "replace")
+        """The last kernel error of this thread, cleared once read."""
+        text = (self.dll.wick_error() or b"").decode("utf-8", "replace")
+        self.dll.wick_clear_error()
+        return text or "(no message)"
 
-    def helper_tasks(self) -> int:
+    @staticmethod
+    def helper_tasks() -> int:
         """Parallel-loop tasks the pool's helper threads ran so far (tests)."""
-        return self.dll.wick_helper_tasks()
+        return _Pool.owner.dll.wick_helper_tasks() if _Pool.owner else 0
 
 
 class CpuBackend:
@@ -116,7 +141,7 @@ class CpuBackend:
     max_buffer_size = 1 << 46
 
     def __init__(self, threads: int | None = None) -> None:
-        self.threads = int(threads or default_threads())
+        self.threads = int(threads or default_threads())  # (reads allowed_cpus now)
         self.adapter_name = cpu_name()
         self.name = f"cpu: {self.adapter_name} ({self.threads} threads)"
         self._arrays: dict[BufferHandle, np.ndarray] = {}  # handle -> aligned uint8 array
@@ -211,8 +236,7 @@ class CpuBackend:
             reads: Sequence[Read]) -> list[bytes]:
         for w in writes:
             self.write(w.buffer, w.offset, w.data)
-        for lib in self._libraries:
-            lib.use_threads(self.threads)
+        _Pool.use_threads(self.threads)  # (another backend may have set another count)
         functions, packed, pack = self._functions, self._packed, self._pack
         result = ctypes.addressof(self._result)
         for call in dispatches:

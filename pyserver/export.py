@@ -116,11 +116,12 @@ def artifacts_for(models: list[str], quantization: str | None,
     everything = frozenset({"shader-f16"})
     for model in models:
         art = load_artifact(model, quantization, everything, progress)
-        dirs = [Path(art.location)]
+        dirs = [Path(art.location).resolve()]  # (its name is its id in the site)
         twin = f32_twin(art.quantization)
         if quantization is None and twin is not None:
             try:
-                dirs.append(Path(load_artifact(model, twin, everything, progress).location))
+                dirs.append(Path(load_artifact(model, twin, everything, progress).location)
+                            .resolve())
             except (InvalidRequestError, CompilerMissingError) as e:
                 notes.append(f"{model} is exported as {art.quantization} only, which browsers "
                              f"without shader-f16 cannot run ({e.message})")
@@ -134,7 +135,7 @@ def export_site(out: Path, models: list[str], quantization: str | None = None,
     _check_built()
     if not models:
         raise InvalidRequestError("name at least one model to export", param="model")
-    out = Path(out)
+    out = Path(out).resolve()
     if out.exists() and not out.is_dir():
         raise InvalidRequestError(f"{out} is a file: choose a new or empty directory",
                                   param="output")
@@ -142,6 +143,11 @@ def export_site(out: Path, models: list[str], quantization: str | None = None,
         raise InvalidRequestError(f"{out} exists and is not a wick export: choose a new or "
                                   "empty directory", param="output")
     dirs, notes = artifacts_for(models, quantization, progress)
+    names = [d.name for d in dirs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InvalidRequestError(f"two of the artifacts to export are named {twice[0]} (their "
+                                  "id in the site): copy one under another name", param="model")
     tmp = out.with_name(f".{out.name}.tmp-export")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

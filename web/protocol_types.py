@@ -123,8 +123,13 @@ def _object(schema: dict, indent: str) -> str:
 
 
 def generate() -> str:
-    sys.path.insert(0, str(HERE.parent.parent))  # (run from a checkout: wick importable)
+    import wick
     from wick.server.openapi import protocol_schemas
+
+    # (the wick of this checkout, as an editable install gives it: another install's protocol
+    # would write another version's types)
+    if not Path(wick.__file__).resolve().is_relative_to(HERE.parent):
+        raise ImportError(f"the wick this Python imports ({wick.__file__}) is not this checkout's")
 
     components, _ = protocol_schemas()
     out = [HEADER]

@@ -168,7 +168,7 @@ def test_the_exported_chat_page_answers_on_every_core(browser, isolated_host, ti
         page.click("#send")
         expect(page.locator("#status")).to_have_text(re.compile("tokens in"), timeout=240_000)
         assert page.eval_on_selector(".msg.assistant", "e => e.textContent") == want
-        threads = page.evaluate("navigator.hardwareConcurrency")
+        threads = page.evaluate("Math.min(navigator.hardwareConcurrency, 16)")  # (the pool's cap)
         status = page.locator("#status").text_content()
         assert re.search(r"tok/s on wasm, %d threads?," % threads, status), status
         out = ROOT / "build" / "browser"

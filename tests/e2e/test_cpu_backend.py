@@ -216,7 +216,7 @@ def test_two_engines_step_at_once_on_one_library(tiny_llama_dir, compiled):
         for _ in range(5):
             results[i].append(logits(i))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -250,6 +250,8 @@ def test_a_library_the_cpu_cannot_run_is_refused_with_what_to_do(tiny_core):
     assert cpu_kernels_misfit({"runtime": 1, "cpu_flags": here, "mcpu": "x"}) is None
     old = cpu_kernels_misfit({"mcpu": "x", "functions": []})  # before the kernel runtime
     assert "TVM's runtime" in old and "wick compile --force" in old
+    newer = cpu_kernels_misfit({"runtime": 2, "cpu_flags": here, "mcpu": "x"})
+    assert "kernel runtime 2" in newer and "wick compile --force" in newer
     if here:
         why = cpu_kernels_misfit({"runtime": 1, "cpu_flags": [*here, "avx9000"], "mcpu": "zen9"})
         assert "'zen9'" in why and "lacks avx9000" in why and "wick compile --force" in why

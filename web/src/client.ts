@@ -367,6 +367,11 @@ function aborted(signal: AbortSignal): Error {
   return err;
 }
 
+/** Whether this module is a wick site's own /static/wick.js (not bundled into an app). */
+function isSiteModule(): boolean {
+  return /\/static\/(web\/)?wick\.js$/.test(new URL(import.meta.url).pathname);
+}
+
 /** The wick site this module came from: its URL up to its `/static/` directory (a wick
  * host's /static/wick.js, or a `wick export` site's DIR/static/wick.js at any path), else its
  * directory. Models, artifacts and the runtime are found below it. */
@@ -501,11 +506,12 @@ export async function createEngine(model: string, options: CreateEngineOptions =
   // (absolute: the worker resolves nothing against the page)
   const baseUrl = (options.baseUrl === undefined ? siteRoot()
     : new URL(options.baseUrl, globalThis.location?.href).href).replace(/\/$/, "");
-  // the worker beside this module, or, given a baseUrl (e.g. wick.js bundled into an app from
-  // npm), the one that site serves: the same version as its runtime
+  // the worker beside this module where it is a wick site's own wick.js (a host's or an
+  // export's), else (wick.js bundled into an app from npm) the one the baseUrl site serves:
+  // the same version as its runtime
   const workerUrl = options.workerUrl !== undefined ? new URL(options.workerUrl, import.meta.url)
-    : new URL(options.baseUrl !== undefined ? `${baseUrl}/static/wick-worker.js` : "./wick-worker.js",
-      import.meta.url);
+    : new URL(isSiteModule() || options.baseUrl === undefined ? "./wick-worker.js"
+      : `${baseUrl}/static/wick-worker.js`, import.meta.url);
   const load = loadMessage(model, options, baseUrl);
   if (options.shared) {
     if (workerUrl.origin !== globalThis.location?.origin) {
