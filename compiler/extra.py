@@ -15,8 +15,9 @@ import importlib.util
 from ..engine.errors import WickError
 
 COMPILE_EXTRA = "wick-llm[compile]"
-# the distributions behind the extra, by import name
-_COMPILE_MODULES = {"tvm": "apache-tvm", "tvm_ffi": "apache-tvm-ffi", "ziglang": "ziglang"}
+# the distributions behind the extra (pyproject.toml's `compile`; the wheel test holds the two
+# equal), by import name
+COMPILE_DISTRIBUTIONS = {"tvm": "apache-tvm", "tvm_ffi": "apache-tvm-ffi", "ziglang": "ziglang"}
 
 
 class CompilerMissingError(WickError):
@@ -29,7 +30,7 @@ class CompilerMissingError(WickError):
 
 def missing_compiler_modules() -> list[str]:
     """The compile extra's distributions this install lacks (none: it can compile)."""
-    return [dist for module, dist in _COMPILE_MODULES.items()
+    return [dist for module, dist in COMPILE_DISTRIBUTIONS.items()
             if importlib.util.find_spec(module) is None]
 
 

@@ -30,8 +30,8 @@ from typing import Callable
 from ..engine.artifact import MANIFEST_NAME
 from ..engine.errors import InvalidRequestError, WickError
 from .artifact_host import ArtifactHost, scrub_manifest
+from .extension_build import STATIC, chat_page_with, check_built
 
-STATIC = Path(__file__).resolve().parent / "static"
 MARKER = "wick-export.json"  # what says a directory is an export this command may replace
 # the artifact files a browser reads: the manifest's entries of these kinds
 BROWSER_KERNELS = ("wasm_kernels", "wasm_threads_kernels")
@@ -56,28 +56,13 @@ class ExportError(WickError):
     default_code = "export_failed"
 
 
-def _check_built() -> None:
-    need = [STATIC / "web" / "wick.js", STATIC / "web" / "wick-worker.js",
-            STATIC / "wasm" / "manifest.json", STATIC / "index.html", STATIC / "chat.js"]
-    missing = [str(p.relative_to(STATIC)) for p in need if not p.is_file()]
-    if missing:
-        raise ExportError(f"the browser engine is not built ({', '.join(missing)} missing): run "
-                          "`bash web/build.sh` (needs node and npm), then export again")
-
-
 def chat_page_html() -> str:
-    """The chat page (static/index.html) with relative references and the site's settings."""
-    html = (STATIC / "index.html").read_text()
-    swaps = {'href="/static/chat.css"': 'href="static/chat.css"',
-             '<script type="module" src="/static/chat.js"></script>':
-                 '<script src="static/site.js"></script>\n'
-                 '  <script type="module" src="static/chat.js"></script>'}
-    for old, new in swaps.items():
-        if old not in html:
-            raise ExportError(f"static/index.html no longer refers to {old!r}: update "
-                              "pyserver/export.chat_page_html")
-        html = html.replace(old, new)
-    return html
+    """The chat page with relative references and the site's settings."""
+    return chat_page_with({'href="/static/chat.css"': 'href="static/chat.css"',
+                           '<script type="module" src="/static/chat.js"></script>':
+                               '<script src="static/site.js"></script>\n'
+                               '  <script type="module" src="static/chat.js"></script>'},
+                          ExportError, "pyserver/export.chat_page_html")
 
 
 def browser_files(manifest: dict) -> list[str]:
@@ -132,7 +117,7 @@ def artifacts_for(models: list[str], quantization: str | None,
 def export_site(out: Path, models: list[str], quantization: str | None = None,
                 progress: Progress | None = None) -> dict:
     """Write the static site for ``models`` to ``out``; returns a summary."""
-    _check_built()
+    check_built([STATIC / "index.html", STATIC / "chat.js"], ExportError, "export again")
     if not models:
         raise InvalidRequestError("name at least one model to export", param="model")
     out = Path(out).resolve()
@@ -163,7 +148,6 @@ def export_site(out: Path, models: list[str], quantization: str | None = None,
         (tmp / "index.html").write_text(chat_page_html())
         (tmp / "wick.js").write_text('export * from "./static/wick.js";\n')
         host = ArtifactHost(None)
-        total = 0
         for n, d in enumerate(dirs):
             manifest = json.loads((d / MANIFEST_NAME).read_bytes())
             target = tmp / "artifacts" / d.name

@@ -79,17 +79,23 @@ def manifest(host: str, allowed: list[str], version: str) -> dict:
     return out
 
 
-def side_panel_html() -> str:
-    """The chat page (static/index.html) with the extension's script: one page, two doors."""
+def chat_page_with(swaps: dict[str, str], error: type[WickError], owner: str) -> str:
+    """The chat page (static/index.html) with each of its references ``swaps`` names replaced:
+    one page, several doors (the server, the extension's side panel, an export's index).
+    ``owner`` is the function to update when the page no longer has one of them."""
     html = (STATIC / "index.html").read_text()
-    swaps = {'href="/static/chat.css"': 'href="chat.css"',
-             'src="/static/chat.js"': 'src="sidepanel.js"'}
     for old, new in swaps.items():
         if old not in html:
-            raise ExtensionBuildError(f"static/index.html no longer refers to {old}: update "
-                                      "extension_build.side_panel_html")
+            raise error(f"static/index.html no longer refers to {old}: update {owner}")
         html = html.replace(old, new)
     return html
+
+
+def side_panel_html() -> str:
+    """The chat page with the extension's script."""
+    return chat_page_with({'href="/static/chat.css"': 'href="chat.css"',
+                           'src="/static/chat.js"': 'src="sidepanel.js"'},
+                          ExtensionBuildError, "extension_build.side_panel_html")
 
 
 def _chrome_version(version: str) -> str:
@@ -105,14 +111,15 @@ def _chrome_version(version: str) -> str:
     return ".".join(nums[:4]) or "0.1"
 
 
-def _check_built() -> None:
+def check_built(extra: list[Path], error: type[WickError], then: str) -> None:
+    """Raise ``error`` unless the browser engine is built (with the ``extra`` files under
+    static/ too); ``then``: what to do once it is."""
     need = [STATIC / "web" / "wick.js", STATIC / "web" / "wick-worker.js",
-            STATIC / "wasm" / "manifest.json", *(STATIC / "ext" / s for s in SCRIPTS)]
+            STATIC / "wasm" / "manifest.json", *extra]
     missing = [str(p.relative_to(STATIC)) for p in need if not p.is_file()]
     if missing:
-        raise ExtensionBuildError(
-            f"the browser engine is not built ({', '.join(missing)} missing): run "
-            "`bash web/build.sh` (needs node and npm), then build the extension again")
+        raise error(f"the browser engine is not built ({', '.join(missing)} missing): run "
+                    f"`bash web/build.sh` (needs node and npm), then {then}")
 
 
 def build_extension(out: Path, host: str, allow_origins: list[str] | tuple[str, ...] = ()) -> dict:
@@ -121,7 +128,8 @@ def build_extension(out: Path, host: str, allow_origins: list[str] | tuple[str, 
 
     host_origin, host_path = _origin(host, "host URL", path_ok=True)
     allowed = sorted({_origin(o, "allow-origin", path_ok=False)[0] for o in allow_origins})
-    _check_built()
+    check_built([STATIC / "ext" / s for s in SCRIPTS], ExtensionBuildError,
+                "build the extension again")
     man = manifest(host_origin, allowed, _chrome_version(__version__))
     config = {"host": host_origin + host_path, "allowedOrigins": allowed,
               "connectable": man.get("externally_connectable", {}).get("matches", [])}

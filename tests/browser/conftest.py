@@ -25,6 +25,9 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--disable-quic", "--enable-unsafe-webgpu",
 ]
+# Chromium as shipped: WebGPU is off on Linux without --enable-unsafe-webgpu (the WebAssembly
+# kernels run)
+CHROMIUM_ARGS_NO_WEBGPU = [a for a in CHROMIUM_ARGS if a != "--enable-unsafe-webgpu"]
 WINDOW = TINY_SMALL["context_window"]  # the tiny artifacts'
 # what `wick serve` sends with its pages: cross-origin isolated, so they may share memory
 ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin",

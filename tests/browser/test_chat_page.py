@@ -10,7 +10,14 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, Page, chat_page_reply, open_chat_page
+from .conftest import (
+    CHROMIUM,
+    CHROMIUM_ARGS_NO_WEBGPU,
+    ROOT,
+    Page,
+    chat_page_reply,
+    open_chat_page,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -61,8 +68,8 @@ def test_chat_page_works_without_webgpu(playwright, web_server, tiny_artifact):
     runs the WebAssembly kernels and answers with the native engine's text."""
     messages = [{"role": "user", "content": "hi wasm"}]
     want = chat_page_reply(tiny_artifact, messages)
-    args = [a for a in CHROMIUM_ARGS if a != "--enable-unsafe-webgpu"]
-    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                  args=CHROMIUM_ARGS_NO_WEBGPU)
     try:
         page, errors = open_chat_page(b.new_context(viewport={"width": 900, "height": 600}),
                                       web_server.url)

@@ -21,7 +21,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import wick_process_env
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, ISOLATION, ROOT, chat_page_reply
+from .conftest import CHROMIUM, CHROMIUM_ARGS_NO_WEBGPU, ISOLATION, ROOT, chat_page_reply
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,8 @@ N = 16
 @pytest.fixture(scope="module")
 def browser(playwright):
     """Chromium as shipped: WebGPU is off on Linux without --enable-unsafe-webgpu."""
-    args = [a for a in CHROMIUM_ARGS if a != "--enable-unsafe-webgpu"]
-    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                  args=CHROMIUM_ARGS_NO_WEBGPU)
     yield b
     b.close()
 

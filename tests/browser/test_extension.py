@@ -290,6 +290,8 @@ def test_only_model_files_come_from_the_host(ctx, ext_id, host, native):
     import re
     import urllib.request
 
+    from wick.server.export import browser_files
+
     live, proxy = host
     if not any("/params/" in path for path, _, _, _ in proxy.log):  # (run alone: load here)
         page = ExtPage(ctx, ext_id)
@@ -299,11 +301,7 @@ def test_only_model_files_come_from_the_host(ctx, ext_id, host, native):
     for entry in json.load(urllib.request.urlopen(live.url + "/web/models.json"))["data"]:
         m = json.load(urllib.request.urlopen(
             f"{live.url}/artifacts/{entry['id']}/wick-artifact.json"))
-        listed[entry["id"]] = {"wick-artifact.json", m["tokenizer"]["file"],
-                               *(k["file"] for k in m["kernels"]),
-                               *(s["file"] for s in m["shards"]),
-                               *(m[k]["file"] for k in ("wasm_kernels", "wasm_threads_kernels")
-                                 if m.get(k))}
+        listed[entry["id"]] = set(browser_files(m))
     asked = {path.split("?")[0] for path, _, _, _ in proxy.log}
     executable = []
     for path in asked - {"/web/models.json"}:

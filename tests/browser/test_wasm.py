@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, ISOLATION, Page
+from .conftest import CHROMIUM, CHROMIUM_ARGS_NO_WEBGPU, ISOLATION, Page
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +20,8 @@ SMOL_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def browser(playwright):
     """Chromium as shipped: WebGPU is off on Linux without --enable-unsafe-webgpu."""
-    args = [a for a in CHROMIUM_ARGS if a != "--enable-unsafe-webgpu"]
-    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                  args=CHROMIUM_ARGS_NO_WEBGPU)
     yield b
     b.close()
 
