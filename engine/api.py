@@ -336,7 +336,7 @@ class AsyncEngineAPI(_Frontend):
                 await self._wakeup.wait()
                 continue
             try:
-                state = core.begin_step()
+                state = await core.begin_step_async()
                 tokens: list[int] = []
                 if core.needs_async_masks(state.batch):
                     await core.fill_masks_async(state.batch)

@@ -39,13 +39,15 @@ def assemble_core(art: Artifact, backend: Any, *,
                   grammar_limits: GrammarLimits = GrammarLimits(),
                   speculative: Any = None,
                   draft_artifact: Artifact | None = None,
+                  draft_backend: Any = None,
                   **runner_options: Any) -> EngineCore:
     """The engine core for ``art`` on ``backend``. ``tokenizer(tokenizer_json)`` builds the
     host's tokenizer; ``grammar`` its structured-output backend (which ``grammar_limits`` bound);
     ``speculative`` the engine-level speculation (engine/speculative.py), whose method ``draft``
-    runs ``draft_artifact`` on the same backend with a KV pool of its own; ``runner_options`` go
-    to the
-    runner (``progress``, ``batched_decode``, ``upload_weights``)."""
+    runs ``draft_artifact`` with a KV pool of its own, on ``draft_backend`` (default: the same
+    backend; the browser's WebAssembly executor holds one kernel module, so a draft there has an
+    executor of its own); ``runner_options`` go to the runner (``progress``,
+    ``batched_decode``, ``upload_weights``)."""
     pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
                          backend.max_storage_binding)
     runner = runner_class(art, backend, num_pages=pages, **runner_options)
@@ -54,12 +56,14 @@ def assemble_core(art: Artifact, backend: Any, *,
     grammar_backend, vocab = grammar(tokenizer_json, info)
     draft = None
     if draft_artifact is not None:
+        draft_backend = draft_backend or backend
         draft_pages = kv_pages_for(draft_artifact.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
-                                   backend.max_storage_binding)
+                                   draft_backend.max_storage_binding)
         options = {k: v for k, v in runner_options.items() if k != "progress"}
-        draft = DraftModel(runner_class(draft_artifact, backend, num_pages=draft_pages,
+        draft = DraftModel(runner_class(draft_artifact, draft_backend, num_pages=draft_pages,
                                         **options),
-                           ModelInfo.from_manifest(draft_artifact.manifest), draft_pages)
+                           ModelInfo.from_manifest(draft_artifact.manifest), draft_pages,
+                           draft_artifact.location)
     return EngineCore(runner, tokenizer(tokenizer_json), info, num_pages=pages,
                       batch_invariant=batch_invariant, prefix_cache=prefix_cache,
                       grammar=grammar_backend, vocab=vocab, grammar_limits=grammar_limits,

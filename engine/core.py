@@ -34,7 +34,7 @@ from .speculative import NGRAM_MAX, SequenceDrafter, SpeculativeConfig
 # longer than the output still drafts to its end)
 PREDICTION_SLACK = 64
 from .draft_length import StepCost
-from .draft_model import DraftModel
+from .draft_model import DraftModel, Steps, drive, drive_async
 from .tokenizer import Tokenizer
 from .utf8_guard import Utf8Guard, Utf8Table
 
@@ -467,13 +467,29 @@ class EngineCore:
         return self.finish_step(state, tokens)
 
     def begin_step(self) -> StepState:
-        """Apply pending aborts, schedule, and fill the grammar masks of matchers that answer
-        at once. Then (after ``fill_masks_async`` when ``needs_async_masks``) run
-        ``state.batch`` (if any) on the runner."""
+        """Apply pending aborts, draft (a draft model's steps run here), schedule, and fill
+        the grammar masks of matchers that answer at once. Then (after ``fill_masks_async``
+        when ``needs_async_masks``) run ``state.batch`` (if any) on the runner."""
+        return drive(self._begin_steps(), self._draft_step)
+
+    async def begin_step_async(self) -> StepState:
+        """``begin_step`` awaiting the draft model's steps where its runner reads back
+        asynchronously (the browser's WebGPU)."""
+        step = getattr(self.draft.runner, "step_async", None) if self.draft else None
+        return await drive_async(self._begin_steps(), step or self._draft_step_awaitable)
+
+    def _draft_step(self, batch: Batch) -> list:
+        assert self.draft is not None  # (only a draft model's routines yield batches)
+        return self.draft.runner.step(batch)
+
+    async def _draft_step_awaitable(self, batch: Batch) -> list:
+        return self._draft_step(batch)
+
+    def _begin_steps(self) -> Steps[StepState]:
         started = self._clock()
         self._claim_runner()
         outputs = self._apply_aborts()
-        self._propose_drafts()
+        yield from self._propose_drafts()
         batch = self.scheduler.schedule()
         if batch is not None:
             for sid in batch.seq_ids:
@@ -485,7 +501,7 @@ class EngineCore:
                     self._fill_masks(group, matcher, drafts)
         return StepState(batch, outputs, started, self._clock() - started)
 
-    def _propose_drafts(self) -> None:
+    def _propose_drafts(self) -> Steps[None]:
         """Each generating sequence's drafts for the next step (the scheduler verifies them
         when the step has room), none when one token is all it has left to make. Under a
         grammar, drafts end before the first one the grammar refuses (a matcher that cannot
@@ -494,7 +510,7 @@ class EngineCore:
             seq.spec_token_ids = []
         if not self.scheduler.next_step_decodes():
             if self.draft is not None:  # (its prompt steps beside the model's)
-                self.draft.prefill({
+                yield from self.draft.prefill_steps({
                     seq.seq_id: seq.token_ids[:seq.num_prompt_tokens]
                     for seq in (*self.scheduler.running, *self.scheduler.waiting)
                     if seq.drafter is not None and seq.drafter.model
@@ -521,7 +537,8 @@ class EngineCore:
             else:
                 wanted[seq.seq_id] = (seq.token_ids, k)
         if wanted:
-            for sid, drafts in self.draft.propose(wanted).items():
+            proposed = yield from self.draft.propose_steps(wanted)
+            for sid, drafts in proposed.items():
                 seq = self._seqs[sid]
                 stops = seq.params.stop_token_ids
                 cut = next((i for i, t in enumerate(drafts) if t in stops), len(drafts))

@@ -7,19 +7,49 @@ Every engine step it first brings each mirror to the sequence's tokens (the K/V 
 engine rejected is cut off, the tokens it kept and the one it sampled are computed, in chunks
 of the draft model's prefill), then runs greedy decode steps, all mirrors batched, until each
 has its drafts. Drafts are greedy (a point mass): the verify step's sample-and-compare keeps
-the engine's output exact, greedy or sampled (engine/speculative.py)."""
+the engine's output exact, greedy or sampled (engine/speculative.py).
+
+Its routines are step generators (``Steps``): they yield the drafter's batches and are sent
+each one's sampled tokens, so that one body serves a runner that steps at once (``drive``) and
+one whose step is awaited (``drive_async``: the browser's WebGPU reads back through a
+promise)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Generator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .batch import Batch, SamplingRow
 from .kv_cache import kv_cache_for
 from .model_info import ModelInfo
 
 CATCH_UP_ROWS = 16  # at most this many new tokens of a mirror go in as one-token entries
+
+T = TypeVar("T")
+Steps = Generator[Batch, list, T]  # yields a batch, is sent its sampled tokens, returns T
+
+
+def drive(steps: Steps[T], step: Callable[[Batch], list]) -> T:
+    """Run ``steps`` with a runner that steps at once."""
+    try:
+        batch = next(steps)
+        while True:
+            batch = steps.send(step(batch))
+    except StopIteration as done:
+        return done.value
+
+
+async def drive_async(steps: Steps[T], step: Callable[[Batch], Awaitable[list]]) -> T:
+    """Run ``steps`` with a runner whose step is awaited."""
+    try:
+        batch = next(steps)
+        while True:
+            batch = steps.send(await step(batch))
+    except StopIteration as done:
+        return done.value
 
 
 @dataclass(slots=True)
@@ -33,9 +63,10 @@ class _Mirror:
 class DraftModel:
     """The drafting model's runner (a ``Runner`` over its own artifact) and KV pool."""
 
-    def __init__(self, runner, info: ModelInfo, num_pages: int) -> None:
+    def __init__(self, runner, info: ModelInfo, num_pages: int, location: str = "") -> None:
         self.runner = runner
         self.info = info
+        self.location = location  # the draft artifact's directory (``wick serve`` hosts it)
         self.kv = kv_cache_for(info.page_size, num_pages, window=info.kv_window,
                                window_pool=info.kv_window_pool,
                                num_window_pages=getattr(runner, "num_window_pages", 0),
@@ -62,7 +93,7 @@ class DraftModel:
         if self._mirrors.pop(seq_id, None) is not None and self.kv.has(seq_id):
             self.kv.free(seq_id)
 
-    def prefill(self, prompts: dict[int, Seq[int]]) -> None:
+    def prefill_steps(self, prompts: dict[int, Seq[int]]) -> Steps[None]:
         """Compute new sequences' prompts (``{seq_id: prompt tokens}``; all but the last
         token, which drafting computes again for its logits) while the engine computes them,
         before their first token, as vLLM's drafters do: the draft model's prompt then counts
@@ -78,13 +109,13 @@ class DraftModel:
             if batch_of is None:
                 break
             batch, chunks = batch_of
-            self.runner.step(batch)  # (no sample rows)
+            yield batch  # (no sample rows)
             for sid, num_new, _ in chunks:
                 self._mirrors[sid].computed += num_new
             active = [sid for sid in active
                       if self._mirrors[sid].computed < len(self._mirrors[sid].tokens)]
 
-    def propose(self, wanted: dict[int, tuple[Seq[int], int]]) -> dict[int, list[int]]:
+    def propose_steps(self, wanted: dict[int, tuple[Seq[int], int]]) -> Steps[dict[int, list[int]]]:
         """``{seq_id: (its tokens, how many drafts)}`` -> ``{seq_id: drafts}`` (fewer, or
         none, where the draft pool is full)."""
         t0 = time.perf_counter()
@@ -107,7 +138,7 @@ class DraftModel:
             if batch_of is None:
                 break
             batch, chunks = batch_of
-            sampled = self.runner.step(batch)
+            sampled = yield batch
             samples = iter(sampled)
             for sid, num_new, samples_here in chunks:
                 m = self._mirrors[sid]

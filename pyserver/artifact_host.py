@@ -96,7 +96,7 @@ class ArtifactHost:
     def preparing(self) -> list[dict]:
         return [dict(v) for v in self._preparing.values()]
 
-    def add(self, artifact_dir: Path) -> str:
+    def add(self, artifact_dir: str | Path) -> str:
         """Serve ``artifact_dir`` (a served model's artifact outside the root) by its name."""
         path = Path(artifact_dir).resolve()
         self.extra[path.name] = path

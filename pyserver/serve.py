@@ -299,6 +299,10 @@ def serving_app(
     def on_loaded(name: str, engine) -> None:
         info = engine.core.info
         host_artifacts.add(engine.artifact_dir)
+        if engine.core.draft is not None and engine.core.draft.location:
+            # a browser engine speculating with the same draft model (createEngine's
+            # speculative: {method: "draft"}) fetches it from here
+            host_artifacts.add(engine.core.draft.location)
         log.info("wick serving %s (%s, %s) on %s", name, info.quantization,
                  getattr(engine, "device_name", "?"), url)
         if engine.software_notice and not noticed:

@@ -175,6 +175,23 @@ def test_q4f32_1_variant_equals_native(page, loaded, tiny_q4_artifact):
     assert out == {"text": want, "quantization": "q4f32_1"}
 
 
+def test_a_draft_model_shares_the_webgpu_device(page, loaded, native):
+    """Speculation with a draft model on WebGPU (issue #28): the 4-bit twin's kernels and
+    buffers beside the model's on one device; the tokens are the model's own."""
+    out = page.run("""async ([model, prompt, n]) => {
+        const e = await wick.createEngine(model, {quantization: "q0f32", backend: "webgpu",
+            speculative: {method: "draft", numTokens: 3}});
+        const r = await e.completions.create({prompt, max_tokens: n, temperature: 0});
+        const stats = await e.stats();
+        const info = e.info;
+        await e.unload();
+        return {text: r.choices[0].text, draft: info.draft, spec: stats.speculation};
+    }""", [native["model"], PROMPT, N])
+    assert out["text"] == native["completion"]["choices"][0]["text"]
+    assert out["draft"]["quantization"] == "q4f32_1"
+    assert out["spec"]["drafted_tokens"] > 0
+
+
 def test_concurrent_creates_share_steps_and_equal_solo(page, loaded, native):
     out = page.run("""async ([prompt, n]) => {
         const before = (await engine.stats()).steps;

@@ -63,7 +63,12 @@ RUN = """async ([model, quantization, backend, messages, prompt, n, speculative]
 def _same(out: dict, want: dict) -> None:
     assert out["chat"]["choices"][0]["message"]["content"] == \
         want["chat"]["choices"][0]["message"]["content"]
-    assert out["chat"]["usage"] == want["chat"]["usage"]
+    usage = dict(out["chat"]["usage"])
+    # (under speculation, the drafts kept and refused: the output's own counts stay equal)
+    details = usage.pop("completion_tokens_details")
+    assert usage == {k: v for k, v in want["chat"]["usage"].items()
+                     if k != "completion_tokens_details"}
+    assert set(details) == {"accepted_prediction_tokens", "rejected_prediction_tokens"}
     assert out["streamed"] == want["chat"]["choices"][0]["message"]["content"]
     got, ref = out["comp"]["choices"][0], want["completion"]["choices"][0]
     assert got["text"] == ref["text"]
@@ -106,6 +111,48 @@ def test_an_isolated_page_runs_the_kernels_on_every_core(context, web_server, na
     assert set(out["stats"]["speculation"]) >= {"verify_steps", "acceptance_rate"}
     _same(out, native["q4f32_1"])
     assert not page.console_errors
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_a_draft_model_drafts_on_an_executor_of_its_own(context, web_server, native, isolated):
+    """Speculation with a draft model in the browser (issue #28): the q0f32 model, drafted for
+    by its own 4-bit twin (the default draft), each on a WebAssembly executor of its own (one
+    kernel module each; in an isolated page each with helper threads), gives the native
+    engine's q0f32 tokens, and the draft's drafts were verified."""
+    page = Page(context, web_server.url, headers=ISOLATION if isolated else None)
+    out = page.run(RUN, [native["model"], "q0f32", "wasm", MESSAGES, PROMPT, N,
+                         {"method": "draft", "numTokens": 4}])
+    info = out["info"]
+    assert info["quantization"] == "q0f32"
+    assert info["draft"]["model"] == info["model"]
+    assert info["draft"]["quantization"] == "q4f32_1"
+    assert info["draft"]["artifactId"] != info["artifactId"]
+    spec = out["stats"]["speculation"]
+    assert spec["verify_steps"] > 0 and spec["drafted_tokens"] > 0
+    _same(out, native["q0f32"])
+    assert not page.console_errors
+
+
+def test_a_draft_model_the_host_lacks_is_named(context, web_server, native):
+    page = Page(context, web_server.url)
+    err = page.run("""async (model) => {
+        try {
+            await wick.createEngine(model, {backend: "wasm",
+                speculative: {method: "draft", quantization: "q8f32_1"}});
+            return null;
+        } catch (e) { return {name: e.name, status: e.status, param: e.param, message: e.message}; }
+    }""", native["model"])
+    assert err["name"] == "ModelNotFoundError" and err["status"] == 404
+    assert err["param"] == "speculative"
+    assert err["message"].startswith("the draft model") and "q8f32_1" in err["message"]
+    bad = page.run("""async (model) => {
+        try {
+            await wick.createEngine(model, {speculative: {method: "ngram", model: "x"}});
+            return null;
+        } catch (e) { return {name: e.name, status: e.status, param: e.param, code: e.code}; }
+    }""", native["model"])
+    assert bad == {"name": "InvalidRequestError", "status": 400, "param": "speculative",
+                   "code": "invalid_value"}
 
 
 def test_webgpu_asked_for_without_webgpu_is_a_clear_error(context, web_server, native):

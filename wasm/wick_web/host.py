@@ -22,7 +22,7 @@ from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickErro
 from wick.engine.embeddings import EmbeddingRequest
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
 from wick.engine.sampling_defaults import chat_values
-from wick.engine.speculative import SpeculativeConfig
+from wick.engine.speculative import DRAFT_QUANTIZATION, SpeculativeConfig
 
 from .backend import WasmBackend, WebGPUBackend
 from .grammar import WebGrammarBackend
@@ -42,11 +42,14 @@ class Host:
         self._post = post
         self._tasks: dict[int, asyncio.Task] = {}
 
-    def placements_json(self) -> str:
+    def placements_json(self, draft: bool = False) -> str:
         """Where the weight bytes go, ``[[shard, offset, nbytes, buffer], ...]``: the worker
-        streams each verified shard straight into these buffers (no weights through Python)."""
+        streams each verified shard straight into these buffers (no weights through Python).
+        ``draft``: the draft model's (on its own executor when that is WebAssembly)."""
+        core = self.api.core
+        runner = core.draft.runner if draft else core.runner
         return json.dumps([[w.shard, w.offset, w.nbytes, w.buffer]
-                           for w in self.api.core.runner.weight_placements])
+                           for w in runner.weight_placements])
 
     async def ready(self) -> str | None:
         """After the weights are written: the first WebGPU error so far as an error payload
@@ -143,6 +146,21 @@ class Host:
         await self.api.aclose()
 
 
+def draft_wanted(speculative_json: str, model: str) -> str:
+    """The draft model createEngine's ``speculative`` option asks for, before anything is
+    fetched: ``{"model", "quantization"}`` (default: ``model`` itself in its 4-bit twin, as
+    the native engine), ``null`` for no draft model, or ``{"error": payload}`` for an option
+    the engine refuses."""
+    try:
+        spec = SpeculativeConfig.parse(json.loads(speculative_json) if speculative_json else None)
+    except Exception as e:
+        return json.dumps({"error": json.loads(error_payload(e))})
+    if spec is None or spec.method != "draft":
+        return "null"
+    return json.dumps({"model": spec.model or model,
+                       "quantization": spec.quantization or DRAFT_QUANTIZATION})
+
+
 class Loaded:
     """What ``load`` gives JavaScript: the host, or the failure as an error payload (JSON).
     Errors cross into JS as data, never as a Python traceback to parse."""
@@ -154,31 +172,44 @@ class Loaded:
 
 async def load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
                kv_cache_bytes: int = 0, create_grammar: Any = None,
-               prefix_cache: bool = True, speculative_json: str = "") -> Loaded:
+               prefix_cache: bool = True, speculative_json: str = "",
+               draft_executor: Any = None, get_draft_file: Any = None) -> Loaded:
     """``get_file(path)`` -> Uint8Array | None of the (already verified) small artifact files
     (tokenizer, kernels). The weight buffers are only allocated: the caller fills them as
     ``Host.placements_json()`` says, then awaits ``Host.ready()``. ``create_grammar``: the
     factory of web/src/grammar.ts (None: structured output is refused with a 400);
     ``prefix_cache``, ``speculative`` (JSON of createEngine's option, "" for none): see
-    ``EngineCore``."""
+    ``EngineCore``. Speculation with a draft model (``draft_wanted``): ``get_draft_file``
+    gives its manifest and kernels, ``draft_executor`` runs it (a WebAssembly executor holds
+    one kernel module: the draft has its own; on WebGPU it is ``executor``)."""
     try:
         speculative = SpeculativeConfig.parse(
             json.loads(speculative_json) if speculative_json else None)
         return Loaded(host=await _load(executor, js_tokenizer, get_file, post, kv_cache_bytes,
-                                       create_grammar, prefix_cache, speculative))
+                                       create_grammar, prefix_cache, speculative,
+                                       draft_executor, get_draft_file))
     except Exception as e:
         return Loaded(error=error_payload(e))
 
 
-async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
-                kv_cache_bytes: int, create_grammar: Any, prefix_cache: bool,
-                speculative: SpeculativeConfig | None) -> Host:
-
+def _reader(get_file: Any) -> Callable[[str], bytes]:
     def read(path: str) -> bytes:
         data = get_file(path)
         if data is None:
             raise FileNotFoundError(path)
         return data.to_bytes()
+    return read
+
+
+def _backend(executor: Any) -> WebGPUBackend | WasmBackend:
+    wasm = json.loads(executor.infoJson()).get("kind") == "wasm"
+    return WasmBackend(executor) if wasm else WebGPUBackend(executor)
+
+
+async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
+                kv_cache_bytes: int, create_grammar: Any, prefix_cache: bool,
+                speculative: SpeculativeConfig | None, draft_executor: Any,
+                get_draft_file: Any) -> Host:
 
     def grammar(tokenizer_json: str, info):
         _, vocab = no_grammar(tokenizer_json, info)
@@ -186,14 +217,21 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
             return None, vocab
         return WebGrammarBackend(create_grammar, vocab, info.vocab_size, info.eos_token_ids), vocab
 
-    art = Artifact.load(read, "artifact")
-    wasm = json.loads(executor.infoJson()).get("kind") == "wasm"
-    backend = WasmBackend(executor) if wasm else WebGPUBackend(executor)
+    art = Artifact.load(_reader(get_file), "artifact")
+    backend = _backend(executor)
+    draft_art = draft_backend = None
+    if speculative is not None and speculative.method == "draft":
+        if get_draft_file is None:
+            raise InvalidRequestError("speculative method 'draft' needs its draft model's files",
+                                      param="speculative")
+        draft_art = Artifact.load(_reader(get_draft_file), "draft")
+        draft_backend = backend if draft_executor is None else _backend(draft_executor)
     # SwiftShader loses the device compiling some batched-decode GEMV kernels (SmolLM2's
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.
     core = assemble_core(art, backend, kv_cache_bytes=kv_cache_bytes or None,
                          tokenizer=lambda tok_json: WebTokenizer(js_tokenizer, tok_json),
                          grammar=grammar, prefix_cache=prefix_cache, speculative=speculative,
+                         draft_artifact=draft_art, draft_backend=draft_backend,
                          batched_decode=not backend.software,
                          upload_weights=False)
     await backend.check()

@@ -57,8 +57,12 @@ export type CreateEmbeddingResponse = P.CreateEmbeddingResponse;
 export interface RequestOptions { signal?: AbortSignal }
 
 export interface SpeculativeOptions {
-  method: "ngram";
+  method: "ngram" | "draft";
   numTokens?: number;
+  /** Method "draft": the model that drafts (default: this model) and its variant (default: its
+   * 4-bit twin, q4f32_1), fetched from the same host as the model. */
+  model?: string;
+  quantization?: string;
 }
 
 export interface CreateEngineOptions {
@@ -77,6 +81,8 @@ export interface CreateEngineOptions {
   /** Speculative decoding: draft tokens and verify them in one step, output unchanged.
    * `{ method: "ngram" }` copies drafts from the prompt and the text so far; `numTokens` bounds
    * the drafts per step (default 8; the engine drafts fewer where they are not accepted).
+   * `{ method: "draft" }` has a smaller model draft: by default this model's own 4-bit variant
+   * drafting for its f32 or 8-bit one (`info.draft` says which loaded).
    * Requests with `prediction` draft from it with or without this. */
   speculative?: SpeculativeOptions;
   /** Use the browser Cache API for artifact files (default true). */

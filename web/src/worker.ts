@@ -29,6 +29,7 @@ type Any = any;
 
 let host: Any = null; // wick_web.host.Host (a PyProxy)
 let executor: Executor | WasmExecutor | null = null;
+let draftExecutor: Executor | WasmExecutor | null = null; // a draft model's (speculative)
 let pyodide: Any = null;
 
 function toPayload(e: unknown): ErrorPayload {
@@ -199,8 +200,8 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
   // a WebAssembly executor holds one model's kernels and buffers: a new load gets a new one;
   // so does a load asking for the other backend
   if (exe && (exe instanceof WasmExecutor || backend === "wasm")) {
-    exe.destroy();
-    exe = executor = null;
+    dropExecutors();
+    exe = null;
   }
   exe ??= await openExecutor(backend);
   const wasm = exe instanceof WasmExecutor;
@@ -215,6 +216,93 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
   }
 }
 
+/** One artifact's part of a load before its engine exists: the manifest and the small files
+ * (verified), and the loader that streams its shards into the engine's buffers afterwards. */
+interface Fetched {
+  entry: ModelEntry;
+  manifest: Any;
+  files: Map<string, Uint8Array>;
+  loader: ArtifactLoader;
+  kernels: number; // kernel files among them
+}
+
+async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | WasmExecutor,
+                             msg: Extract<ToWorker, { kind: "load" }>, auth: Record<string, string>,
+                             stats: ReturnType<typeof newStats>, progress: (p: Progress) => void,
+                             withTokenizer: boolean): Promise<Fetched> {
+  const root = `${base}/artifacts/${encodeURIComponent(entry.id)}`;
+  const manBytes = new Uint8Array(await (await fetchOk(`${root}/${MANIFEST}`, MANIFEST,
+    { cache: "no-cache", headers: auth })).arrayBuffer());
+  const manifest = JSON.parse(new TextDecoder().decode(manBytes));
+  const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs, auth);
+  // the kernels of this executor: WGSL files, or the one WebAssembly module (an artifact
+  // compiled before wick had one is refused by the engine, with a "recompile" message)
+  const wasm = exe instanceof WasmExecutor;
+  const library = wasm ? manifest[`${exe.library}_kernels`] : null;
+  const kernelFiles = wasm ? (library ? [library] : []) : manifest.kernels;
+  const files = await loader.files([
+    ...(withTokenizer ? [{ file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 }] : []),
+    ...kernelFiles.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
+  ]);
+  files.set(MANIFEST, manBytes);
+  return { entry, manifest, files, loader, kernels: kernelFiles.length };
+}
+
+/** Each verified shard of `art` straight into the buffers its engine allocated (`placements`:
+ * JSON `[[shard, offset, nbytes, buffer], ...]` of the host). */
+async function streamShards(art: Fetched, placements: string, exe: Executor | WasmExecutor): Promise<void> {
+  const byShard = new Map<number, number[][]>();
+  for (const w of JSON.parse(placements) as number[][]) {
+    if (!byShard.has(w[0])) byShard.set(w[0], []);
+    byShard.get(w[0])!.push(w);
+  }
+  await art.loader.shards(art.manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes })),
+    async (i, data) => {
+      for (const [, offset, nbytes, buffer] of byShard.get(i) ?? []) {
+        exe.write(buffer, 0, data.subarray(offset, offset + nbytes));
+      }
+      await exe.drain(); // let the device take the bytes before the next shard arrives
+    });
+}
+
+/** The draft model of createEngine's `speculative: {method: "draft"}` (null without one):
+ * found in the host's index like the model (default: the model itself in its 4-bit twin, as
+ * the engine decides), on an executor of its own when the model runs on WebAssembly (an
+ * executor holds one kernel module and the memory its buffers live in), else on the model's
+ * WebGPU device. */
+async function fetchDraft(base: string, msg: Extract<ToWorker, { kind: "load" }>, entry: ModelEntry,
+                          exe: Executor | WasmExecutor, auth: Record<string, string>,
+                          stats: ReturnType<typeof newStats>, progress: (p: Progress) => void):
+    Promise<[Fetched, Executor | WasmExecutor] | null> {
+  const mod = pyodide.pyimport("wick_web.host");
+  let wanted: { model: string; quantization: string; error?: ErrorPayload } | null;
+  try {
+    wanted = JSON.parse(mod.draft_wanted(msg.speculative ? JSON.stringify(msg.speculative) : "",
+      entry.model));
+  } finally {
+    mod.destroy();
+  }
+  if (!wanted) return null;
+  if (wanted.error) throw new Failure(wanted.error);
+  const wasm = exe instanceof WasmExecutor;
+  const draftExe = wasm ? await WasmExecutor.create() : exe;
+  try {
+    let draftEntry: ModelEntry;
+    try {
+      draftEntry = await resolveEntry(base, { ...msg, model: wanted.model, quantization: wanted.quantization },
+        draftExe.features, auth, progress, wasm);
+    } catch (e) {
+      if (!(e instanceof Failure)) throw e;
+      throw new Failure({ ...e.p, error: { ...e.p.error, param: "speculative",
+        message: `the draft model (speculative: {method: "draft"}): ${e.p.error.message}` } });
+    }
+    return [await fetchArtifact(base, draftEntry, draftExe, msg, auth, stats, progress, false), draftExe];
+  } catch (e) {
+    if (draftExe !== exe) draftExe.destroy();
+    throw e;
+  }
+}
+
 /** Load the model `msg` names; `post` routes the engine's answers to request ids. */
 async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Progress) => void,
                     post: Post): Promise<EngineInfo> {
@@ -224,21 +312,12 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
     openAndResolve(base, msg, auth, progress)]);
   executor = exe;
   const wasm = exe instanceof WasmExecutor;
-  const root = `${base}/artifacts/${encodeURIComponent(entry.id)}`;
-  const manBytes = new Uint8Array(await (await fetchOk(`${root}/${MANIFEST}`, MANIFEST,
-    { cache: "no-cache", headers: auth })).arrayBuffer());
-  const manifest = JSON.parse(new TextDecoder().decode(manBytes));
   const stats = newStats();
-  const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs, auth);
-  // the kernels of this executor: WGSL files, or the one WebAssembly module (an artifact
-  // compiled before wick had one is refused by the engine, with a "recompile" message)
-  const library = wasm ? manifest[`${exe.library}_kernels`] : null;
-  const kernelFiles = wasm ? (library ? [library] : []) : manifest.kernels;
-  const files = await loader.files([
-    { file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 },
-    ...kernelFiles.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
-  ]);
-  files.set(MANIFEST, manBytes);
+  const art = await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true);
+  let draft: Fetched | null = null;
+  const withDraft = await fetchDraft(base, msg, entry, exe, auth, stats, progress);
+  if (withDraft) [draft, draftExecutor] = withDraft;
+  const { manifest, files } = art;
 
   const tokenizers = (globalThis as Any).tokenizers;
   const tk = await tokenizers.Tokenizer.fromJSON(files.get(manifest.tokenizer.file)!.slice().buffer);
@@ -247,7 +326,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
     encodeCsv: (text: string) => Array.from(tk.encode(text) as Int32Array).join(","),
     decodeCsv: (csv: string) => tk.decode(Int32Array.from(csv.split(",").map(Number))),
   };
-  progress({ stage: "compile", loaded: 0, total: kernelFiles.length,
+  progress({ stage: "compile", loaded: 0, total: art.kernels + (draft?.kernels ?? 0),
     text: wasm ? "compiling WebAssembly kernels" : "compiling kernels" });
   try {
     const mod = pyodide.pyimport("wick_web.host");
@@ -258,7 +337,10 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
         createGrammar(xgrammarUrl, vocab, type, prefix, size, stops);
       const loaded = await mod.load(exe, jsTokenizer, (path: string) => files.get(path) ?? null, post,
         msg.kvCacheBytes ?? 0, grammar, msg.prefixCache ?? true,
-        msg.speculative ? JSON.stringify(msg.speculative) : "");
+        msg.speculative ? JSON.stringify(msg.speculative) : "",
+        // (undefined, not null: Pyodide turns null into JsNull, undefined into None)
+        draftExecutor === exe ? undefined : draftExecutor,
+        draft ? (path: string) => draft!.files.get(path) ?? null : undefined);
       try {
         if (loaded.error) throw new Failure(JSON.parse(loaded.error));
         host = loaded.host.copy(); // (an attribute's proxy dies with its owner's)
@@ -270,20 +352,11 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
     } finally {
       mod.destroy();
       files.clear();
+      draft?.files.clear();
     }
     // weights: each verified shard straight into the buffers the engine allocated
-    const byShard = new Map<number, number[][]>();
-    for (const w of JSON.parse(host.placements_json()) as number[][]) {
-      if (!byShard.has(w[0])) byShard.set(w[0], []);
-      byShard.get(w[0])!.push(w);
-    }
-    await loader.shards(manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes })),
-      async (i, data) => {
-        for (const [, offset, nbytes, buffer] of byShard.get(i) ?? []) {
-          exe.write(buffer, 0, data.subarray(offset, offset + nbytes));
-        }
-        await exe.drain(); // let the device take the bytes before the next shard arrives
-      });
+    await streamShards(art, host.placements_json(), exe);
+    if (draft) await streamShards(draft, host.placements_json(true), draftExecutor!);
     const failed = await host.ready(); // the first error of compiling, allocating or writing
     if (failed) throw new Failure(JSON.parse(failed));
   } catch (e) {
@@ -296,15 +369,24 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
         host = null;
       }
     }
-    exe.destroy();
-    executor = null;
+    dropExecutors();
     throw e;
   }
   progress({ stage: "ready", loaded: 1, total: 1, text: "ready" });
   return { model: manifest.model_id, quantization: manifest.quantization, artifactId: entry.id,
     backend: wasm ? "wasm" : "webgpu", device: exe.name, threads: wasm ? exe.threads : 0,
     features: exe.features, samplingDefaults: manifest.model.sampling_defaults ?? null,
-    chatSampling: JSON.parse(host.chat_sampling_json()), ...stats, attached: false };
+    chatSampling: JSON.parse(host.chat_sampling_json()), ...stats, attached: false,
+    draft: draft ? { model: draft.manifest.model_id, quantization: draft.manifest.quantization,
+      artifactId: draft.entry.id } : null };
+}
+
+/** Destroy the executors (the draft model's too, when it has its own). */
+function dropExecutors(): void {
+  if (draftExecutor && draftExecutor !== executor) draftExecutor.destroy();
+  draftExecutor = null;
+  executor?.destroy();
+  executor = null;
 }
 
 /** An exception out of Python is a bug (the host returns its errors as payloads): its last
@@ -337,8 +419,7 @@ const engine = {
     } finally {
       host?.destroy();
       host = null;
-      executor?.destroy();
-      executor = null;
+      dropExecutors();
     }
   },
   toPayload: pythonError,

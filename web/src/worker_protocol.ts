@@ -36,6 +36,8 @@ export interface EngineInfo {
   resumedRequests: number; // Range requests that continued a cut-off download
   cacheError: ErrorPayload | null; // the cache could not keep the files, e.g. its quota is exceeded
   attached: boolean; // joined an engine another client had loaded (shared / extension): no downloads
+  // the model drafting for this one (createEngine's speculative: {method: "draft"}), else null
+  draft: { model: string; quantization: string; artifactId: string } | null;
   // what a request leaving sampling fields unset gets (the checkpoint's generation_config.json
   // or the built-in registry's model card), and what an interactive chat should send for them
   samplingDefaults: { values: Record<string, number>; source: string } | null;
@@ -45,7 +47,7 @@ export interface EngineInfo {
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
       kvCacheBytes?: number; prefixCache?: boolean; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
-      speculative?: { method: string; numTokens?: number };
+      speculative?: { method: string; numTokens?: number; model?: string; quantization?: string };
       backend?: Backend;
       clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
   | { kind: "create"; id: number; api: Api; body: string }
