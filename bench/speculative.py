@@ -4,6 +4,7 @@ the browser's WebAssembly kernels (headless Chromium, no WebGPU), on SmolLM2:
 
     python bench/speculative.py                     # native, q0f32 and q4f32_1
     python bench/speculative.py --browser           # ... and the browser (q4f32_1)
+    python bench/speculative.py --no-native --no-peer --browser --browser-quantization q0f32
     python bench/speculative.py --quantization q0f32 --tokens 128
 
 Configurations: plain, ``ngram``, ``prediction``, and (for variants that are not 4-bit) the
@@ -180,15 +181,14 @@ def bench_transformers(tokens: int, threads: int) -> list[dict]:
     return rows
 
 
-BROWSER_JS = """async ([model, quantization, runs]) => {
+BROWSER_JS = """async ([model, quantization, runs, configs]) => {
   const wick = await import('/static/wick.js');
   const out = [];
-  for (const [label, speculative] of [["plain", undefined],
-                                      ["ngram", {method: "ngram", numTokens: %d}]]) {
+  for (const [label, speculative] of configs) {
     const engine = await wick.createEngine(model, {quantization, backend: "wasm",
                                                    prefixCache: false, speculative});
     for (const [task, api, body, prediction, predicted] of runs) {
-      if (label === "ngram" && predicted) continue;
+      if (label !== "plain" && predicted) continue;
       const req = predicted ? {...body, prediction: {type: "content", content: prediction}} : body;
       const one = async () => {
         const t0 = performance.now(); let first = null; let usage = null; let text = "";
@@ -224,7 +224,7 @@ BROWSER_JS = """async ([model, quantization, runs]) => {
     await engine.unload();
   }
   return out;
-}""" % (NGRAM_TOKENS, RUNS, RUNS)
+}""" % (RUNS, RUNS)
 
 
 def bench_browser(quantization: str, tokens: int) -> list[dict]:
@@ -239,6 +239,10 @@ def bench_browser(quantization: str, tokens: int) -> list[dict]:
     art = load_artifact(MODEL, quantization, frozenset(), None, True)
     host = ArtifactHost()
     host.add(Path(art.location))
+    configs = [["plain", None], ["ngram", {"method": "ngram", "numTokens": NGRAM_TOKENS}]]
+    if not quantization.startswith("q4"):  # the model's own 4-bit twin drafting
+        host.add(Path(load_artifact(MODEL, "q4f32_1", frozenset(), None, True).location))
+        configs.append(["q4 draft", {"method": "draft", "numTokens": NGRAM_TOKENS}])
     app = create_app(ModelPool(state="ready"), artifacts=host)
     live = ServerThread(app)
     page_path = "/__bench_speculative__.html"
@@ -256,7 +260,7 @@ def bench_browser(quantization: str, tokens: int) -> list[dict]:
                 body="<!doctype html><meta charset=utf-8><title>bench</title>",
                 content_type="text/html"))
             page.goto(live.url + page_path)
-            rows = page.evaluate(BROWSER_JS, [MODEL, quantization, runs])
+            rows = page.evaluate(BROWSER_JS, [MODEL, quantization, runs, configs])
             browser.close()
     finally:
         live.stop()
@@ -288,8 +292,9 @@ def main() -> None:
     p.add_argument("--browser", action="store_true", help="also in headless Chromium (wasm)")
     p.add_argument("--browser-quantization", default="q4f32_1")
     p.add_argument("--no-peer", action="store_true", help="skip transformers")
+    p.add_argument("--no-native", action="store_true", help="skip the native engine")
     args = p.parse_args()
-    for q in args.quantization or ["q0f32", "q4f32_1"]:
+    for q in [] if args.no_native else args.quantization or ["q0f32", "q4f32_1"]:
         print_rows(f"native {args.device}, {MODEL} {q}", bench_native(q, args.tokens,
                                                                        args.device))
     if not args.no_peer:

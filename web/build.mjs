@@ -6,7 +6,8 @@
 // extension (npm pack runs it).
 import { build } from "esbuild";
 import { execFileSync } from "node:child_process";
-import { rmSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
@@ -14,8 +15,14 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const forPackage = process.argv[2] === "--package";
 const outdir = forPackage ? path.join(here, "dist")
   : process.argv[2] ?? path.join(here, "..", "pyserver", "static", "web");
+// both ends of the worker protocol carry the package version and a digest of the protocol's
+// source (src/worker_protocol.ts): builds that differ refuse each other with a typed error
+const version = JSON.parse(readFileSync(path.join(here, "package.json"), "utf8")).version;
+const protocol = createHash("sha256").update(readFileSync(path.join(here, "src", "worker_protocol.ts")))
+  .digest("hex").slice(0, 16);
 const common = { bundle: true, format: "esm", target: "es2022", sourcemap: true, logLevel: "warning",
-  platform: "browser" };
+  platform: "browser", define: { __WICK_VERSION__: JSON.stringify(version),
+    __WICK_PROTOCOL__: JSON.stringify(protocol) } };
 if (forPackage) rmSync(outdir, { recursive: true, force: true });
 await build({ ...common, entryPoints: { wick: path.join(here, "src", "client.ts") }, outdir });
 await build({ ...common, entryPoints: { "wick-worker": path.join(here, "src", "worker.ts") }, outdir });

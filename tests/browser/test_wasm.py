@@ -155,6 +155,36 @@ def test_a_draft_model_the_host_lacks_is_named(context, web_server, native):
                    "code": "invalid_value"}
 
 
+def test_a_worker_of_another_build_is_refused_with_what_to_do(context, web_server, native):
+    """wick.js and the worker it reaches carry their build's protocol (a digest of
+    worker_protocol.ts): a worker built from another protocol (an app's bundled wick-web
+    against another wick version's site) refuses the load with a typed error."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    web = Path(__file__).resolve().parents[2] / "web"
+    protocol = hashlib.sha256((web / "src" / "worker_protocol.ts").read_bytes()).hexdigest()[:16]
+    version = json.loads((web / "package.json").read_text())["version"]
+    page = Page(context, web_server.url)
+    err = page.run("""async ([model, swaps]) => {
+        // the served worker, as another build of wick would have it
+        let src = await (await fetch("/static/web/wick-worker.js")).text();
+        const found = swaps.map(([from]) => src.split(from).length - 1);
+        for (const [from, to] of swaps) src = src.split(from).join(to);
+        const workerUrl = URL.createObjectURL(new Blob([src], {type: "text/javascript"}));
+        try { await wick.createEngine(model, {backend: "wasm", workerUrl}); return {found}; }
+        catch (e) { return {found, name: e.name, status: e.status, code: e.code, param: e.param,
+                            message: e.message}; }
+    }""", [native["model"], [[json.dumps(protocol), json.dumps("0" * 16)],
+                             [json.dumps(version), json.dumps("9.9.9")]]])
+    assert err["found"][0] == 1  # the build's digest, as this test computes it
+    assert err["name"] == "LoadError" and err["status"] == 400
+    assert err["code"] == "protocol_mismatch" and err["param"] == "baseUrl"
+    assert f"wick {version}" in err["message"] and "wick 9.9.9" in err["message"]
+    assert "npm install wick-web@9.9.9" in err["message"]
+
+
 def test_webgpu_asked_for_without_webgpu_is_a_clear_error(context, web_server, native):
     page = Page(context, web_server.url)
     err = page.run("""async (model) => {

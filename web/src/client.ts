@@ -19,7 +19,7 @@ import {
   engineLost, errorFromPayload, payload, permissionDenied,
 } from "./errors.js";
 import { settings } from "./extension/settings.js";
-import { BACKENDS, PORT_NAME } from "./worker_protocol.js";
+import { BACKENDS, PORT_NAME, PROTOCOL, VERSION, protocolMismatch } from "./worker_protocol.js";
 import type { Api, Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 import type * as P from "./protocol.gen.js";
 
@@ -455,6 +455,11 @@ function loadOver(channel: Channel, load: Omit<Extract<ToWorker, { kind: "load" 
       if (m.id !== id) return;
       if (m.kind === "progress") onProgress?.(m.progress);
       else if (m.kind === "loaded") {
+        // (a host of another build, older than this check, sends no protocol)
+        if (m.info.protocol !== PROTOCOL) {
+          reject(errorFromPayload(protocolMismatch(VERSION, m.info.version ?? "of another build")));
+          return;
+        }
         if (m.hostLock) channel.watchHost?.(m.hostLock);
         resolve(m.info);
       }
@@ -482,6 +487,7 @@ function inExtension(): boolean {
 
 function loadMessage(model: string, options: CreateEngineOptions, baseUrl: string) {
   return { kind: "load" as const, model, quantization: options.quantization, baseUrl,
+    protocol: PROTOCOL, version: VERSION,
     kvCacheBytes: options.kvCacheBytes, prefixCache: options.prefixCache, cache: options.cache,
     speculative: options.speculative,
     stallTimeoutMs: options.stallTimeoutMs,

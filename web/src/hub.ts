@@ -15,6 +15,7 @@
 import { payload } from "./errors.js";
 import { newStats } from "./loader.js";
 import type { ErrorPayload } from "./errors.js";
+import { PROTOCOL, VERSION, protocolMismatch } from "./worker_protocol.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 type LoadMessage = Extract<ToWorker, { kind: "load" }>;
@@ -93,6 +94,8 @@ export class Hub {
     try {
       switch (msg.kind) {
         case "load": {
+          // (a client of another build, older than this check, sends no protocol)
+          if (msg.protocol !== PROTOCOL) throw protocolMismatch(msg.version ?? "of another build", VERSION);
           const info = await this.attach(client, msg);
           const hostLock = this.hostLock ? await this.hostLock : undefined;
           client.send({ kind: "loaded", id: msg.id, info, ...(hostLock ? { hostLock } : {}) });

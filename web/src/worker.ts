@@ -19,6 +19,7 @@ import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
 import { Hub } from "./hub.js";
 import type { Post } from "./hub.js";
+import { PROTOCOL, VERSION } from "./worker_protocol.js";
 import type { Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
 
 const MANIFEST = "wick-artifact.json";
@@ -377,6 +378,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
     backend: wasm ? "wasm" : "webgpu", device: exe.name, threads: wasm ? exe.threads : 0,
     features: exe.features, samplingDefaults: manifest.model.sampling_defaults ?? null,
     chatSampling: JSON.parse(host.chat_sampling_json()), ...stats, attached: false,
+    protocol: PROTOCOL, version: VERSION,
     draft: draft ? { model: draft.manifest.model_id, quantization: draft.manifest.quantization,
       artifactId: draft.entry.id } : null };
 }

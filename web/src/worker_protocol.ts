@@ -3,7 +3,24 @@
  * messages travel over a Worker, a SharedWorker's MessagePort or a chrome.runtime port (the
  * extension), so every one of them is plain JSON. */
 
+import { payload } from "./errors.js";
 import type { ErrorPayload } from "./errors.js";
+
+// set by the build (web/build.mjs): the package's version, and a digest of this file, which
+// both ends of a channel are built from; two builds of different protocols refuse each other
+// with a typed error (an app bundling wick-web against another wick version's site)
+declare const __WICK_VERSION__: string;
+declare const __WICK_PROTOCOL__: string;
+export const VERSION: string = __WICK_VERSION__;
+export const PROTOCOL: string = __WICK_PROTOCOL__;
+
+/** The client's and the host's builds differ: what to do about it. */
+export function protocolMismatch(client: string, host: string): ErrorPayload {
+  return payload("LoadError", `this wick.js (wick ${client}) and the engine it reached (wick ${host}) ` +
+    "are builds of different versions and do not understand each other: import wick.js from the " +
+    `site that serves the engine, or install the matching package (npm install wick-web@${host})`,
+    "load_error", "protocol_mismatch", 400, "baseUrl");
+}
 
 /** The request kinds the engine serves (the Python host's ``start`` dispatches on them). */
 export type Api = "chat" | "completion" | "embeddings";
@@ -35,6 +52,8 @@ export interface EngineInfo {
   shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
   resumedRequests: number; // Range requests that continued a cut-off download
   cacheError: ErrorPayload | null; // the cache could not keep the files, e.g. its quota is exceeded
+  protocol: string; // the host's build (PROTOCOL, VERSION)
+  version: string;
   attached: boolean; // joined an engine another client had loaded (shared / extension): no downloads
   // the model drafting for this one (createEngine's speculative: {method: "draft"}), else null
   draft: { model: string; quantization: string; artifactId: string } | null;
@@ -46,6 +65,7 @@ export interface EngineInfo {
 
 export type ToWorker =
   | { kind: "load"; id: number; model: string; quantization?: string; baseUrl: string;
+      protocol: string; version: string; // the client's build (PROTOCOL, VERSION)
       kvCacheBytes?: number; prefixCache?: boolean; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
       speculative?: { method: string; numTokens?: number; model?: string; quantization?: string };
       backend?: Backend;

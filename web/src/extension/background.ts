@@ -59,7 +59,8 @@ chrome.runtime.onMessage.addListener((msg, _sender, reply) => {
  * from, how much GPU memory to take or how to cache (the extension's settings decide). */
 function fromPage(m: ToWorker, host: string, apiKey: string | undefined): ToWorker {
   if (m.kind !== "load") return m;
-  return { kind: "load", id: m.id, model: m.model, quantization: m.quantization, baseUrl: host, apiKey };
+  return { kind: "load", id: m.id, model: m.model, quantization: m.quantization, baseUrl: host, apiKey,
+    protocol: m.protocol, version: m.version }; // (the page's build: the engine checks it)
 }
 
 chrome.runtime.onConnectExternal.addListener((page) => {
