@@ -155,6 +155,45 @@ def test_a_draft_model_the_host_lacks_is_named(context, web_server, native):
                    "code": "invalid_value"}
 
 
+def test_a_second_start_restores_python_from_its_snapshot(browser, web_server, native):
+    """The first engine of an origin boots Pyodide and imports the engine, then keeps a
+    snapshot of Python's memory in the browser cache; the next worker restores it (issue
+    #31's start-up) and gives the same tokens. ``cache: false`` neither reads nor keeps one."""
+    ctx = browser.new_context()  # (an empty cache)
+    try:
+        page = Page(ctx, web_server.url)
+        out = page.run("""async ([model, prompt, n]) => {
+            const runs = [];
+            for (const cache of [true, true, false]) {
+                const engine = await wick.createEngine(model, {quantization: "q0f32", cache});
+                const r = await engine.completions.create({prompt, max_tokens: n, temperature: 0,
+                                                           logprobs: 2});
+                runs.push({python: engine.info.python, text: r.choices[0].text,
+                           logprobs: r.choices[0].logprobs.token_logprobs});
+                await engine.unload();
+                // (the snapshot is kept after the load: let the cache take it)
+                for (let i = 0; i < 50 && !(await caches.open("wick-runtime-v1").then(
+                    (c) => c.keys())).length; i++) await new Promise((r) => setTimeout(r, 100));
+            }
+            const kept = await (await caches.open("wick-runtime-v1")).keys();
+            return {runs, kept: kept.length};
+        }""", [native["model"], PROMPT, N])
+    finally:
+        ctx.close()
+    first, second, uncached = out["runs"]
+    assert first["python"]["from"] == "scratch" and second["python"]["from"] == "snapshot"
+    assert uncached["python"]["from"] == "scratch"
+    assert out["kept"] == 1
+    print(f"Python start: {first['python']['ms']} ms from scratch, "
+          f"{second['python']['ms']} ms from the snapshot")
+    assert second["python"]["ms"] < first["python"]["ms"]
+    want = native["q0f32"]["completion"]["choices"][0]
+    for run in out["runs"]:
+        assert run["text"] == want["text"]
+        for a, b in zip(run["logprobs"], want["logprobs"]["token_logprobs"]):
+            assert abs(a - b) < 1e-4
+
+
 def test_a_worker_of_another_build_is_refused_with_what_to_do(context, web_server, native):
     """wick.js and the worker it reaches carry their build's protocol (a digest of
     worker_protocol.ts): a worker built from another protocol (an app's bundled wick-web

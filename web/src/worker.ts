@@ -69,28 +69,75 @@ function runtimeUrl(base: string): string {
   return `${base}/static/wasm/`;
 }
 
-async function boot(base: string, progress: (p: Progress) => void): Promise<void> {
+// Python's memory after the engine is imported, saved once per runtime build (the manifest
+// names Pyodide and every wheel by content): a later start restores it in ~0.2 s instead of
+// booting Pyodide and importing the engine (~2.5 s). Pyodide's memory snapshot (its
+// `_makeSnapshot` / `_loadSnapshot` options) holds the interpreter and its modules; the
+// wheels' files are unpacked again (they live outside that memory), for imports made later.
+const RUNTIME_CACHE = "wick-runtime-v1";
+let booted: EngineInfo["python"] = { ms: 0, from: "scratch" };
+
+async function cachedSnapshot(url: string): Promise<Uint8Array | null> {
+  try {
+    const hit = await (await caches.open(RUNTIME_CACHE)).match(url);
+    return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
+  } catch { // no Cache API here (an opaque origin): start from scratch
+    return null;
+  }
+}
+
+/** Keep `snapshot` as the one snapshot of this origin (older runtimes' are dropped). */
+async function keepSnapshot(url: string, snapshot: Uint8Array<ArrayBuffer>): Promise<void> {
+  try {
+    const cache = await caches.open(RUNTIME_CACHE);
+    for (const old of await cache.keys()) if (old.url !== url) await cache.delete(old);
+    await cache.put(url, new Response(snapshot, { headers: { "Content-Type": "application/octet-stream" } }));
+  } catch (e) { // (quota: the next start boots from scratch again)
+    console.warn(`wick: Python's start-up snapshot was not kept: ${(e as Error).message}`);
+  }
+}
+
+async function boot(base: string, progress: (p: Progress) => void, useCache: boolean): Promise<void> {
   if (pyodide) return;
+  const t0 = performance.now();
   const wasm = runtimeUrl(base);
-  const man = (await (await fetchOk(`${wasm}manifest.json`, "wasm manifest", { cache: "no-cache" })).json()) as WasmManifest;
+  const manText = await (await fetchOk(`${wasm}manifest.json`, "wasm manifest", { cache: "no-cache" })).text();
+  const man = JSON.parse(manText) as WasmManifest;
   progress({ stage: "boot", loaded: 0, total: 3, text: "starting Python (Pyodide)" });
   const tokLib = import(/* webpackIgnore: true */ `${wasm}${man.tokenizers}`);
   xgrammarUrl = `${wasm}${man.xgrammar}`;
-  const { loadPyodide } = await import(/* webpackIgnore: true */ `${wasm}${man.pyodide}pyodide.mjs`);
-  const py = await loadPyodide({ indexURL: `${wasm}${man.pyodide}`, fullStdLib: false });
-  progress({ stage: "boot", loaded: 1, total: 3, text: "installing the wick engine" });
-  const wheels = await Promise.all(man.wheels.map(async (w) => {
+  const snapshotUrl = `${wasm}snapshot-${(await sha256Hex(new TextEncoder().encode(manText))).slice(0, 16)}.bin`;
+  const snapshot = useCache ? await cachedSnapshot(snapshotUrl) : null;
+  const wheels = Promise.all(man.wheels.map(async (w) => {
     const buf = new Uint8Array(await (await fetchOk(`${wasm}${w.file}`, "wheel")).arrayBuffer());
     if ((await sha256Hex(buf)) !== w.sha256) {
       throw new Failure(payload("LoadError", `${w.file}: corrupt (sha256 mismatch)`, "load_error", "corrupt_asset", 500));
     }
     return buf;
   }));
-  for (const buf of wheels) py.unpackArchive(buf, "wheel");
-  py.runPython("import wick.engine, wick_web.host, jinja2");
+  const { loadPyodide } = await import(/* webpackIgnore: true */ `${wasm}${man.pyodide}pyodide.mjs`);
+  const options = { indexURL: `${wasm}${man.pyodide}`, fullStdLib: false };
+  let py: Any = null;
+  if (snapshot) {
+    try {
+      py = await loadPyodide({ ...options, _loadSnapshot: snapshot });
+    } catch (e) { // a snapshot this Pyodide cannot restore: start from scratch, make a new one
+      console.warn(`wick: Python's start-up snapshot did not restore (${(e as Error).message}); starting from scratch`);
+    }
+  }
+  const restored = py !== null;
+  py ??= await loadPyodide({ ...options, _makeSnapshot: useCache });
+  progress({ stage: "boot", loaded: 1, total: 3, text: "installing the wick engine" });
+  for (const buf of await wheels) py.unpackArchive(buf, "wheel");
+  if (!restored) {
+    py.runPython("import wick.engine, wick_web.host, jinja2");
+    // (before any JS object reaches Python: the snapshot holds none)
+    if (useCache) void keepSnapshot(snapshotUrl, py.makeMemorySnapshot());
+  }
   await tokLib;
   progress({ stage: "boot", loaded: 2, total: 3, text: "Python ready" });
   pyodide = py;
+  booted = { ms: Math.round(performance.now() - t0), from: restored ? "snapshot" : "scratch" };
 }
 
 // ------------------------------------------------------------------------ models
@@ -309,7 +356,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
                     post: Post): Promise<EngineInfo> {
   const base = msg.baseUrl.replace(/\/$/, "");
   const auth: Record<string, string> = msg.apiKey ? { Authorization: `Bearer ${msg.apiKey}` } : {};
-  const [, [exe, entry]] = await Promise.all([boot(base, progress),
+  const [, [exe, entry]] = await Promise.all([boot(base, progress, msg.cache !== false),
     openAndResolve(base, msg, auth, progress)]);
   executor = exe;
   const wasm = exe instanceof WasmExecutor;
@@ -378,7 +425,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
     backend: wasm ? "wasm" : "webgpu", device: exe.name, threads: wasm ? exe.threads : 0,
     features: exe.features, samplingDefaults: manifest.model.sampling_defaults ?? null,
     chatSampling: JSON.parse(host.chat_sampling_json()), ...stats, attached: false,
-    protocol: PROTOCOL, version: VERSION,
+    protocol: PROTOCOL, version: VERSION, python: booted,
     draft: draft ? { model: draft.manifest.model_id, quantization: draft.manifest.quantization,
       artifactId: draft.entry.id } : null };
 }

@@ -52,6 +52,9 @@ export interface EngineInfo {
   shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
   resumedRequests: number; // Range requests that continued a cut-off download
   cacheError: ErrorPayload | null; // the cache could not keep the files, e.g. its quota is exceeded
+  // how this worker's Python started: from its snapshot of an earlier start (the browser
+  // cache), or from scratch (Pyodide booted, the engine imported, a snapshot kept), in ms
+  python: { ms: number; from: "snapshot" | "scratch" };
   protocol: string; // the host's build (PROTOCOL, VERSION)
   version: string;
   attached: boolean; // joined an engine another client had loaded (shared / extension): no downloads
