@@ -39,7 +39,7 @@ PROMPT = ("The history of the printing press begins in the fifteenth century, wh
           "Gutenberg combined movable metal type, oil-based inks and a wooden press.")
 PAGE = "/__wick_bench__.html"
 
-RUN = """async ([model, quantization, prompt, tokens, batches]) => {
+RUN = """async ([model, quantization, prompt, tokens, batches, backend]) => {
   const wick = await import('/static/wick.js');
   const body = {prompt, max_tokens: tokens, temperature: 0, ignore_eos: true, stream: true,
                 stream_options: {include_usage: true}};
@@ -63,7 +63,7 @@ RUN = """async ([model, quantization, prompt, tokens, batches]) => {
       if (p.stage === "compile") marks.compile ??= t;
       if (p.stage === "download" && p.total > 0) marks.download ??= t;  // weights begin
     };
-    const engine = await wick.createEngine(model, {quantization, backend: "webgpu", onProgress: mark});
+    const engine = await wick.createEngine(model, {quantization, backend, onProgress: mark});
     const load_s = (performance.now() - t0) / 1000;
     const first = await one(engine);
     return {engine, load_s, boot_s: marks.boot ?? 0,
@@ -253,7 +253,9 @@ def load_line(name: str, l: dict) -> None:
     parts = ""
     if "boot_s" in l:  # "other": model index, manifest, tokenizer and kernel files, overlaps
         other = l["load_s"] - l["boot_s"] - l["kernels_s"] - l["weights_s"]
-        parts = (f" (boot {l['boot_s']:.2f} s, kernels {l['kernels_s']:.2f} s, weights "
+        python = l["info"]["python"]  # (boot: Python's start, from scratch or its snapshot)
+        parts = (f" (boot {l['boot_s']:.2f} s [Python {python['ms'] / 1e3:.2f} s from "
+                 f"{python['from']}], kernels {l['kernels_s']:.2f} s, weights "
                  f"{l['weights_s']:.2f} s, other {other:.2f} s)")
     print(f"{name:15s} load {l['load_s']:6.2f} s{parts}, first token {l['first_token_s']:.2f} s "
           f"-> time to first token {l['ttft_s']:.2f} s")
@@ -272,6 +274,10 @@ def main() -> None:
     ap.add_argument("--skip-native", action="store_true")
     ap.add_argument("--attach-only", action="store_true",
                     help="only the attach-vs-fresh time to first token")
+    ap.add_argument("--no-attach", action="store_true",
+                    help="skip the attach-vs-fresh time to first token")
+    ap.add_argument("--backend", default="webgpu", choices=("webgpu", "wasm"),
+                    help="the browser engine's kernels (wasm: the start-up of issue #31)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
 
@@ -293,7 +299,7 @@ def main() -> None:
     server = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
     try:
         with sync_playwright() as pw:
-            attach = attach_runs(pw, args, server.url, art, artifact)
+            attach = None if args.no_attach else attach_runs(pw, args, server.url, art, artifact)
             if args.attach_only:
                 attach_table(attach)
                 return
@@ -304,7 +310,8 @@ def main() -> None:
                                                              content_type="text/html"))
             page.goto(server.url + PAGE)
             page.set_default_timeout(3_600_000)
-            out = page.evaluate(RUN, [art.model_id, art.quantization, args.prompt, args.tokens, batches])
+            out = page.evaluate(RUN, [art.model_id, art.quantization, args.prompt, args.tokens, batches,
+                                      args.backend])
             browser.close()
     finally:
         server.stop()
@@ -324,7 +331,9 @@ def main() -> None:
         for b, n in zip(out["runs"], native["runs"]):
             print(f"batch {b['batch']:2d}: browser / native decode = "
                   f"{b['decode_tok_s_per_request'] / n['decode_tok_s_per_request']:.2f}x")
-    attach_table(attach)
+    if attach is not None:
+        attach_table(attach)
+
 
 if __name__ == "__main__":
     main()

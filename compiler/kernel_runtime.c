@@ -286,13 +286,22 @@ EXPORT(wick_error) const char* wick_error(void) { return last_error; }
 EXPORT(wick_clear_error) void wick_clear_error(void) { last_error[0] = 0; }
 
 #if defined(__wasm__)
-/* A zero-filled buffer of nbytes at a 64-byte aligned address, 0 when memory is exhausted. */
+/* A zero-filled buffer of nbytes at a 64-byte aligned address, 0 when memory is exhausted.
+   Memory the allocator has just grown is zero already (memory.grow fills new pages with
+   zeros, and the allocator writes only its headers outside a buffer): only the part below the
+   memory's size before this allocation is cleared. An engine's KV pool, most of its memory,
+   is then not written (and not paged in) until it is used. */
 EXPORT(wick_alloc) void* wick_alloc(uint32_t nbytes) {
   size_t n = (nbytes + ALIGN - 1) / ALIGN * ALIGN;
+  if (!n) n = ALIGN;
   lock();
-  void* p = aligned_alloc(ALIGN, n ? n : ALIGN);
+  uintptr_t grown_from = __builtin_wasm_memory_size(0) * 65536;
+  void* p = aligned_alloc(ALIGN, n);
   unlock();
-  if (p) memset(p, 0, n ? n : ALIGN);
+  if (p && (uintptr_t)p < grown_from) {
+    uintptr_t end = (uintptr_t)p + n;
+    memset(p, 0, (end < grown_from ? end : grown_from) - (uintptr_t)p);
+  }
   return p;
 }
 

@@ -136,3 +136,27 @@ def test_the_module_imports_nothing(q4_module, tmp_path):
     assert imports == []
     assert {"memory", "wick_init", "wick_alloc", "wick_free", "wick_error",
             "__tvm_ffi_mm", "__tvm_ffi_mm_add"} <= set(exports)
+
+
+def test_every_buffer_the_allocator_gives_is_zero(q4_module):
+    """wick_alloc clears only what may hold old bytes (memory below the size before the
+    allocation); what memory.grow added is zero already. Reused memory, a buffer straddling
+    the old end of memory, and fresh memory all come back as zeros."""
+    wasm, _ = q4_module
+    script = """
+const ex = new WebAssembly.Instance(new WebAssembly.Module(require('fs').readFileSync(process.argv[1]))).exports;
+ex._initialize?.(); ex.wick_init();
+const bytes = () => new Uint8Array(ex.memory.buffer);
+const out = [];
+const fill = (p, n) => bytes().fill(0xAB, p, p + n);
+const zero = (p, n) => bytes().subarray(p, p + n).every((b) => b === 0);
+let sizes = [1000, 70000, 5 << 20, 123, 40 << 20];
+let ptrs = sizes.map((n) => { const p = ex.wick_alloc(n) >>> 0; out.push(zero(p, n)); fill(p, n); return p; });
+for (const p of ptrs) ex.wick_free(p);
+// the same sizes again (memory reused, dirty), then larger ones (straddling the old end, fresh)
+for (const n of [...sizes, 60 << 20, 3000]) { const p = ex.wick_alloc(n) >>> 0; out.push(p % 64 === 0 && zero(p, n)); fill(p, n); }
+console.log(JSON.stringify(out));
+"""
+    got = json.loads(subprocess.run(["node", "-e", script, str(wasm)], capture_output=True,
+                                    text=True, check=True).stdout)
+    assert got == [True] * 12

@@ -52,6 +52,7 @@ interface Exports {
 type Kernel = (self: number, args: number, nargs: number, result: number) => number;
 
 interface LibraryEntry {
+  sha256: string;
   functions: string[];
   export_prefix: string;
   threads: boolean;
@@ -69,6 +70,7 @@ export class WasmExecutor {
   private kernels: { name: string; fn: Kernel; ms: number; calls: number }[] = [];
   private buffers = new Map<number, { ptr: number; size: number }>();
   private nextHandle = 1;
+  private prepared = new Map<string, WebAssembly.Module>(); // compiled ahead, by sha256
   private scratch = 0; // argument block of a call
   private scratchCap = 0;
   steps = 0;
@@ -121,7 +123,8 @@ export class WasmExecutor {
   loadLibrary(bytes: Uint8Array<ArrayBuffer>, entryJson: string): number {
     if (this.ex) throw new Error("this WebAssembly executor already holds a kernel library");
     const entry = JSON.parse(entryJson) as LibraryEntry;
-    const module = new WebAssembly.Module(bytes);
+    const module = this.prepared.get(entry.sha256) ?? new WebAssembly.Module(bytes);
+    this.prepared.clear();
     let imports: WebAssembly.Imports = {};
     if (entry.threads) {
       this.memory = new WebAssembly.Memory({ initial: entry.initial_memory! / 65536,
@@ -141,6 +144,13 @@ export class WasmExecutor {
     this.growScratch(1 << 16);
     if (entry.threads) this.startHelpers(module);
     return 0;
+  }
+
+  /** Compile the kernel module `bytes` (verified: `sha256` is its hash) off this thread, so
+   * that loadLibrary, which must be synchronous, finds it compiled: the worker starts this
+   * while Python boots. */
+  async prepare(sha256: string, bytes: Uint8Array<ArrayBuffer>): Promise<void> {
+    this.prepared.set(sha256, await WebAssembly.compile(bytes));
   }
 
   /** One helper per extra thread. A helper that cannot start leaves the loops to the others

@@ -292,6 +292,8 @@ async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | Wa
     ...(withTokenizer ? [{ file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 }] : []),
     ...kernelFiles.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
   ]);
+  // (the kernel module compiles off this thread meanwhile: Python may still be booting)
+  if (library) await (exe as WasmExecutor).prepare(library.sha256, files.get(library.file)! as Uint8Array<ArrayBuffer>);
   files.set(MANIFEST, manBytes);
   return { entry, manifest, files, loader, kernels: kernelFiles.length };
 }
@@ -356,12 +358,13 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
                     post: Post): Promise<EngineInfo> {
   const base = msg.baseUrl.replace(/\/$/, "");
   const auth: Record<string, string> = msg.apiKey ? { Authorization: `Bearer ${msg.apiKey}` } : {};
-  const [, [exe, entry]] = await Promise.all([boot(base, progress, msg.cache !== false),
-    openAndResolve(base, msg, auth, progress)]);
+  const stats = newStats();
+  // the model's manifest, tokenizer and kernels (compiled, on wasm) while Python boots
+  const [, [exe, entry, art]] = await Promise.all([boot(base, progress, msg.cache !== false),
+    openAndResolve(base, msg, auth, progress).then(async ([exe, entry]) =>
+      [exe, entry, await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true)] as const)]);
   executor = exe;
   const wasm = exe instanceof WasmExecutor;
-  const stats = newStats();
-  const art = await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true);
   let draft: Fetched | null = null;
   const withDraft = await fetchDraft(base, msg, entry, exe, auth, stats, progress);
   if (withDraft) [draft, draftExecutor] = withDraft;
