@@ -35,6 +35,7 @@ from .speculative import NGRAM_MAX, SequenceDrafter, SpeculativeConfig
 PREDICTION_SLACK = 64
 from .draft_length import StepCost
 from .draft_model import DraftModel, Steps, drive, drive_async
+from .metrics import EngineMetrics
 from .tokenizer import Tokenizer
 from .utf8_guard import Utf8Guard, Utf8Table
 
@@ -144,6 +145,7 @@ class _Request:
     request_id: str
     sequences: list[Sequence]
     num_prompt_tokens: int
+    arrival: float = 0.0  # (the engine's clock) when it was added
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -227,6 +229,7 @@ class EngineCore:
         self.draft = draft
         self.step_cost = StepCost()  # what a verify row adds to a decode step
         self.stats = EngineStats()
+        self.metrics = EngineMetrics()  # (monitoring: pyserver/metrics.py exposes them)
         self._mask_hash = hashlib.sha256()
         self._clock = clock
         self._seq_ids = itertools.count()
@@ -347,7 +350,7 @@ class EngineCore:
         for seq in seqs:
             self.scheduler.add(seq)
             self._seqs[seq.seq_id] = seq
-        self._requests[rid] = _Request(rid, seqs, len(prompt))
+        self._requests[rid] = _Request(rid, seqs, len(prompt), arrival=self._clock())
         return rid
 
     def add_embedding(self, input_ids: Seq[int], *, request_id: str | None = None,
@@ -382,7 +385,7 @@ class EngineCore:
                        detokenizer=IncrementalDetokenizer(self.tokenizer, ids), embed=True)
         self.scheduler.add(seq)
         self._seqs[seq.seq_id] = seq
-        self._requests[rid] = _Request(rid, [seq], len(ids))
+        self._requests[rid] = _Request(rid, [seq], len(ids), arrival=self._clock())
         return rid
 
     def _drafter(self, prediction: NgramIndex | None) -> SequenceDrafter | None:
@@ -663,8 +666,7 @@ class EngineCore:
         """After a prompt chunk whose rows read logprobs only: a sequence that makes no output
         (max_tokens 0) ends once its prompt's logprobs are all read."""
         if seq.max_output_tokens == 0 and seq.num_computed_tokens >= seq.prompt_end:
-            req = self._requests[seq.request_id]
-            req.first_token = req.last_token = now
+            self._output_at(self._requests[seq.request_id], now)
             self._finish(seq, "length")
             return SequenceOutput(seq.request_id, seq.index, "", [], "length",
                                   seq.num_prompt_tokens, 0, seq.num_cached_tokens)
@@ -673,8 +675,7 @@ class EngineCore:
 
     def _accept_embedding(self, seq: Sequence, vector: Seq[float],
                           now: float) -> SequenceOutput:
-        req = self._requests[seq.request_id]
-        req.first_token = req.last_token = now
+        self._output_at(self._requests[seq.request_id], now)
         self._finish(seq, "stop")
         return SequenceOutput(seq.request_id, 0, "", [], "stop", seq.num_prompt_tokens, 0,
                               embedding=vector)
@@ -734,10 +735,8 @@ class EngineCore:
 
     def _accept_token(self, seq: Sequence, token: int, now: float) -> SequenceOutput:
         seq.append_token(token)
-        req = self._requests[seq.request_id]
-        if req.first_token is None:
-            req.first_token = now
-        req.last_token = now
+        self._output_at(self._requests[seq.request_id], now)
+        self.metrics.generation_tokens += 1
         reason: str | None = None
         stop_filter, detok = seq.stop_filter, seq.detokenizer
         grammar_end = False
@@ -769,6 +768,25 @@ class EngineCore:
             out.num_rejected_drafts = seq.drafter.num_drafted - seq.drafter.num_accepted
         return out
 
+    def _output_at(self, req: _Request, now: float) -> None:
+        """A request's output at ``now``: its first (the time to it, its prompt and prefix
+        cache counted) or a later step's (the time since its last)."""
+        m = self.metrics
+        if req.first_token is None:
+            req.first_token = now
+            m.ttft.observe(now - req.arrival)
+            m.prompt_tokens += req.num_prompt_tokens
+            m.prefix_queries += req.num_prompt_tokens
+            m.prefix_hits += req.sequences[0].num_cached_tokens
+        elif req.last_token is not None and now > req.last_token:
+            m.itl.observe(now - req.last_token)  # (once a step, however many tokens it kept)
+        req.last_token = now
+
+    def requests_by_state(self) -> tuple[int, int]:
+        """(requests with a sequence the scheduler runs, requests only waiting)."""
+        running = {seq.request_id for seq in self.scheduler.running}
+        return len(running), len(self._requests) - len(running)
+
     def _apply_aborts(self) -> list[SequenceOutput]:
         outputs = []
         aborts, self._aborts = self._aborts, []
@@ -797,6 +815,8 @@ class EngineCore:
         req = self._requests[seq.request_id]
         if req.finished:
             del self._requests[seq.request_id]
+            self.metrics.e2e.observe(self._clock() - req.arrival)
+            self.metrics.request_success[reason] += 1
             if req.first_token is not None and req.first_scheduled is not None:
                 self.stats.last_request = RequestStats(
                     prompt_tokens=req.num_prompt_tokens,

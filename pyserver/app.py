@@ -4,6 +4,7 @@
     POST /v1/completions
     GET  /v1/models, /v1/models/{model}
     GET  /health                 503 while the models load, 200 once they serve
+    GET  /metrics                each served model's engine in Prometheus' format (``metrics.py``)
     GET  /artifacts/{id}/{path}  compiled artifact files (``artifact_host.py``)
     GET  /                       the chat page (``static/``)
 
@@ -44,6 +45,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
@@ -68,6 +71,7 @@ from .http_io import (
     read_json_body,
     unless_disconnected,
 )
+from .metrics import metrics_registry
 from .openapi import protocol_schemas
 from .request_schemas import Served
 from .shutdown import GracefulServer, Shutdown
@@ -392,6 +396,20 @@ def create_app(
             body["error"] = pool.error
         return JSONResponse(body, status_code=200 if pool.state == "ready" else 503)
 
+    registry = metrics_registry(lambda: pool.engines)
+
+    @app.get("/metrics", operation_id="metrics", dependencies=v1, response_class=Response,
+             responses={"200": {"description": "Prometheus text format",
+                                "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+    async def metrics(request: Request) -> Response:
+        """Each served model's engine: requests running and waiting, KV-cache use, the
+        prefix cache's hit ratio, token and request counters, latency histograms (the names
+        vLLM's dashboards and Kubernetes inference gateways read, ``wick:`` for ``vllm:``).
+        In the format the scraper's Accept header asks for (Prometheus text or
+        OpenMetrics)."""
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(registry), headers={"Content-Type": content_type})
+
     @app.get("/artifacts/{artifact_id}/{path:path}", operation_id="getArtifactFile",
              dependencies=v1,
              responses={"206": {"description": "a byte range"},
@@ -405,6 +423,7 @@ def create_app(
     for path, endpoint, deps in (("/artifacts/{artifact_id}/{path:path}", artifact_file, v1),
                                  ("/v1/models", list_models, v1),
                                  ("/v1/models/{model:path}", retrieve_model, v1),
+                                 ("/metrics", metrics, v1),
                                  ("/health", health, [])):
         app.add_api_route(path, endpoint, methods=["HEAD"], dependencies=deps,
                           include_in_schema=False)

@@ -236,7 +236,7 @@ def test_api_key_guards_artifacts_index_and_schema(tiny_a):
     app = create_app(ModelPool.of(), api_key="sekret", artifacts=host)
     key = {"Authorization": "Bearer sekret"}
     guarded = [f"/artifacts/{tiny_a.name}/{MANIFEST_NAME}", "/web/models.json",
-               "/openapi.json", "/v1/models"]
+               "/openapi.json", "/v1/models", "/metrics"]
     with TestClient(app, base_url="http://localhost") as c:
         for path in guarded:
             assert_openai_error(c.get(path), 401, code="invalid_api_key")
