@@ -145,7 +145,7 @@ class _Request:
     request_id: str
     sequences: list[Sequence]
     num_prompt_tokens: int
-    arrival: float = 0.0  # (the engine's clock) when it was added
+    arrival: float  # (the engine's clock) when it was added
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -476,17 +476,17 @@ class EngineCore:
         return drive(self._begin_steps(), self._draft_step)
 
     async def begin_step_async(self) -> StepState:
-        """``begin_step`` awaiting the draft model's steps where its runner reads back
-        asynchronously (the browser's WebGPU)."""
-        step = getattr(self.draft.runner, "step_async", None) if self.draft else None
-        return await drive_async(self._begin_steps(), step or self._draft_step_awaitable)
+        """``begin_step``, awaiting the draft model's steps where its runner reads back
+        through a promise (``steps_async``: the browser's WebGPU); elsewhere they run inline,
+        as in ``begin_step``. (While one is awaited, requests may be added: they wait for
+        the next step's schedule.)"""
+        if self.draft is None or not getattr(self.draft.runner, "steps_async", False):
+            return self.begin_step()
+        return await drive_async(self._begin_steps(), self.draft.runner.step_async)
 
     def _draft_step(self, batch: Batch) -> list:
         assert self.draft is not None  # (only a draft model's routines yield batches)
         return self.draft.runner.step(batch)
-
-    async def _draft_step_awaitable(self, batch: Batch) -> list:
-        return self._draft_step(batch)
 
     def _begin_steps(self) -> Steps[StepState]:
         started = self._clock()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Generator
 from collections.abc import Sequence as Seq
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -33,23 +34,27 @@ Steps = Generator[Batch, list, T]  # yields a batch, is sent its sampled tokens,
 
 
 def drive(steps: Steps[T], step: Callable[[Batch], list]) -> T:
-    """Run ``steps`` with a runner that steps at once."""
-    try:
-        batch = next(steps)
+    """Run ``steps`` with a runner that steps at once (a step's failure closes them)."""
+    with closing(steps):
+        result = None
         while True:
-            batch = steps.send(step(batch))
-    except StopIteration as done:
-        return done.value
+            try:  # (only the routine's own end is caught: a step's errors propagate)
+                batch = steps.send(result)
+            except StopIteration as done:
+                return done.value
+            result = step(batch)
 
 
 async def drive_async(steps: Steps[T], step: Callable[[Batch], Awaitable[list]]) -> T:
     """Run ``steps`` with a runner whose step is awaited."""
-    try:
-        batch = next(steps)
+    with closing(steps):
+        result = None
         while True:
-            batch = steps.send(await step(batch))
-    except StopIteration as done:
-        return done.value
+            try:
+                batch = steps.send(result)
+            except StopIteration as done:
+                return done.value
+            result = await step(batch)
 
 
 @dataclass(slots=True)

@@ -468,6 +468,11 @@ class Runner:
         self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
         return self._sampled(raws, batch)
 
+    @property
+    def steps_async(self) -> bool:
+        """Whether a step must be awaited: the backend reads back through a promise."""
+        return hasattr(self.backend, "run_async")
+
     async def step_async(self, batch: Batch) -> list:
         """The same step for an event loop: a backend with ``run_async`` (WebGPU in a worker,
         whose readback is a promise) is awaited; otherwise the step runs inline."""

@@ -82,6 +82,11 @@ class SpeculativeConfig:
                    value.get("num_tokens", value.get("numTokens", DEFAULT_NUM_TOKENS)),
                    value.get("model"), value.get("quantization"))
 
+    def draft_target(self, model: str) -> tuple[str, str]:
+        """The draft model of method ``draft`` for ``model``: (its name, its variant); by
+        default the model itself in its 4-bit twin."""
+        return self.model or model, self.quantization or DRAFT_QUANTIZATION
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "num_tokens": self.num_tokens}
         if self.method == "draft":

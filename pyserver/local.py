@@ -24,7 +24,7 @@ from ..engine.errors import (
     ModelNotFoundError,
 )
 from ..engine.grammar_limits import GrammarLimits
-from ..engine.speculative import DRAFT_QUANTIZATION, SpeculativeConfig
+from ..engine.speculative import SpeculativeConfig
 from ..engine.runner import Runner
 
 Progress = Callable[[str, int, int], None]
@@ -175,13 +175,13 @@ def _draft_artifact(model: str, spec: SpeculativeConfig, backend,
                     progress: Progress | None) -> Artifact:
     """The draft model's artifact: ``spec.model`` (default: the engine's own model) in
     ``spec.quantization`` (default: its 4-bit twin), compiled when needed."""
-    name = spec.model or model
     if spec.model is None and (Path(model) / MANIFEST_NAME).is_file():
         raise InvalidRequestError(
             f"{model} is a compiled artifact: name the draft model (--draft-model, or "
             "speculative={'method': 'draft', 'model': ...})", param="speculative")
-    return load_artifact(name, spec.quantization or DRAFT_QUANTIZATION, backend.features,
-                         progress, getattr(backend, "prefers_f32", False))
+    name, quantization = spec.draft_target(model)
+    return load_artifact(name, quantization, backend.features, progress,
+                         getattr(backend, "prefers_f32", False))
 
 
 def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: Progress | None,

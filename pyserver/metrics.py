@@ -1,20 +1,24 @@
 """``GET /metrics``: each served model's engine in Prometheus' text format (issue #32).
 
-The names are vLLM's with ``wick:`` in place of ``vllm:``, so that dashboards, and the
-Kubernetes inference gateways that route on a replica's queue and KV-cache use (llm-d, the
-Gateway API Inference Extension), read wick as they read vLLM:
+Where vLLM has a metric, the name is vLLM's with ``wick:`` in place of ``vllm:``, so that
+dashboards, and the Kubernetes inference gateways that route on a replica's queue and KV-cache
+use (llm-d, the Gateway API Inference Extension), read wick as they read vLLM:
 
     wick:num_requests_running, wick:num_requests_waiting      gauges
     wick:kv_cache_usage_perc        0-1: pages held by requests (cached-but-free ones are not)
-    wick:prefix_cache_hit_ratio     prompt tokens the prefix cache gave, over all looked up
     wick:prompt_tokens_total, wick:generation_tokens_total    counters
+    wick:prefix_cache_queries_total, wick:prefix_cache_hits_total   prompt tokens looked up
+                                    in the prefix cache, and found there (counters)
     wick:request_success_total{finished_reason="stop"|"length"|"abort"}
     wick:time_to_first_token_seconds, wick:inter_token_latency_seconds,
     wick:e2e_request_latency_seconds                            histograms
 
-each with the label ``model`` (the served name). The engine keeps the numbers
-(``engine/metrics.py``, plain Python: it runs in a browser too); this collector reads them at
-each scrape, so nothing is copied per request."""
+and wick's own ``wick:prefix_cache_hit_ratio`` (hits over queries since the start; for a rate,
+divide the counters' rates). Each has the label ``model`` (the served name). A request of ``n``
+choices counts once (its prompt, its place in the queue, its end); an aborted request ends
+too (``finished_reason="abort"``, its end-to-end time included, even when it never ran). The
+engine keeps the numbers (``engine/metrics.py``, plain Python: it runs in a browser too); this
+collector reads them at each scrape, so nothing is copied per request."""
 
 from __future__ import annotations
 
@@ -65,6 +69,10 @@ class EngineCollector(Collector):
                     lambda core: core.metrics.prefix_cache_hit_ratio)
         yield counter("prompt_tokens", "Prompt tokens processed (cached ones included).",
                       lambda core: core.metrics.prompt_tokens)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      lambda core: core.metrics.prefix_queries)
+        yield counter("prefix_cache_hits", "Prompt tokens the prefix cache gave.",
+                      lambda core: core.metrics.prefix_hits)
         yield counter("generation_tokens", "Tokens generated.",
                       lambda core: core.metrics.generation_tokens)
         success = CounterMetricFamily(PREFIX + "request_success",

@@ -117,8 +117,9 @@ def test_an_isolated_page_runs_the_kernels_on_every_core(context, web_server, na
 def test_a_draft_model_drafts_on_an_executor_of_its_own(context, web_server, native, isolated):
     """Speculation with a draft model in the browser (issue #28): the q0f32 model, drafted for
     by its own 4-bit twin (the default draft), each on a WebAssembly executor of its own (one
-    kernel module each; in an isolated page each with helper threads), gives the native
-    engine's q0f32 tokens, and the draft's drafts were verified."""
+    kernel module each; in an isolated page the model's with helper threads, the draft's on
+    one thread), gives the native engine's q0f32 tokens, and the draft's drafts were
+    verified."""
     page = Page(context, web_server.url, headers=ISOLATION if isolated else None)
     out = page.run(RUN, [native["model"], "q0f32", "wasm", MESSAGES, PROMPT, N,
                          {"method": "draft", "numTokens": 4}])

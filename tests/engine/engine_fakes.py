@@ -212,6 +212,8 @@ class FakeRunner:
 class AsyncFakeRunner(FakeRunner):
     """The same, with the awaitable entry point a browser runner has."""
 
+    steps_async = True  # (as a WebGPU runner in the browser: its steps are awaited)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.async_calls = 0

@@ -407,3 +407,40 @@ def test_a_draft_model_drafts_every_decode_step_and_gives_its_pages_back():
     s = core.stats
     assert s.spec_accepted_tokens == s.spec_drafted_tokens > 20
     assert draft.kv.free_pages == draft.kv.num_pages
+
+
+def test_a_draft_model_whose_steps_are_awaited_drafts_the_same():
+    """A drafter whose runner reads back through a promise (the browser's WebGPU): its steps
+    are awaited inside the engine's step (``begin_step_async``) and it drafts as a drafter
+    that steps at once does: the plain output, every draft kept."""
+    import asyncio
+
+    from engine_fakes import AsyncFakeRunner
+
+    from wick.engine import AsyncEngineAPI
+    from wick.engine.core import EngineCore
+    from wick.engine.draft_model import DraftModel
+
+    info = make_info()
+    runner, drafter = AsyncFakeRunner(256, info.page_size), AsyncFakeRunner(256, info.page_size)
+    draft = DraftModel(drafter, info, 256)
+    core = EngineCore(runner, ByteTokenizer(), info, num_pages=256,
+                      speculative={"method": "draft", "num_tokens": 4}, draft=draft)
+    core.step_cost = FixedCost(prior=0.2)
+    runner.kv, drafter.kv = core.kv, draft.kv
+    api = AsyncEngineAPI(core)
+
+    async def both():
+        return await asyncio.gather(*(api.completions.create(prompt=p, max_tokens=30,
+                                                             temperature=0)
+                                      for p in ("Hello there", "The rock, the bay")))
+
+    got = [r.choices[0].text for r in asyncio.run(both())]
+    plain = build()[0]
+    want = [plain.completions.create(prompt=p, max_tokens=30, temperature=0).choices[0].text
+            for p in ("Hello there", "The rock, the bay")]
+    assert got == want
+    assert drafter.async_calls > 5 and drafter.batches  # (its steps were awaited)
+    s = core.stats
+    assert s.spec_accepted_tokens == s.spec_drafted_tokens > 20
+    assert draft.kv.free_pages == draft.kv.num_pages

@@ -5,6 +5,7 @@ parser; every value checked against a known load (the requests this module sends
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT = "The lighthouse keeper climbed the stairs to light the lamp at dusk, as every night"
@@ -76,10 +77,12 @@ def test_counters_and_histograms_follow_a_known_load(server, names, client):
     assert delta("wick:inter_token_latency_seconds_count") == 16
     assert 0 < delta("wick:time_to_first_token_seconds_sum") < \
         delta("wick:e2e_request_latency_seconds_sum")
-    # the hit ratio is hits over look-ups (= prompt tokens), since the server started
-    hits = [round(value(m, "wick:prefix_cache_hit_ratio", model)
-                  * value(m, "wick:prompt_tokens_total", model)) for m in (before, after)]
-    assert hits[1] - hits[0] == sum(cached(u) for u in usages) > usages[0].prompt_tokens // 2
+    hits = delta("wick:prefix_cache_hits_total")
+    assert hits == sum(cached(u) for u in usages) > usages[0].prompt_tokens // 2
+    assert delta("wick:prefix_cache_queries_total") == delta("wick:prompt_tokens_total")
+    assert value(after, "wick:prefix_cache_hit_ratio", model) == pytest.approx(
+        value(after, "wick:prefix_cache_hits_total", model)
+        / value(after, "wick:prefix_cache_queries_total", model))
     assert value(after, "wick:num_requests_running", model) == 0
     assert value(after, "wick:num_requests_waiting", model) == 0
     assert value(after, "wick:kv_cache_usage_perc", model) == 0
@@ -88,25 +91,43 @@ def test_counters_and_histograms_follow_a_known_load(server, names, client):
 
 
 def test_a_running_stream_shows_and_its_abort_is_counted(server, names):
-    """While a stream runs its request is running and holds KV pages; the client leaving
-    aborts it (finished_reason "abort"), and its pages are let go."""
+    """While a stream runs its request is running and holds KV pages (the engine is held at
+    its fourth step, so the request cannot end first); the client leaving aborts it
+    (finished_reason "abort"), and its pages are let go."""
+    import threading
+    import time
+
     model = names[0]
+    runner = server.pool.engines[model].core.runner
+    gate, passes, step = threading.Event(), [3], runner.step
+
+    def gated_step(batch):  # (the runner's steps run on a worker thread: this one may wait)
+        if passes[0] > 0:
+            passes[0] -= 1
+        else:
+            gate.wait(60)
+        return step(batch)
+
     before = scrape(server)
-    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
-                      json={"model": model, "prompt": "hello", "max_tokens": 100,
-                            "temperature": 0, "ignore_eos": True, "stream": True}) as resp:
-        assert resp.status_code == 200
-        for line in resp.iter_lines():
-            if line.startswith("data: {"):
-                during = scrape(server)
-                break  # (closing the connection aborts the request)
+    runner.step = gated_step
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                          json={"model": model, "prompt": "hello", "max_tokens": 100,
+                                "temperature": 0, "ignore_eos": True, "stream": True}) as resp:
+            assert resp.status_code == 200
+            assert any(line.startswith("data: {") for line in resp.iter_lines())
+            during = scrape(server)
+        # (the connection is closed: the request is aborted at the engine's next step)
+    finally:
+        gate.set()
+        del runner.step
     assert value(during, "wick:num_requests_running", model) == 1
     assert value(during, "wick:num_requests_waiting", model) == 0
     assert 0 < value(during, "wick:kv_cache_usage_perc", model) <= 1
-    for _ in range(200):  # the abort lands at the engine's next step
-        after = scrape(server)
-        if value(after, "wick:num_requests_running", model) == 0:
-            break
+    deadline = time.monotonic() + 30
+    while value(after := scrape(server), "wick:num_requests_running", model):
+        assert time.monotonic() < deadline, "the abort never landed"
+        time.sleep(0.05)
     assert value(after, "wick:request_success_total", model, finished_reason="abort") == \
         value(before, "wick:request_success_total", model, finished_reason="abort") + 1
     assert value(after, "wick:kv_cache_usage_perc", model) == 0

@@ -22,7 +22,7 @@ from wick.engine.errors import EngineAbortedError, InvalidRequestError, WickErro
 from wick.engine.embeddings import EmbeddingRequest
 from wick.engine.protocol import ChatCompletionRequest, CompletionRequest
 from wick.engine.sampling_defaults import chat_values
-from wick.engine.speculative import DRAFT_QUANTIZATION, SpeculativeConfig
+from wick.engine.speculative import SpeculativeConfig
 
 from .backend import WasmBackend, WebGPUBackend
 from .grammar import WebGrammarBackend
@@ -157,8 +157,8 @@ def draft_wanted(speculative_json: str, model: str) -> str:
         return json.dumps({"error": json.loads(error_payload(e))})
     if spec is None or spec.method != "draft":
         return "null"
-    return json.dumps({"model": spec.model or model,
-                       "quantization": spec.quantization or DRAFT_QUANTIZATION})
+    name, quantization = spec.draft_target(model)
+    return json.dumps({"model": name, "quantization": quantization})
 
 
 class Loaded:

@@ -457,7 +457,7 @@ function loadOver(channel: Channel, load: Omit<Extract<ToWorker, { kind: "load" 
       else if (m.kind === "loaded") {
         // (a host of another build, older than this check, sends no protocol)
         if (m.info.protocol !== PROTOCOL) {
-          reject(errorFromPayload(protocolMismatch(VERSION, m.info.version ?? "of another build")));
+          reject(errorFromPayload(protocolMismatch(VERSION, m.info.version ?? null)));
           return;
         }
         if (m.hostLock) channel.watchHost?.(m.hostLock);

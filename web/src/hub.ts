@@ -58,7 +58,9 @@ export class Hub {
   private readonly clients = new Set<Client>();
   private readonly routes = new Map<number, { client: Client; id: number }>();
   private nextRid = 0;
-  private current: { base: string; info: EngineInfo } | null = null;
+  // the loaded engine: where from, and its speculation (a client asking for other
+  // speculation does not attach to it)
+  private current: { base: string; info: EngineInfo; speculative: string } | null = null;
   private loading: { watchers: Set<(p: Progress) => void> } | null = null;
   private queue: Promise<unknown> = Promise.resolve();
 
@@ -95,7 +97,7 @@ export class Hub {
       switch (msg.kind) {
         case "load": {
           // (a client of another build, older than this check, sends no protocol)
-          if (msg.protocol !== PROTOCOL) throw protocolMismatch(msg.version ?? "of another build", VERSION);
+          if (msg.protocol !== PROTOCOL) throw protocolMismatch(msg.version ?? null, VERSION);
           const info = await this.attach(client, msg);
           const hostLock = this.hostLock ? await this.hostLock : undefined;
           client.send({ kind: "loaded", id: msg.id, info, ...(hostLock ? { hostLock } : {}) });
@@ -171,7 +173,8 @@ export class Hub {
           const { info } = this.current;
           if (this.current.base === base && [info.model, `${info.model}-${info.quantization}`, info.artifactId].includes(msg.model) &&
               (!msg.quantization || msg.quantization === info.quantization) &&
-              (!msg.backend || msg.backend === "auto" || msg.backend === info.backend)) {
+              (!msg.backend || msg.backend === "auto" || msg.backend === info.backend) &&
+              JSON.stringify(msg.speculative ?? null) === this.current.speculative) {
             client.attached = true;
             return { ...info, ...newStats(), attached: true }; // (this client loaded nothing)
           }
@@ -187,7 +190,7 @@ export class Hub {
         this.loading = { watchers };
         try {
           const info = await this.engine.load(msg, (p) => watchers.forEach((w) => w(p)), this.post);
-          this.current = { base, info };
+          this.current = { base, info, speculative: JSON.stringify(msg.speculative ?? null) };
           client.attached = true;
           return { ...info, attached: false };
         } finally {

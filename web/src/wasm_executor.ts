@@ -85,7 +85,8 @@ export class WasmExecutor {
       `${cores ? ` of ${cores} cores` : ""}${threads > 1 ? "" : ", not cross-origin isolated"})`;
   }
 
-  static async create(): Promise<WasmExecutor> {
+  /** `maxThreads`: at most this many threads (the page's cores, when it may use them). */
+  static async create(maxThreads = MAX_THREADS): Promise<WasmExecutor> {
     if (typeof WebAssembly !== "object" || !WebAssembly.validate(SIMD_PROBE)) {
       throw Object.assign(new Error("this browser's WebAssembly lacks SIMD (Chrome 91+, Firefox 89+, " +
         "Safari 16.4+ have it)"), { wickCode: "no_wasm_simd" });
@@ -95,7 +96,7 @@ export class WasmExecutor {
     const shared = Boolean(globalThis.crossOriginIsolated) && typeof SharedArrayBuffer === "function" &&
       typeof Worker === "function";
     const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency ?? 1;
-    return new WasmExecutor(shared ? Math.max(1, Math.min(cores, MAX_THREADS)) : 1);
+    return new WasmExecutor(shared ? Math.max(1, Math.min(cores, maxThreads, MAX_THREADS)) : 1);
   }
 
   /** The manifest's kernel set this executor runs. */

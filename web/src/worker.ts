@@ -70,8 +70,8 @@ function runtimeUrl(base: string): string {
 }
 
 // Python's memory after the engine is imported, saved once per runtime build (the manifest
-// names Pyodide and every wheel by content): a later start restores it in ~0.2 s instead of
-// booting Pyodide and importing the engine (~2.5 s). Pyodide's memory snapshot (its
+// names Pyodide and every wheel by content): a later start restores it in ~0.5 s instead of
+// booting Pyodide and importing the engine (~2.7 s, SmolLM2's load on a 2-core machine). Pyodide's memory snapshot (its
 // `_makeSnapshot` / `_loadSnapshot` options) holds the interpreter and its modules; the
 // wheels' files are unpacked again (they live outside that memory), for imports made later.
 const RUNTIME_CACHE = "wick-runtime-v1";
@@ -318,8 +318,8 @@ async function streamShards(art: Fetched, placements: string, exe: Executor | Wa
 /** The draft model of createEngine's `speculative: {method: "draft"}` (null without one):
  * found in the host's index like the model (default: the model itself in its 4-bit twin, as
  * the engine decides), on an executor of its own when the model runs on WebAssembly (an
- * executor holds one kernel module and the memory its buffers live in), else on the model's
- * WebGPU device. */
+ * executor holds one kernel module and the memory its buffers live in; the draft's runs on
+ * one thread), else on the model's WebGPU device. */
 async function fetchDraft(base: string, msg: Extract<ToWorker, { kind: "load" }>, entry: ModelEntry,
                           exe: Executor | WasmExecutor, auth: Record<string, string>,
                           stats: ReturnType<typeof newStats>, progress: (p: Progress) => void):
@@ -335,7 +335,9 @@ async function fetchDraft(base: string, msg: Extract<ToWorker, { kind: "load" }>
   if (!wanted) return null;
   if (wanted.error) throw new Failure(wanted.error);
   const wasm = exe instanceof WasmExecutor;
-  const draftExe = wasm ? await WasmExecutor.create() : exe;
+  // (one thread: its steps alternate with the model's, whose helper threads spin between
+  // jobs; a second pool of helpers would fight them for the same cores)
+  const draftExe = wasm ? await WasmExecutor.create(1) : exe;
   try {
     let draftEntry: ModelEntry;
     try {
@@ -359,11 +361,14 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
   const base = msg.baseUrl.replace(/\/$/, "");
   const auth: Record<string, string> = msg.apiKey ? { Authorization: `Bearer ${msg.apiKey}` } : {};
   const stats = newStats();
+  if (draftExecutor !== executor) draftExecutor?.destroy(); // (a load that failed half-way)
+  draftExecutor = null;
   // the model's manifest, tokenizer and kernels (compiled, on wasm) while Python boots
   const [, [exe, entry, art]] = await Promise.all([boot(base, progress, msg.cache !== false),
-    openAndResolve(base, msg, auth, progress).then(async ([exe, entry]) =>
-      [exe, entry, await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true)] as const)]);
-  executor = exe;
+    openAndResolve(base, msg, auth, progress).then(async ([exe, entry]) => {
+      executor = exe; // (kept, or destroyed by the next load, if what follows fails)
+      return [exe, entry, await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true)] as const;
+    })]);
   const wasm = exe instanceof WasmExecutor;
   let draft: Fetched | null = null;
   const withDraft = await fetchDraft(base, msg, entry, exe, auth, stats, progress);
@@ -390,7 +395,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
         msg.kvCacheBytes ?? 0, grammar, msg.prefixCache ?? true,
         msg.speculative ? JSON.stringify(msg.speculative) : "",
         // (undefined, not null: Pyodide turns null into JsNull, undefined into None)
-        draftExecutor === exe ? undefined : draftExecutor,
+        draftExecutor === exe ? undefined : draftExecutor ?? undefined,
         draft ? (path: string) => draft!.files.get(path) ?? null : undefined);
       try {
         if (loaded.error) throw new Failure(JSON.parse(loaded.error));

@@ -14,12 +14,17 @@ declare const __WICK_PROTOCOL__: string;
 export const VERSION: string = __WICK_VERSION__;
 export const PROTOCOL: string = __WICK_PROTOCOL__;
 
-/** The client's and the host's builds differ: what to do about it. */
-export function protocolMismatch(client: string, host: string): ErrorPayload {
-  return payload("LoadError", `this wick.js (wick ${client}) and the engine it reached (wick ${host}) ` +
-    "are builds of different versions and do not understand each other: import wick.js from the " +
-    `site that serves the engine, or install the matching package (npm install wick-web@${host})`,
-    "load_error", "protocol_mismatch", 400, "baseUrl");
+/** The client's and the host's builds differ: what to do about it. Versions are null where
+ * a side does not say (a build older than this check). */
+export function protocolMismatch(client: string | null, host: string | null): ErrorPayload {
+  const name = (v: string | null) => (v === null ? "an older build of wick" : `wick ${v}`);
+  const same = client !== null && client === host;
+  const install = host === null || same ? "the wick-web version of the site's wick"
+    : `the matching package (npm install wick-web@${host})`;
+  return payload("LoadError", `this wick.js (${name(client)}) and the engine it reached ` +
+    `(${same ? `another build of wick ${host}` : name(host)}) speak different versions of the ` +
+    "worker protocol: import wick.js from the site that serves the engine, or install " +
+    install, "load_error", "protocol_mismatch", 400, "baseUrl");
 }
 
 /** The request kinds the engine serves (the Python host's ``start`` dispatches on them). */
@@ -54,7 +59,7 @@ export interface EngineInfo {
   cacheError: ErrorPayload | null; // the cache could not keep the files, e.g. its quota is exceeded
   // how this worker's Python started: from its snapshot of an earlier start (the browser
   // cache), or from scratch (Pyodide booted, the engine imported, a snapshot kept), in ms
-  python: { ms: number; from: "snapshot" | "scratch" };
+  python: { ms: number; from: "snapshot" | "scratch" }; // (once per worker: its first load's)
   protocol: string; // the host's build (PROTOCOL, VERSION)
   version: string;
   attached: boolean; // joined an engine another client had loaded (shared / extension): no downloads
