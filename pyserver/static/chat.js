@@ -82,8 +82,17 @@ async function loadBrowserModels() {
     $("status").textContent = "The server is still loading its models…";
     preparingTimer = setTimeout(() => mode() === "browser" && loadModels(), 2000);
   } else {
-    $("status").textContent = usable.length ? "" : "The server offers no model this browser can run; switch to the server engine.";
+    $("status").textContent = usable.length ? "" : noChatModel(data);
   }
+}
+
+/** Why the model list is empty, and what to do. */
+function noChatModel(data) {
+  const embedders = [...new Set(data.filter((m) => m.task === "embed").map((m) => m.model))];
+  const only = embedders.length ? ` (${embedders.join(", ")} ${embedders.length > 1 ? "are embedding models" :
+    "is an embedding model"}: use it from wick.js, engine.embeddings.create)` : "";
+  if (config.extension || config.browserOnly) return `This site offers no chat model${only}.`;
+  return `The server offers no chat model this browser can run${only}; switch to the server engine.`;
 }
 
 function askForKey() {
