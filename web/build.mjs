@@ -12,14 +12,17 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
+const PROTOCOL_SOURCES = ["worker_protocol.ts", "errors.ts"]; // (tests/browser/test_wasm.py reads these too)
 const forPackage = process.argv[2] === "--package";
 const outdir = forPackage ? path.join(here, "dist")
   : process.argv[2] ?? path.join(here, "..", "pyserver", "static", "web");
 // both ends of the worker protocol carry the package version and a digest of the protocol's
-// source (src/worker_protocol.ts): builds that differ refuse each other with a typed error
+// sources (its messages, src/worker_protocol.ts, and the error payloads they carry,
+// src/errors.ts): builds that differ refuse each other with a typed error
 const version = JSON.parse(readFileSync(path.join(here, "package.json"), "utf8")).version;
-const protocol = createHash("sha256").update(readFileSync(path.join(here, "src", "worker_protocol.ts")))
-  .digest("hex").slice(0, 16);
+const protocolHash = createHash("sha256");
+for (const file of PROTOCOL_SOURCES) protocolHash.update(readFileSync(path.join(here, "src", file)));
+const protocol = protocolHash.digest("hex").slice(0, 16);
 const common = { bundle: true, format: "esm", target: "es2022", sourcemap: true, logLevel: "warning",
   platform: "browser", define: { __WICK_VERSION__: JSON.stringify(version),
     __WICK_PROTOCOL__: JSON.stringify(protocol) } };

@@ -197,14 +197,17 @@ def test_a_second_start_restores_python_from_its_snapshot(browser, web_server, n
 
 def test_a_worker_of_another_build_is_refused_with_what_to_do(context, web_server, native):
     """wick.js and the worker it reaches carry their build's protocol (a digest of
-    worker_protocol.ts): a worker built from another protocol (an app's bundled wick-web
+    worker_protocol.ts and errors.ts): a worker built from another protocol (an app's bundled wick-web
     against another wick version's site) refuses the load with a typed error."""
     import hashlib
     import json
     from pathlib import Path
 
     web = Path(__file__).resolve().parents[2] / "web"
-    protocol = hashlib.sha256((web / "src" / "worker_protocol.ts").read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for name in ("worker_protocol.ts", "errors.ts"):  # (web/build.mjs PROTOCOL_SOURCES)
+        digest.update((web / "src" / name).read_bytes())
+    protocol = digest.hexdigest()[:16]
     version = json.loads((web / "package.json").read_text())["version"]
     page = Page(context, web_server.url)
     err = page.run("""async ([model, swaps]) => {

@@ -47,16 +47,23 @@ KERNELS = {"mm": (), "mm_add": ("residual",), "mm_bias_add": ("bias", "residual"
 
 
 @pytest.fixture(scope="module")
-def q4_module(tmp_path_factory):
+def q4_libraries(tmp_path_factory):
     """q4 matmuls alone, with a residual, and with a bias then a residual, compiled and
-    linked for wasm32."""
+    linked for wasm32: {kind: (path, entry)} for the one-thread and the threaded module."""
     tmp = tmp_path_factory.mktemp("wasm")
     libraries = build_wasm_libraries({name: te_matmul(200, 320, adds=adds)
                                       for name, adds in KERNELS.items()})
-    data, entry = libraries["wasm"]
-    path = tmp / "kernels.wasm"
-    path.write_bytes(data)
-    return path, entry
+    out = {}
+    for kind, (data, entry) in libraries.items():
+        path = tmp / f"kernels-{kind}.wasm"
+        path.write_bytes(data)
+        out[kind] = (path, entry)
+    return out
+
+
+@pytest.fixture(scope="module")
+def q4_module(q4_libraries):
+    return q4_libraries["wasm"]
 
 
 def test_the_q4_matmul_is_wicks_kernel_converting_four_lanes_at_a_time():
@@ -138,15 +145,22 @@ def test_the_module_imports_nothing(q4_module, tmp_path):
             "__tvm_ffi_mm", "__tvm_ffi_mm_add"} <= set(exports)
 
 
-def test_every_buffer_the_allocator_gives_is_zero(q4_module):
+@pytest.mark.parametrize("kind", ["wasm", "wasm_threads"])
+def test_every_buffer_the_allocator_gives_is_zero(q4_libraries, kind):
     """wick_alloc clears only what may hold old bytes (memory below the size before the
     allocation); what memory.grow added is zero already. Reused memory, a buffer straddling
-    the old end of memory, and fresh memory all come back as zeros."""
-    wasm, _ = q4_module
+    the old end of memory, and fresh memory all come back as zeros (the one-thread module's
+    own memory and the threaded module's imported shared one)."""
+    wasm, entry = q4_libraries[kind]
     script = """
-const ex = new WebAssembly.Instance(new WebAssembly.Module(require('fs').readFileSync(process.argv[1]))).exports;
+const entry = JSON.parse(process.argv[2]);
+const memory = entry.threads ? new WebAssembly.Memory({initial: entry.initial_memory / 65536,
+    maximum: entry.max_memory / 65536, shared: true}) : null;
+const ex = new WebAssembly.Instance(new WebAssembly.Module(require('fs').readFileSync(process.argv[1])),
+    memory ? {env: {memory}} : {}).exports;
 ex._initialize?.(); ex.wick_init();
-const bytes = () => new Uint8Array(ex.memory.buffer);
+const mem = memory ?? ex.memory;
+const bytes = () => new Uint8Array(mem.buffer);
 const out = [];
 const fill = (p, n) => bytes().fill(0xAB, p, p + n);
 const zero = (p, n) => bytes().subarray(p, p + n).every((b) => b === 0);
@@ -157,6 +171,6 @@ for (const p of ptrs) ex.wick_free(p);
 for (const n of [...sizes, 60 << 20, 3000]) { const p = ex.wick_alloc(n) >>> 0; out.push(p % 64 === 0 && zero(p, n)); fill(p, n); }
 console.log(JSON.stringify(out));
 """
-    got = json.loads(subprocess.run(["node", "-e", script, str(wasm)], capture_output=True,
-                                    text=True, check=True).stdout)
+    got = json.loads(subprocess.run(["node", "-e", script, str(wasm), json.dumps(entry)],
+                                    capture_output=True, text=True, check=True).stdout)
     assert got == [True] * 12

@@ -6,9 +6,10 @@
 import { payload } from "./errors.js";
 import type { ErrorPayload } from "./errors.js";
 
-// set by the build (web/build.mjs): the package's version, and a digest of this file, which
-// both ends of a channel are built from; two builds of different protocols refuse each other
-// with a typed error (an app bundling wick-web against another wick version's site)
+// set by the build (web/build.mjs): the package's version, and a digest of this file and
+// errors.ts, which both ends of a channel are built from; two builds of different protocols
+// refuse each other with a typed error (an app bundling wick-web against another wick
+// version's site)
 declare const __WICK_VERSION__: string;
 declare const __WICK_PROTOCOL__: string;
 export const VERSION: string = __WICK_VERSION__;
