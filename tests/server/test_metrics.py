@@ -92,14 +92,14 @@ def test_counters_and_histograms_follow_a_known_load(server, names, client):
 
 def test_a_running_stream_shows_and_its_abort_is_counted(server, names):
     """While a stream runs its request is running and holds KV pages (the engine is held at
-    its fourth step, so the request cannot end first); the client leaving aborts it
+    its second step, so the request cannot end first); the client leaving aborts it
     (finished_reason "abort"), and its pages are let go."""
     import threading
     import time
 
     model = names[0]
     runner = server.pool.engines[model].core.runner
-    gate, passes, step = threading.Event(), [3], runner.step
+    gate, passes, step = threading.Event(), [1], runner.step
 
     def gated_step(batch):  # (the runner's steps run on a worker thread: this one may wait)
         if passes[0] > 0:
@@ -115,8 +115,9 @@ def test_a_running_stream_shows_and_its_abort_is_counted(server, names):
                           json={"model": model, "prompt": "hello", "max_tokens": 100,
                                 "temperature": 0, "ignore_eos": True, "stream": True}) as resp:
             assert resp.status_code == 200
-            assert any(line.startswith("data: {") for line in resp.iter_lines())
-            during = scrape(server)
+            lines = resp.iter_lines()  # (held: a dropped line iterator closes the connection)
+            assert next(line for line in lines if line.startswith("data: {"))
+            during = scrape(server)  # (the engine waits at its second step meanwhile)
         # (the connection is closed: the request is aborted at the engine's next step)
     finally:
         gate.set()
