@@ -776,7 +776,6 @@ class EngineCore:
             req.first_token = now
             m.ttft.observe(now - req.arrival)
             m.prompt_tokens += req.num_prompt_tokens
-            m.prefix_queries += req.num_prompt_tokens
             m.prefix_hits += req.sequences[0].num_cached_tokens
         elif req.last_token is not None and now > req.last_token:
             m.itl.observe(now - req.last_token)  # (once a step, however many tokens it kept)

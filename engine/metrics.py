@@ -54,11 +54,15 @@ class EngineMetrics:
     generation_tokens: int = 0  # tokens generated (kept drafts included)
     # finished requests by the reason their last sequence ended: stop, length, abort
     request_success: Counter = field(default_factory=Counter)
-    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
-    prefix_hits: int = 0  # ... and found there
+    prefix_hits: int = 0  # prompt tokens the prefix cache gave (of prefix_queries)
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    @property
+    def prefix_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache: every prompt token is."""
+        return self.prompt_tokens
 
     @property
     def prefix_cache_hit_ratio(self) -> float:

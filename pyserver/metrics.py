@@ -44,6 +44,7 @@ class EngineCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         engines = dict(self._engines())
         labels = ["model"]
+        states = {model: e.core.requests_by_state() for model, e in engines.items()}
 
         def gauge(name: str, doc: str, value: Callable[[Any], float]) -> GaugeMetricFamily:
             g = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
@@ -57,10 +58,13 @@ class EngineCollector(Collector):
                 c.add_metric([model], value(e.core))
             return c
 
-        yield gauge("num_requests_running", "Requests with a sequence in the running batch.",
-                    lambda core: core.requests_by_state()[0])
-        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.",
-                    lambda core: core.requests_by_state()[1])
+        for name, doc, i in (("num_requests_running",
+                              "Requests with a sequence in the running batch.", 0),
+                             ("num_requests_waiting", "Requests waiting to be scheduled.", 1)):
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            for model in engines:
+                g.add_metric([model], states[model][i])
+            yield g
         yield gauge("kv_cache_usage_perc",
                     "Fraction of KV-cache pages held by requests (1 = full); pages kept only "
                     "for the prefix cache count as free.", kv_cache_usage)

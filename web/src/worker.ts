@@ -71,9 +71,10 @@ function runtimeUrl(base: string): string {
 
 // Python's memory after the engine is imported, saved once per runtime build (the manifest
 // names Pyodide and every wheel by content): a later start restores it in ~0.5 s instead of
-// booting Pyodide and importing the engine (~2.7 s, SmolLM2's load on a 2-core machine). Pyodide's memory snapshot (its
-// `_makeSnapshot` / `_loadSnapshot` options) holds the interpreter and its modules; the
-// wheels' files are unpacked again (they live outside that memory), for imports made later.
+// booting Pyodide and importing the engine (~2.7 s on a 2-core machine). Pyodide's memory
+// snapshot (its `_makeSnapshot` / `_loadSnapshot` options) holds the interpreter and its
+// modules; the wheels' files are unpacked again (they live outside that memory), for imports
+// made later.
 const RUNTIME_CACHE = "wick-runtime-v1";
 let booted: EngineInfo["python"] = { ms: 0, from: "scratch" };
 
@@ -361,8 +362,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
   const base = msg.baseUrl.replace(/\/$/, "");
   const auth: Record<string, string> = msg.apiKey ? { Authorization: `Bearer ${msg.apiKey}` } : {};
   const stats = newStats();
-  if (draftExecutor !== executor) draftExecutor?.destroy(); // (a load that failed half-way)
-  draftExecutor = null;
+  dropDraftExecutor(); // (a load that failed half-way)
   // the model's manifest, tokenizer and kernels (compiled, on wasm) while Python boots
   const [, [exe, entry, art]] = await Promise.all([boot(base, progress, msg.cache !== false),
     openAndResolve(base, msg, auth, progress).then(async ([exe, entry]) => {
@@ -438,10 +438,15 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
       artifactId: draft.entry.id } : null };
 }
 
-/** Destroy the executors (the draft model's too, when it has its own). */
-function dropExecutors(): void {
+/** Forget the draft model's executor, destroying it when it is not the model's. */
+function dropDraftExecutor(): void {
   if (draftExecutor && draftExecutor !== executor) draftExecutor.destroy();
   draftExecutor = null;
+}
+
+/** Destroy the executors (the draft model's too, when it has its own). */
+function dropExecutors(): void {
+  dropDraftExecutor();
   executor?.destroy();
   executor = null;
 }
