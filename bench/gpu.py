@@ -168,8 +168,20 @@ def _ratio(ours: float, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if theirs else "-"
 
 
-def report(args, quant: str, manifest: dict, bandwidth: float, results: dict, peer: dict) -> None:
+def decode_rows(args, manifest: dict, bandwidth: float, r: dict, peer: dict) -> list[dict]:
+    """One backend's decode results per batch, each beside its roofline and the peer."""
     context = args.prompt + args.tokens // 2
+    rows = []
+    for b, d in r["decode"].items():
+        roof = b * bandwidth / step_bytes(manifest, b, context)
+        theirs = peer.get("decode", {}).get(b)
+        rows.append({"batch": b, "tps": d["tps"], "step_ms": d["step_ms"], "roofline_tps": roof,
+                     "roofline_share": d["tps"] / roof, "peer_tps": theirs,
+                     "host_ms": d["engine"] + d["plan"], "backend_ms": d["backend"]})
+    return rows
+
+
+def report(args, quant: str, manifest: dict, bandwidth: float, results: dict, peer: dict) -> None:
     print(f"\n## {Path(args.config).stem} {quant}: weights "
           f"{sum(p['nbytes'] for p in manifest['params']) / 2**30:.2f} GiB")
     for device, r in results.items():
@@ -181,17 +193,37 @@ def report(args, quant: str, manifest: dict, bandwidth: float, results: dict, pe
         print("| batch | decode tok/s | ms/step | roofline tok/s | % roofline | peer tok/s | "
               "wick/peer | host ms (engine+plan) | backend ms |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for b, d in r["decode"].items():
-            roof = b * bandwidth / step_bytes(manifest, b, context)
-            theirs = peer.get("decode", {}).get(b)
-            print(f"| {b} | {d['tps']:.1f} | {d['step_ms']:.2f} | {roof:.1f} | "
-                  f"{100 * d['tps'] / roof:.0f}% | {_num(theirs)} | {_ratio(d['tps'], theirs)} | "
-                  f"{d['engine'] + d['plan']:.2f} | {d['backend']:.2f} |")
+        for row in decode_rows(args, manifest, bandwidth, r, peer):
+            print(f"| {row['batch']} | {row['tps']:.1f} | {row['step_ms']:.2f} | "
+                  f"{row['roofline_tps']:.1f} | {100 * row['roofline_share']:.0f}% | "
+                  f"{_num(row['peer_tps'])} | {_ratio(row['tps'], row['peer_tps'])} | "
+                  f"{row['host_ms']:.2f} | {row['backend_ms']:.2f} |")
         theirs = peer.get("prefill")
         print(f"| prefill {args.prefill} | {r['prefill']:.0f} | | | | {_num(theirs)} | "
               f"{_ratio(r['prefill'], theirs)} | | |")
     if peer.get("error"):
         print(f"\npeer: {peer['error']}")
+
+
+def result_json(args, quant: str, manifest: dict, bandwidth: float, how: str, results: dict,
+                peer: dict) -> dict:
+    """What bench/results/gpu-*.json keeps of one quantization's run."""
+    import datetime
+    import os
+
+    out = {"date": datetime.date.today().isoformat(), "commit": os.environ.get("WICK_COMMIT"),
+           "config": Path(args.config).stem, "quantization": quant,
+           "copy_bandwidth_gbs": bandwidth / 1e9, "bandwidth_from": how,
+           "prompt": args.prompt, "tokens": args.tokens, "prefill_tokens": args.prefill,
+           "peer": {k: v for k, v in peer.items()}, "backends": {}}
+    for device, r in results.items():
+        if "error" in r:
+            out["backends"][device] = {"error": r["error"]}
+            continue
+        out["backends"][device] = {"device": r["device"], "load_s": r["load_s"],
+                                   "graph_launches": r.get("graphs"), "prefill_tps": r["prefill"],
+                                   "decode": decode_rows(args, manifest, bandwidth, r, peer)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,6 +238,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kv-mib", type=int, default=4096)
     p.add_argument("--peer", choices=["torch", "none"], default="torch")
     p.add_argument("--peer-device", default=None, help="default: cuda if there is one, else cpu")
+    p.add_argument("--peer-mode", choices=["graph", "compile", "eager"], default="graph",
+                   help="the peer's decode step on CUDA: eager kernels replayed as a CUDA graph, "
+                        "or torch.compile (reduce-overhead: a minute or more per batch size)")
+    p.add_argument("--json", help="write the results here (one object per quantization)")
     p.add_argument("--artifacts", default=str(ROOT / "build/gpu"))
     p.add_argument("--compile-only", action="store_true")
     args = p.parse_args(argv)
@@ -228,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
                 results[quant][device] = bench_backend(args, art, device)
             except Exception as e:  # (a backend this machine lacks: said, then the others)
                 results[quant][device] = {"error": f"{type(e).__name__}: {e}"}
+    saved: list[dict] = []
     for quant, art in arts.items():  # (the peers last: PyTorch's threads may pin the CPU)
         peer = {}
         if args.peer == "torch":
@@ -235,10 +272,15 @@ def main(argv: list[str] | None = None) -> None:
             from gpu_peer import bench as bench_peer
 
             device = args.peer_device or ("cuda" if torch.cuda.is_available() else "cpu")
+            mode = args.peer_mode if device.startswith("cuda") else "eager"
             peer = bench_peer(hf, args.batches, args.prompt, args.tokens, args.prefill, device,
-                              int4=quant.startswith("q4"), compile_decode=device == "cuda")
+                              int4=quant.startswith("q4"), mode=mode)
+            peer["mode"] = mode
         manifest = json.loads((art / "wick-artifact.json").read_text())
         report(args, quant, manifest, bandwidth, results[quant], peer)
+        saved.append(result_json(args, quant, manifest, bandwidth, how, results[quant], peer))
+        if args.json:  # (after each quantization: a run cut short keeps what it measured)
+            Path(args.json).write_text(json.dumps(saved, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #
 #   bash bench/gpu_device.sh parity [bench/gpu_parity.py check options]
 #   bash bench/gpu_device.sh bench [bench/gpu.py options, e.g. --quant q4f16_1 --backends cuda]
+#   bash bench/gpu_device.sh profile ARTIFACT [bench/gpu_profile.py options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=${WICK_GPU_CARRY:-build/gpu}
@@ -18,7 +19,7 @@ if [ ! -d "$vk" ]; then
   dpkg-deb -x "$carry"/libvulkan1_*.deb "$vk"
 fi
 export LD_LIBRARY_PATH="$vk/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-icd=$(ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json 2>/dev/null | head -1 || true)
+icd=$(ls /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd*.json /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json 2>/dev/null | head -1 || true)
 if [ -z "$icd" ]; then  # a container without the ICD manifest: write one for the driver's library
   lib=$(ldconfig -p 2>/dev/null | grep -o '/[^ ]*libGLX_nvidia.so.0' | head -1 || true)
   if [ -n "$lib" ]; then
@@ -33,5 +34,8 @@ mode=${1:-bench}
 shift || true
 if [ "$mode" = parity ]; then
   exec python3 bench/gpu_parity.py check --artifacts "$carry/parity" "$@"
+fi
+if [ "$mode" = profile ]; then
+  exec python3 bench/gpu_profile.py "$@"
 fi
 exec python3 bench/gpu.py --artifacts "$carry" "$@"

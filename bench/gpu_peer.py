@@ -149,8 +149,36 @@ def build(shape: Shape, batch: int, max_len: int, device: str, int4: bool):
         return Model().eval()
 
 
+def graphed(model, batch: int, device: str):
+    """The one-token decode step captured as a CUDA graph (static inputs, replayed per call):
+    PyTorch's own kernels without the host's launch cost, and no compile time."""
+    import torch
+
+    ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    pos = torch.zeros((1,), dtype=torch.long, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # (warm up off the capture stream, as PyTorch asks)
+        for _ in range(2):
+            model(ids, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(ids, pos)
+
+    def step(new_ids, new_pos):
+        ids.copy_(new_ids)
+        pos.copy_(new_pos)
+        graph.replay()
+        return out
+
+    return step
+
+
 def bench(hf: dict, batches: list[int], prompt: int, tokens: int, prefill: int, device: str,
-          int4: bool, compile_decode: bool) -> dict:
+          int4: bool, mode: str = "eager") -> dict:
+    """``mode``: the decode step as it is ("eager"), replayed as a CUDA graph ("graph") or
+    ``torch.compile``d with CUDA graphs ("compile", as gpt-fast runs it)."""
     """{"decode": {b: tok/s}, "prefill": tok/s} of the peer, or {"error": why}."""
     import torch
 
@@ -171,10 +199,11 @@ def bench(hf: dict, batches: list[int], prompt: int, tokens: int, prefill: int, 
             del model
             for b in batches:
                 model = build(shape, b, prompt + tokens + 8, device, int4)
-                step = torch.compile(model, mode="reduce-overhead", fullgraph=True) \
-                    if compile_decode else model
                 ids = torch.randint(0, shape.vocab, (b, prompt), device=device)
                 nxt = model(ids, torch.arange(prompt, device=device))[:, None]
+                step = torch.compile(model, mode="reduce-overhead", fullgraph=True) \
+                    if mode == "compile" else graphed(model, b, device) if mode == "graph" \
+                    else model
                 for i in range(3):  # warm up (and compile) on the first positions
                     nxt = step(nxt, torch.tensor([prompt + i], device=device))[:, None]
                 sync()
@@ -189,7 +218,7 @@ def bench(hf: dict, batches: list[int], prompt: int, tokens: int, prefill: int, 
     except Exception as e:  # (no int4 kernel on this GPU / PyTorch, out of memory, ...)
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         if int4:  # the f16 peer then, said as such
-            out = bench(hf, batches, prompt, tokens, prefill, device, False, compile_decode)
+            out = bench(hf, batches, prompt, tokens, prefill, device, False, mode)
             out["error"] = f"int4 peer unavailable ({why}); the peer figures are float16's"
         else:
             out["error"] = why

@@ -185,3 +185,22 @@ class CudaDriver:
 
     def destroy_graph(self, graph: int) -> None:
         self.lib.cuGraphExecDestroy(c_void_p(graph))
+
+    # ---------------------------------------------------------------- events (profiling)
+
+    def event(self) -> c_void_p:
+        """A timing event (bench/gpu_profile.py times each kernel of a step between two)."""
+        e = c_void_p()
+        self._check(self.lib.cuEventCreate(byref(e), 0), "cuEventCreate")
+        return e
+
+    def record(self, event: c_void_p) -> None:
+        self._check(self.lib.cuEventRecord(event, self.stream), "cuEventRecord")
+
+    def elapsed_ms(self, start: c_void_p, end: c_void_p) -> float:
+        ms = ctypes.c_float()
+        self._check(self.lib.cuEventElapsedTime(byref(ms), start, end), "cuEventElapsedTime")
+        return ms.value
+
+    def destroy_event(self, event: c_void_p) -> None:
+        self.lib.cuEventDestroy_v2(event)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue #26's device check as one call of the device tool (15 minutes of device time in all):
+# parity, the 8B-shape table with the PyTorch peer, and a kernel-time breakdown of a batch-1
+# decode step on CUDA. Each stage has its own time limit, so one that fails or hangs leaves the
+# others their time; everything is written under $OUT (at most 8 files come back).
+#
+#   (here)   bash bench/gpu_carry.sh && git commit ...
+#   (device) WICK_COMMIT=<sha> bash bench/gpu_session.sh [stage ...]     # carry: build/gpu
+#
+# Stages (default: all, in this order): env parity q4 profile q0.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/wick-gpu-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+log="$out/session.log"
+stages=${*:-env parity q4 profile q0}
+
+stage() {  # NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name: start $(date +%T), limit ${limit}s" | tee -a "$log"
+  timeout "$limit" "$@" >>"$log" 2>&1
+  echo "=== $name: exit $? at $(date +%T)" | tee -a "$log"
+}
+
+for s in $stages; do
+  case $s in
+    env) stage env 60 bash -c 'nvidia-smi; python3 --version;
+      python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())";
+      ls /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>&1; true' ;;
+    parity) stage parity "${T_PARITY:-120}" bash bench/gpu_device.sh parity ;;
+    q4) stage q4 "${T_Q4:-150}" bash bench/gpu_device.sh bench --quant q4f16_1 \
+          --json "$out/gpu-llama-3-8b-q4f16_1.json" ;;
+    profile) stage profile "${T_PROFILE:-45}" bash bench/gpu_device.sh profile \
+          build/gpu/llama-3-8b-q4f16_1 --batch 1 --json "$out/gpu-profile-q4f16_1-b1.json" ;;
+    q0) stage q0 "${T_Q0:-100}" bash bench/gpu_device.sh bench --quant q0f16 \
+          --json "$out/gpu-llama-3-8b-q0f16.json" ;;
+    *) echo "unknown stage $s" | tee -a "$log" ;;
+  esac
+done
+tail -c 11000 "$log"
