@@ -33,6 +33,9 @@ rm -rf "$out/wheels" && mkdir -p "$out/wheels"
 "$py" -m pip download -q --only-binary=:all: --no-deps --python-version "$pyver" \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux_2_28_x86_64 -d "$out/wheels" $pins
-rm -f "$out"/libvulkan1_*.deb
-(cd "$out" && apt-get download -q libvulkan1 >/dev/null)
+# the Vulkan loader, and the GL dispatch libraries NVIDIA's Vulkan driver library links against
+# (the device tool's notes: unpacked into / on the GPU machine, which has none of them)
+rm -rf "$out"/libvulkan1_*.deb "$out/gl" && mkdir -p "$out/gl"
+(cd "$out/gl" && apt-get download -q libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 \
+  libgles2 >/dev/null 2>&1)
 du -sh "$out"

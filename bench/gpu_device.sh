@@ -15,8 +15,14 @@ vk=/tmp/wick-vulkan
 if [ ! -d "$site" ]; then
   python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --target "$site" "$carry"/wheels/*.whl
 fi
-if [ ! -d "$vk" ]; then
-  dpkg-deb -x "$carry"/libvulkan1_*.deb "$vk"
+if [ ! -e "$vk" ]; then  # the loader and GL dispatch libraries, once per machine
+  if [ "$(id -u)" = 0 ]; then
+    for f in "$carry"/gl/*.deb; do dpkg-deb -x "$f" /; done
+    ldconfig
+  else
+    for f in "$carry"/gl/*.deb; do dpkg-deb -x "$f" "$vk"; done
+  fi
+  mkdir -p "$vk"
 fi
 export LD_LIBRARY_PATH="$vk/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 icd=$(ls /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd*.json /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json 2>/dev/null | head -1 || true)

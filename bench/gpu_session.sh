@@ -29,12 +29,14 @@ for s in $stages; do
     env) stage env 60 bash -c 'nvidia-smi; python3 --version;
       python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())";
       ls /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>&1; true' ;;
-    parity) stage parity "${T_PARITY:-120}" bash bench/gpu_device.sh parity ;;
-    q4) stage q4 "${T_Q4:-150}" bash bench/gpu_device.sh bench --quant q4f16_1 \
+    parity) stage parity "${T_PARITY:-100}" bash bench/gpu_device.sh parity ;;
+    q4) stage q4 "${T_Q4:-180}" bash bench/gpu_device.sh bench --quant q4f16_1 \
           --json "$out/gpu-llama-3-8b-q4f16_1.json" ;;
-    profile) stage profile "${T_PROFILE:-45}" bash bench/gpu_device.sh profile \
-          build/gpu/llama-3-8b-q4f16_1 --batch 1 --json "$out/gpu-profile-q4f16_1-b1.json" ;;
-    q0) stage q0 "${T_Q0:-100}" bash bench/gpu_device.sh bench --quant q0f16 \
+    profile) for b in 1 8; do
+          stage "profile-b$b" "${T_PROFILE:-30}" bash bench/gpu_device.sh profile \
+            build/gpu/llama-3-8b-q4f16_1 --batch "$b" --json "$out/gpu-profile-q4f16_1-b$b.json"
+        done ;;
+    q0) stage q0 "${T_Q0:-150}" bash bench/gpu_device.sh bench --quant q0f16 \
           --json "$out/gpu-llama-3-8b-q0f16.json" ;;
     *) echo "unknown stage $s" | tee -a "$log" ;;
   esac

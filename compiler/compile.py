@@ -430,12 +430,13 @@ def lower_module(module, modules, vocab_size: int, prefill_chunk_size: int, max_
                     target, schedule="prefill", cpu_twins=twins, cuda_twins=cuda_twins,
                     extra_tir=extra_tir)
     report("lower (TVM)", 1, 3)
+    decode_twins = module.gpu_twins(cuda_target(), decode=True)
     decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
-                   schedule="decode", cpu_twins=twins, cuda_twins=cuda_twins)
+                   schedule="decode", cpu_twins=twins, cuda_twins=decode_twins)
     lowered = merge(lowered, decode, prefix="decode_")
     report("lower (TVM)", 2, 3)
     lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
-                                   schedule="decode1", cpu_twins=twins, cuda_twins=cuda_twins),
+                                   schedule="decode1", cpu_twins=twins, cuda_twins=decode_twins),
                      prefix="decode1_")
     report("lower (TVM)", 3, 3)
     return lowered, _build_libraries(lowered, report)

@@ -446,6 +446,24 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
     return Lowered(kernels, funcs, plans, param_specs, cpu_functions, cuda)
 
 
+def _cuda_differs(base, other, name: str) -> bool:
+    """Whether TIR function ``name`` lowers to different CUDA kernels in two lowerings (a
+    plan's own CUDA twin: PagedAttention.gpu_twins' decode kernel): then the plans must call
+    it by different names in every kernel set, since one plan serves them all."""
+    if base is None or other is None:
+        return False
+    mine, theirs = base.tir_functions.get(name), other.tir_functions.get(name)
+    if mine is None or theirs is None:
+        return False
+    if (mine.params, [l["kernel"] for l in mine.launches]) != \
+            (theirs.params, [l["kernel"] for l in theirs.launches]):
+        return True
+    import tvm_ffi
+
+    return any(not tvm_ffi.structural_equal(base.kernels[l["kernel"]], other.kernels[l["kernel"]])
+               for l in theirs.launches)
+
+
 def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
     """Add ``other``'s plans to ``base``. Kernels and TIR functions with the same name and
     identical content are shared; different ones from ``other`` get ``prefix`` on their name."""
@@ -463,7 +481,8 @@ def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
         launches = [{**l, "kernel": kernel_names[l["kernel"]]} for l in f.launches]
         renamed = TirFunction(name, f.params, launches)
         same = funcs.get(name)
-        if same is not None and (same.params, same.launches) != (renamed.params, renamed.launches):
+        if same is not None and ((same.params, same.launches) != (renamed.params, renamed.launches)
+                                 or _cuda_differs(base.cuda, other.cuda, name)):
             renamed.name = prefix + name
         func_names[name] = renamed.name
         funcs.setdefault(renamed.name, renamed)

@@ -150,8 +150,8 @@ class BertEncoder(nn.Module):
     def window_pool(self) -> None:
         return None
 
-    def gpu_twins(self, target) -> dict:
-        return self.layer_attention[0].gpu_twins(target)
+    def gpu_twins(self, target, decode: bool = False) -> dict:
+        return self.layer_attention[0].gpu_twins(target, decode)
 
     def cpu_twins(self) -> dict:
         return self.layer_attention[0].cpu_twins()

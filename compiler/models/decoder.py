@@ -219,11 +219,12 @@ class DecoderForCausalLM(nn.Module):
         (window,) = {a.shape.window for a in self.layer_attention} - {None}
         return window
 
-    def gpu_twins(self, target) -> dict:
-        """TIR function name -> each attention kernel tiled for another GPU ``target``."""
+    def gpu_twins(self, target, decode: bool = False) -> dict:
+        """TIR function name -> each attention kernel for another GPU ``target`` (for the
+        ``decode`` plans: PagedAttention.gpu_twins)."""
         twins: dict = {}
         for attn in dict.fromkeys(self.layer_attention):
-            twins.update(attn.gpu_twins(target))
+            twins.update(attn.gpu_twins(target, decode))
         return twins
 
     def cpu_twins(self) -> dict:

@@ -130,12 +130,23 @@ class PagedAttention:
             }
         ).with_attr("global_symbol", "batch_prefill_paged_kv" + self.tag)
 
-    def gpu_twins(self, target) -> dict[str, Any]:
-        """This shape's attention kernel tiled for another GPU ``target`` (CUDA: larger tiles
-        than WebGPU's), same parameters; the windowed kernel (wick's own) serves any GPU."""
+    def gpu_twins(self, target, decode: bool = False) -> dict[str, Any]:
+        """This shape's attention kernel for another GPU ``target``, same parameters: TVM's
+        tiled for it (CUDA: larger tiles than WebGPU's), or for ``decode`` plans (one row per
+        sequence) wick's row-per-workgroup kernel (window_attention.paged_decode_prim_func):
+        TVM's runs a fixed few workgroups per KV head, too few for a one-row step on a large
+        GPU. The windowed kernel (wick's own) serves any GPU."""
         if self.windowed:
             return {}
-        return {"batch_prefill_paged_kv" + self.tag: self._prefill_kernel(target)}
+        name = "batch_prefill_paged_kv" + self.tag
+        if decode and self.shape.causal:
+            from .window_attention import paged_decode_prim_func
+
+            s = self.shape
+            kernel = paged_decode_prim_func(s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype,
+                                            s.softmax_scale)
+            return {name: kernel.with_attr("global_symbol", name)}
+        return {name: self._prefill_kernel(target)}
 
     def cpu_twins(self) -> dict[str, Any]:
         """The CPU kernel set's replacements for this shape's GPU-only attention kernel (the
