@@ -7,6 +7,7 @@
 #   bash bench/gpu_device.sh parity [bench/gpu_parity.py check options]
 #   bash bench/gpu_device.sh bench [bench/gpu.py options, e.g. --quant q4f16_1 --backends cuda]
 #   bash bench/gpu_device.sh profile ARTIFACT [bench/gpu_profile.py options]
+#   bash bench/gpu_device.sh ncu KERNEL_REGEX ARTIFACT [bench/gpu_profile.py options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=${WICK_GPU_CARRY:-build/gpu}
@@ -43,5 +44,14 @@ if [ "$mode" = parity ]; then
 fi
 if [ "$mode" = profile ]; then
   exec python3 bench/gpu_profile.py "$@"
+fi
+if [ "$mode" = ncu ]; then  # ncu KERNEL_REGEX ARTIFACT [gpu_profile options]: hardware counters
+  regex=$1
+  shift
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  exec "$ncu_bin" --clock-control none --kernel-name "regex:$regex" --launch-skip 40 \
+    --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section LaunchStats --section Occupancy \
+    python3 bench/gpu_profile.py "$@"
 fi
 exec python3 bench/gpu.py --artifacts "$carry" "$@"

@@ -7,7 +7,9 @@
 #   (here)   bash bench/gpu_carry.sh && git commit ...
 #   (device) WICK_COMMIT=<sha> bash bench/gpu_session.sh [stage ...]     # carry: build/gpu
 #
-# Stages (default: all, in this order): env parity q4 profile q0.
+# Stages (default: all, in this order): env parity q4 profile q0; ncu (not by default: Nsight
+# Compute's counters for the decode step's attention and batched GEMV, where a kernel's time
+# alone does not say why it is slow).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/wick-gpu-out}
@@ -38,6 +40,9 @@ for s in $stages; do
         done ;;
     q0) stage q0 "${T_Q0:-150}" bash bench/gpu_device.sh bench --quant q0f16 \
           --json "$out/gpu-llama-3-8b-q0f16.json" ;;
+    ncu) stage ncu "${T_NCU:-120}" bash bench/gpu_device.sh ncu \
+          "batch_prefill_paged_kv|decode_dequantize_matmul2" build/gpu/llama-3-8b-q4f16_1 \
+          --batch 8 ;;
     *) echo "unknown stage $s" | tee -a "$log" ;;
   esac
 done

@@ -133,14 +133,14 @@ class PagedAttention:
     def gpu_twins(self, target, decode: bool = False) -> dict[str, Any]:
         """This shape's attention kernel for another GPU ``target``, same parameters: TVM's
         tiled for it (CUDA: larger tiles than WebGPU's), or for ``decode`` plans (one row per
-        sequence) wick's row-per-block kernel (decode_attention.py): TVM's runs a fixed few
-        blocks per KV head, too few for a one-row step on a large GPU. The windowed kernel
-        (wick's own) serves any GPU."""
+        sequence) wick's row-per-workgroup kernel (window_attention.paged_decode_prim_func):
+        TVM's runs a fixed few workgroups per KV head, too few for a one-row step on a large
+        GPU. The windowed kernel (wick's own) serves any GPU."""
         if self.windowed:
             return {}
         name = "batch_prefill_paged_kv" + self.tag
         if decode and self.shape.causal:
-            from .decode_attention import paged_decode_prim_func
+            from .window_attention import paged_decode_prim_func
 
             s = self.shape
             kernel = paged_decode_prim_func(s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype,

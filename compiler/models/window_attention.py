@@ -36,7 +36,9 @@ NEG_BIG = -3.0e38
 
 def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                                scale: float, window: int | None,
-                               softcap: float | None) -> PrimFunc:
+                               softcap: float | None, paged_signature: bool = False) -> PrimFunc:
+    """The kernel; ``paged_signature``: with the parameters of TVM's paged prefill kernel
+    instead (paged_decode_prim_func)."""
     HQ, HKV, D = int(num_q_heads), int(num_kv_heads), int(head_dim)
     GROUP = HQ // HKV
     PS = PAGE_SIZE
@@ -46,33 +48,9 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
     CAP_DIV = CAP or 1.0  # (a Python value: TVMScript evaluates no Python conditionals inline)
     SCALE = float(scale)
 
-    @T.prim_func(s_tir=True)
-    def window_attention(var_q: T.handle, var_pages: T.handle, var_qo_indptr: T.handle,
-                         var_page_indptr: T.handle, var_page_values: T.handle,
-                         var_last_page_len: T.handle, var_first_key: T.handle,
-                         var_q_positions: T.handle, var_out: T.handle):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        n = T.int32()
-        b = T.int32()
-        b1 = T.int32()
-        p = T.int32()
-        num_pages = T.int32()
-        q = T.match_buffer(var_q, (n, HQ, D), dtype)
-        pages = T.match_buffer(var_pages, (num_pages, 2, HKV, PS, D), dtype)
-        qo_indptr = T.match_buffer(var_qo_indptr, (b1,), "int32")
-        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32")
-        page_values = T.match_buffer(var_page_values, (p,), "int32")
-        last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
-        first_key = T.match_buffer(var_first_key, (b,), "int32")
-        q_positions = T.match_buffer(var_q_positions, (n,), "int32")
-        out = T.match_buffer(var_out, (n, HQ, D), dtype)
-        q_sh = T.sblock_alloc_buffer((D,), "float32", scope="shared")
-        p_sh = T.sblock_alloc_buffer((NT,), "float32", scope="shared")  # the tile's scores
-        seq = T.sblock_alloc_buffer((1,), "int32", scope="local")
-        # every thread keeps the running softmax state itself (the same values in all of them):
-        # running max, running sum, this tile's max, rescale of what came before, a score
-        st = T.sblock_alloc_buffer((5,), "float32", scope="local")
-        acc = T.sblock_alloc_buffer((DPT,), "float32", scope="local")
+    @T.macro
+    def attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out,
+               b1, q_sh, p_sh, seq, st, acc):
         for row in T.thread_binding(n, thread="blockIdx.x"):
             for head in T.thread_binding(HQ, thread="blockIdx.y"):
                 for tx in T.thread_binding(NT, thread="threadIdx.x"):
@@ -131,7 +109,82 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
                         if dd * NT + tx < D:
                             out[row, head, dd * NT + tx] = T.Cast(dtype, acc[dd] / st[1])
 
+    @T.prim_func(s_tir=True)
+    def window_attention(var_q: T.handle, var_pages: T.handle, var_qo_indptr: T.handle,
+                         var_page_indptr: T.handle, var_page_values: T.handle,
+                         var_last_page_len: T.handle, var_first_key: T.handle,
+                         var_q_positions: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n = T.int32()
+        b = T.int32()
+        b1 = T.int32()
+        p = T.int32()
+        num_pages = T.int32()
+        q = T.match_buffer(var_q, (n, HQ, D), dtype)
+        pages = T.match_buffer(var_pages, (num_pages, 2, HKV, PS, D), dtype)
+        qo_indptr = T.match_buffer(var_qo_indptr, (b1,), "int32")
+        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32")
+        page_values = T.match_buffer(var_page_values, (p,), "int32")
+        last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
+        first_key = T.match_buffer(var_first_key, (b,), "int32")
+        q_positions = T.match_buffer(var_q_positions, (n,), "int32")
+        out = T.match_buffer(var_out, (n, HQ, D), dtype)
+        q_sh = T.sblock_alloc_buffer((D,), "float32", scope="shared")
+        p_sh = T.sblock_alloc_buffer((NT,), "float32", scope="shared")  # the tile's scores
+        seq = T.sblock_alloc_buffer((1,), "int32", scope="local")
+        # every thread keeps the running softmax state itself (the same values in all of them):
+        # running max, running sum, this tile's max, rescale of what came before, a score
+        st = T.sblock_alloc_buffer((5,), "float32", scope="local")
+        acc = T.sblock_alloc_buffer((DPT,), "float32", scope="local")
+        attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out, b1,
+               q_sh, p_sh, seq, st, acc)
+
+    @T.prim_func(s_tir=True)
+    def paged_decode(var_q: T.handle, var_qo_indptr: T.handle, var_pages: T.handle,
+                     var_page_indptr: T.handle, var_page_values: T.handle,
+                     var_last_page_len: T.handle, var_first_key: T.handle,
+                     var_q_positions: T.handle, var_out: T.handle, var_lse: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n = T.int32()
+        b = T.int32()
+        b1 = T.int32()
+        p = T.int32()
+        num_pages = T.int32()
+        q = T.match_buffer(var_q, (n, HQ, D), dtype)
+        pages = T.match_buffer(var_pages, (num_pages, 2, HKV, PS, D), dtype)
+        qo_indptr = T.match_buffer(var_qo_indptr, (b1,), "int32")
+        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32")
+        page_values = T.match_buffer(var_page_values, (p,), "int32")
+        last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
+        first_key = T.match_buffer(var_first_key, (b,), "int32")
+        q_positions = T.match_buffer(var_q_positions, (n,), "int32")
+        out = T.match_buffer(var_out, (n, HQ, D), dtype)
+        _lse = T.match_buffer(var_lse, (n, HQ), "float32")  # (not written: no caller reads it)
+        q_sh = T.sblock_alloc_buffer((D,), "float32", scope="shared")
+        p_sh = T.sblock_alloc_buffer((NT,), "float32", scope="shared")  # the tile's scores
+        seq = T.sblock_alloc_buffer((1,), "int32", scope="local")
+        # every thread keeps the running softmax state itself (the same values in all of them):
+        # running max, running sum, this tile's max, rescale of what came before, a score
+        st = T.sblock_alloc_buffer((5,), "float32", scope="local")
+        acc = T.sblock_alloc_buffer((DPT,), "float32", scope="local")
+        attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out, b1,
+               q_sh, p_sh, seq, st, acc)
+
+    if paged_signature:
+        return paged_decode
     return window_attention.with_attr("global_symbol", kernel_name(window, softcap))
+
+
+def paged_decode_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
+                           scale: float) -> PrimFunc:
+    """This kernel (causal, no window or cap) with the parameters of TVM's
+    ``batch_prefill_paged_kv`` (paged_attention.py): ``(q, qo_indptr, pages, page_indptr,
+    page_values, last_page_len, k_rope_pos_offset, q_positions) -> (out, lse)``, so that it can
+    stand in for that kernel in the decode plans of a kernel set (CUDA: TVM's prefill kernel
+    runs a fixed 16 blocks per KV head, so a one-row step keeps 8 of an H100's 132
+    multiprocessors busy). ``lse`` is not written: no caller reads it."""
+    return window_attention_prim_func(num_q_heads, num_kv_heads, head_dim, dtype, scale, None,
+                                      None, paged_signature=True)
 
 
 def kernel_name(window: int | None, softcap: float | None) -> str:
