@@ -175,3 +175,18 @@ def test_stalled_shard_download_is_cut_and_resumed(fresh, proxy, reference):
     (_, _), (rng, status) = proxy.requests_for(target["file"])
     assert rng.startswith("bytes=") and rng != "bytes=0-" and status == 206
     assert any("no data for 1 s" in p["text"] for p in out["progress"])
+
+
+def test_weights_download_while_python_boots(fresh, proxy, reference):
+    """The shards are fetched (loader.prefetch) as soon as the manifest is read, while Python's
+    first boot (seconds, from scratch in a fresh context) is still going: download progress
+    comes before "Python ready", and each shard is requested once."""
+    out = fresh.run(LOAD, [reference["model"], PROMPT, N])
+    assert out["text"] == reference["text"]
+    stages = [(p["stage"], p["text"]) for p in out["progress"]]
+    ready = stages.index(("boot", "Python ready"))
+    first_download = next(i for i, (stage, _) in enumerate(stages) if stage == "download")
+    assert first_download < ready
+    assert out["info"]["shardRequests"] == len(reference["shards"])
+    for shard in reference["shards"]:
+        assert len(proxy.requests_for(shard["file"])) == 1

@@ -22,6 +22,8 @@ import type { Progress } from "./worker_protocol.js";
 export const CACHE_NAME = "wick-artifacts-v1";
 const PARALLEL_SHARDS = 3;
 const PARALLEL_FILES = 8;
+// shards fetched ahead (`prefetch`: while Python boots) and held until the engine takes them
+const PREFETCH_BYTES = 256 * 2 ** 20;
 const RETRIES = 4; // further attempts after a network failure, per file
 const BACKOFF_MS = 250;
 export const STALL_MS = 30_000; // default: a download that sends nothing this long is cut and resumed
@@ -99,6 +101,8 @@ export class ArtifactLoader {
   private loaded = 0;
   private total = 0;
   private lastReport = 0;
+  private ahead = new Map<string, Promise<Uint8Array>>(); // shard file -> its bytes, fetched ahead
+  private counted = false; // (prefetch began the weights' progress count: shards() goes on with it)
 
   constructor(private readonly root: string, private readonly useCache: boolean,
               readonly stats: LoadStats, private readonly progress: (p: Progress) => void,
@@ -129,11 +133,33 @@ export class ArtifactLoader {
     return out;
   }
 
+  /** Start fetching the first shards of `specs` (up to PREFETCH_BYTES), a few at a time, while
+   * the caller does something else (the worker: Python's first boot, ~2.5 s on a cold start,
+   * during which the network would otherwise idle); `shards()` takes their verified bytes. */
+  prefetch(specs: FileSpec[]): void {
+    this.total = specs.reduce((s, f) => s + (f.nbytes ?? 0), 0);
+    this.loaded = 0;
+    this.counted = true;
+    let budget = PREFETCH_BYTES;
+    const lanes: Promise<unknown>[] = Array.from({ length: PARALLEL_SHARDS }, () => Promise.resolve());
+    specs.forEach((spec, i) => {
+      budget -= spec.nbytes ?? Infinity;
+      if (budget < 0) return;
+      const lane = i % PARALLEL_SHARDS;
+      const bytes = lanes[lane].then(() => this.fetchFile(spec, true));
+      lanes[lane] = bytes.catch(() => undefined); // (each shard's failure is its own)
+      bytes.catch(() => undefined); // (reported when shards() takes it; a load that ends first drops it)
+      this.ahead.set(spec.file, bytes);
+    });
+  }
+
   /** Every shard, verified, handed to `sink(index, bytes)` (awaited) then dropped. On a
    * failure, the shards already under way still finish (and are cached) before it is thrown. */
   async shards(specs: FileSpec[], sink: (index: number, data: Uint8Array) => Promise<void>): Promise<void> {
-    this.total = specs.reduce((s, f) => s + (f.nbytes ?? 0), 0);
-    this.loaded = 0;
+    if (!this.counted) {
+      this.total = specs.reduce((s, f) => s + (f.nbytes ?? 0), 0);
+      this.loaded = 0;
+    }
     const queue = specs.map((s, i) => [i, s] as const);
     let failure: unknown = null;
     const worker = async () => {
@@ -162,8 +188,17 @@ export class ArtifactLoader {
     this.report(text);
   }
 
-  /** One file: the cache if its copy verifies, else the network (then cached). */
+  /** One file: fetched ahead, the cache if its copy verifies, else the network (then cached). */
   private async get(spec: FileSpec, shard: boolean): Promise<Uint8Array> {
+    const early = shard ? this.ahead.get(spec.file) : undefined;
+    if (early) {
+      this.ahead.delete(spec.file);
+      return early;
+    }
+    return this.fetchFile(spec, shard);
+  }
+
+  private async fetchFile(spec: FileSpec, shard: boolean): Promise<Uint8Array> {
     const url = `${this.root}/${spec.file}`;
     const cache = await this.openCache();
     if (cache) {

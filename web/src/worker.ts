@@ -17,6 +17,7 @@ import {
 } from "./errors.js";
 import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
+import type { FileSpec } from "./loader.js";
 import { Hub } from "./hub.js";
 import type { Post } from "./hub.js";
 import { PROTOCOL, VERSION } from "./worker_protocol.js";
@@ -299,6 +300,9 @@ async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | Wa
   return { entry, manifest, files, loader, kernels: kernelFiles.length };
 }
 
+const shardSpecs = (manifest: Any): FileSpec[] =>
+  manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes }));
+
 /** Each verified shard of `art` straight into the buffers its engine allocated (`placements`:
  * JSON `[[shard, offset, nbytes, buffer], ...]` of the host). */
 async function streamShards(art: Fetched, placements: string, exe: Executor | WasmExecutor): Promise<void> {
@@ -307,13 +311,12 @@ async function streamShards(art: Fetched, placements: string, exe: Executor | Wa
     if (!byShard.has(w[0])) byShard.set(w[0], []);
     byShard.get(w[0])!.push(w);
   }
-  await art.loader.shards(art.manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes })),
-    async (i, data) => {
-      for (const [, offset, nbytes, buffer] of byShard.get(i) ?? []) {
-        exe.write(buffer, 0, data.subarray(offset, offset + nbytes));
-      }
-      await exe.drain(); // let the device take the bytes before the next shard arrives
-    });
+  await art.loader.shards(shardSpecs(art.manifest), async (i, data) => {
+    for (const [, offset, nbytes, buffer] of byShard.get(i) ?? []) {
+      exe.write(buffer, 0, data.subarray(offset, offset + nbytes));
+    }
+    await exe.drain(); // let the device take the bytes before the next shard arrives
+  });
 }
 
 /** The draft model of createEngine's `speculative: {method: "draft"}` (null without one):
@@ -367,7 +370,9 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
   const [, [exe, entry, art]] = await Promise.all([boot(base, progress, msg.cache !== false),
     openAndResolve(base, msg, auth, progress).then(async ([exe, entry]) => {
       executor = exe; // (kept, or destroyed by the next load, if what follows fails)
-      return [exe, entry, await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true)] as const;
+      const fetched = await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true);
+      fetched.loader.prefetch(shardSpecs(fetched.manifest)); // (the weights come meanwhile too)
+      return [exe, entry, fetched] as const;
     })]);
   const wasm = exe instanceof WasmExecutor;
   let draft: Fetched | null = null;
