@@ -37,5 +37,5 @@ rm -rf "$out/wheels" && mkdir -p "$out/wheels"
 # (the device tool's notes: unpacked into / on the GPU machine, which has none of them)
 rm -rf "$out"/libvulkan1_*.deb "$out/gl" && mkdir -p "$out/gl"
 (cd "$out/gl" && apt-get download -q libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 \
-  libgles2 >/dev/null 2>&1)
+  libgles2 >/dev/null) || { echo "error: apt-get download of the Vulkan/GL debs failed" >&2; exit 1; }
 du -sh "$out"

@@ -49,6 +49,7 @@ if [ "$mode" = ncu ]; then  # ncu KERNEL_REGEX ARTIFACT [gpu_profile options]: h
   regex=$1
   shift
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu_bin" ] || { echo "error: Nsight Compute (ncu) is not on this machine" >&2; exit 1; }
   exec "$ncu_bin" --clock-control none --kernel-name "regex:$regex" --launch-skip 40 \
     --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section LaunchStats --section Occupancy \

@@ -177,9 +177,9 @@ def graphed(model, batch: int, device: str):
 
 def bench(hf: dict, batches: list[int], prompt: int, tokens: int, prefill: int, device: str,
           int4: bool, mode: str = "eager") -> dict:
-    """``mode``: the decode step as it is ("eager"), replayed as a CUDA graph ("graph") or
-    ``torch.compile``d with CUDA graphs ("compile", as gpt-fast runs it)."""
-    """{"decode": {b: tok/s}, "prefill": tok/s} of the peer, or {"error": why}."""
+    """{"decode": {b: tok/s}, "prefill": tok/s} of the peer, or {"error": why}. ``mode``: the
+    decode step as it is ("eager"), replayed as a CUDA graph ("graph") or ``torch.compile``d
+    with CUDA graphs ("compile", as gpt-fast runs it)."""
     import torch
 
     shape = Shape.from_hf(hf)

@@ -41,7 +41,8 @@ for s in $stages; do
     q0) stage q0 "${T_Q0:-150}" bash bench/gpu_device.sh bench --quant q0f16 \
           --json "$out/gpu-llama-3-8b-q0f16.json" ;;
     ncu) stage ncu "${T_NCU:-120}" bash bench/gpu_device.sh ncu \
-          "batch_prefill_paged_kv|decode_dequantize_matmul2" build/gpu/llama-3-8b-q4f16_1 \
+          "^decode_(batch_prefill_paged_kv|dequantize_matmul2)_kernel$" \
+          build/gpu/llama-3-8b-q4f16_1 \
           --batch 8 ;;
     *) echo "unknown stage $s" | tee -a "$log" ;;
   esac

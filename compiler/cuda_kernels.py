@@ -63,6 +63,12 @@ def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimF
     return out
 
 
+def same_kernel(a: tirx.PrimFunc, b: tirx.PrimFunc) -> bool:
+    """Whether two device functions are the same code, whatever their names."""
+    return tvm_ffi.structural_equal(a.without_attr("global_symbol"),
+                                    b.without_attr("global_symbol"))
+
+
 def merge_cuda(base: CudaSet, other: CudaSet, prefix: str, func_names: dict[str, str]) -> CudaSet:
     """``other`` added to ``base``: a kernel whose name ``base`` already uses for a different
     function gets ``prefix``; TIR functions take the plan's names (``func_names``, decided by
@@ -71,7 +77,11 @@ def merge_cuda(base: CudaSet, other: CudaSet, prefix: str, func_names: dict[str,
     renamed: dict[str, str] = {}
     for name, f in other.kernels.items():
         same = kernels.get(name)
-        new = name if same is None or tvm_ffi.structural_equal(same, f) else prefix + name
+        if same is None or same_kernel(same, f):
+            new = name
+        else:  # an equal kernel under another name (an earlier plan's twin), else a new name
+            new = next((n for n, g in kernels.items()
+                        if n != name and n.endswith(name) and same_kernel(g, f)), prefix + name)
         renamed[name] = new
         kernels.setdefault(new, f.with_attr("global_symbol", new))
     funcs = dict(base.tir_functions)

@@ -446,22 +446,22 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
     return Lowered(kernels, funcs, plans, param_specs, cpu_functions, cuda)
 
 
-def _cuda_differs(base, other, name: str) -> bool:
-    """Whether TIR function ``name`` lowers to different CUDA kernels in two lowerings (a
-    plan's own CUDA twin: PagedAttention.gpu_twins' decode kernel): then the plans must call
-    it by different names in every kernel set, since one plan serves them all."""
+def _cuda_differs(base, mine: str, other, theirs: str) -> bool:
+    """Whether TIR function ``mine`` of one lowering and ``theirs`` of another lower to
+    different CUDA kernels (a plan's own CUDA twin: PagedAttention.gpu_twins' decode kernel):
+    then the plans must call them by different names in every kernel set, since one plan
+    serves them all."""
     if base is None or other is None:
         return False
-    mine, theirs = base.tir_functions.get(name), other.tir_functions.get(name)
-    if mine is None or theirs is None:
+    a, b = base.tir_functions.get(mine), other.tir_functions.get(theirs)
+    if a is None or b is None:
         return False
-    if (mine.params, [l["kernel"] for l in mine.launches]) != \
-            (theirs.params, [l["kernel"] for l in theirs.launches]):
+    if a.params != b.params or len(a.launches) != len(b.launches):
         return True
-    import tvm_ffi
+    from .cuda_kernels import same_kernel
 
-    return any(not tvm_ffi.structural_equal(base.kernels[l["kernel"]], other.kernels[l["kernel"]])
-               for l in theirs.launches)
+    return not all(same_kernel(base.kernels[x["kernel"]], other.kernels[y["kernel"]])
+                   for x, y in zip(a.launches, b.launches))
 
 
 def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
@@ -482,8 +482,12 @@ def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
         renamed = TirFunction(name, f.params, launches)
         same = funcs.get(name)
         if same is not None and ((same.params, same.launches) != (renamed.params, renamed.launches)
-                                 or _cuda_differs(base.cuda, other.cuda, name)):
-            renamed.name = prefix + name
+                                 or _cuda_differs(base.cuda, name, other.cuda, name)):
+            # an equal function an earlier merge named apart (decode1's CUDA twin is decode's)
+            renamed.name = next(
+                (n for n, g in funcs.items() if n != name and n.endswith(name)
+                 and (g.params, g.launches) == (renamed.params, renamed.launches)
+                 and not _cuda_differs(base.cuda, n, other.cuda, name)), prefix + name)
         func_names[name] = renamed.name
         funcs.setdefault(renamed.name, renamed)
     cpu_functions = dict(base.cpu_functions)

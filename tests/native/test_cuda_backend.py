@@ -237,6 +237,29 @@ def test_engine_steps_on_the_cuda_backend(tiny_f16_artifact):
             "tir_kv_cache_transpose_append_kernel"} <= launched
     assert any(n.startswith("decode_") for n in launched)  # the batched-GEMV plan ran
     assert be.graph_launches >= 3 and drv.graph_runs == be.graph_launches
+    # the decode plans attend with their own CUDA kernel (window_attention's, one block per
+    # row and head), the prefill with TVM's
+    assert "decode_batch_prefill_paged_kv_kernel" in launched
+
+
+def test_decode_plans_share_their_cuda_attention(tiny_f16_artifact):
+    """Only the CUDA set's decode attention differs from the prefill's: the plans call it by
+    one name in every kernel set (decode and decode1 alike), and the CUDA source holds it once."""
+    import json
+
+    m = json.loads((tiny_f16_artifact / "wick-artifact.json").read_text())
+    calls = {p: {i["func"] for i in m["plans"][p]["instrs"]
+                 if i["op"] == "call" and "paged_kv" in i["func"]}
+             for p in ("forward", "decode", "decode1")}
+    assert calls == {"forward": {"batch_prefill_paged_kv"},
+                     "decode": {"decode_batch_prefill_paged_kv"},
+                     "decode1": {"decode_batch_prefill_paged_kv"}}
+    for functions in (m["tir_functions"], m["cuda_kernels"]["tir_functions"]):
+        assert {f for f in functions if "paged_kv" in f} == set(calls["forward"] | calls["decode"])
+    cuda = {k["name"] for k in m["cuda_kernels"]["kernels"] if "paged_kv" in k["name"]}
+    assert cuda == {"batch_prefill_paged_kv_kernel", "decode_batch_prefill_paged_kv_kernel"}
+    source, _ = _source(tiny_f16_artifact)
+    assert "__launch_bounds__(64) decode_batch_prefill_paged_kv_kernel" in source
 
 
 def test_auto_falls_back_when_cuda_cannot_run_the_model(tiny_f16_artifact, monkeypatch, caplog):

@@ -103,6 +103,7 @@ export class ArtifactLoader {
   private lastReport = 0;
   private ahead = new Map<string, Promise<Uint8Array>>(); // shard file -> its bytes, fetched ahead
   private counted = false; // (prefetch began the weights' progress count: shards() goes on with it)
+  private disposed = false;
 
   constructor(private readonly root: string, private readonly useCache: boolean,
               readonly stats: LoadStats, private readonly progress: (p: Progress) => void,
@@ -146,11 +147,20 @@ export class ArtifactLoader {
       budget -= spec.nbytes ?? Infinity;
       if (budget < 0) return;
       const lane = i % PARALLEL_SHARDS;
-      const bytes = lanes[lane].then(() => this.fetchFile(spec, true));
+      const bytes = lanes[lane].then(() => {
+        if (this.disposed) throw loadError("the load ended", "aborted");
+        return this.fetchFile(spec, true);
+      });
       lanes[lane] = bytes.catch(() => undefined); // (each shard's failure is its own)
       bytes.catch(() => undefined); // (reported when shards() takes it; a load that ends first drops it)
       this.ahead.set(spec.file, bytes);
     });
+  }
+
+  /** A load that failed: shards fetched ahead are let go, and those not started are not. */
+  dispose(): void {
+    this.disposed = true;
+    this.ahead.clear();
   }
 
   /** Every shard, verified, handed to `sink(index, bytes)` (awaited) then dropped. On a

@@ -1,8 +1,9 @@
 /**
  * The engine's dedicated Web Worker: boots Pyodide (from wick's own origin, no CDN), installs
  * the engine wheel and its pure-Python dependencies offline, opens WebGPU (executor.ts), loads
- * the artifact (loader.ts: manifest, kernels and tokenizer, then the engine allocates the weight
- * buffers and the verified shards stream into them) and runs the SAME Python engine
+ * the artifact (loader.ts: manifest, kernels, tokenizer and the first shards while Python boots,
+ * then the engine allocates the weight buffers and the verified shards stream into them) and
+ * runs the SAME Python engine
  * (wick.engine) with wasm/wick_web as glue.
  * It answers the typed protocol of worker_protocol.ts, for one client or many: a dedicated
  * Worker serves the page that made it (and any MessagePort handed to it with `connect`, as the
@@ -285,6 +286,7 @@ async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | Wa
     { cache: "no-cache", headers: auth })).arrayBuffer());
   const manifest = JSON.parse(new TextDecoder().decode(manBytes));
   const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs, auth);
+  loader.prefetch(shardSpecs(manifest)); // the weights come meanwhile too (Python may be booting)
   // the kernels of this executor: WGSL files, or the one WebAssembly module (an artifact
   // compiled before wick had one is refused by the engine, with a "recompile" message)
   const wasm = exe instanceof WasmExecutor;
@@ -370,9 +372,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
   const [, [exe, entry, art]] = await Promise.all([boot(base, progress, msg.cache !== false),
     openAndResolve(base, msg, auth, progress).then(async ([exe, entry]) => {
       executor = exe; // (kept, or destroyed by the next load, if what follows fails)
-      const fetched = await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true);
-      fetched.loader.prefetch(shardSpecs(fetched.manifest)); // (the weights come meanwhile too)
-      return [exe, entry, fetched] as const;
+      return [exe, entry, await fetchArtifact(base, entry, exe, msg, auth, stats, progress, true)] as const;
     })]);
   const wasm = exe instanceof WasmExecutor;
   let draft: Fetched | null = null;
@@ -431,6 +431,7 @@ async function load(msg: Extract<ToWorker, { kind: "load" }>, progress: (p: Prog
       }
     }
     dropExecutors();
+    art.loader.dispose();
     throw e;
   }
   progress({ stage: "ready", loaded: 1, total: 1, text: "ready" });

@@ -34,7 +34,8 @@ export type Api = "chat" | "completion" | "embeddings";
 export interface Progress {
   // boot: Pyodide and the engine; prepare: the server is compiling a variant this device can
   // run (steps of its compile); compile: kernels into pipelines; download: weight bytes (from
-  // the network or the cache) into GPU buffers; cache: a note on the browser cache
+  // the network or the cache; the first shards while Python boots, so this stage can come
+  // before "compile"); cache: a note on the browser cache
   stage: "boot" | "prepare" | "compile" | "download" | "cache" | "ready";
   loaded: number; // bytes (download) or steps done
   total: number;
