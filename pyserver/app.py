@@ -192,9 +192,26 @@ class ModelPool:
             raise ServiceUnavailableError("no model is loaded", code="model_loading")
         raise ModelNotFoundError(model, self.engines)
 
+    def cores(self) -> list[tuple[str, str | None, Any]]:
+        """``(served name, replica, engine core)`` per engine (replica None: in-process)."""
+        return [(name, None, e.core) for name, e in self.engines.items()]
+
+    def replicas(self) -> dict[str, Any] | None:
+        """Per replica, what /health says of it (None: no replicas, the engines run here)."""
+        return None
+
     async def aclose(self) -> None:
         for engine in self.engines.values():
             await engine.aclose()
+
+
+def engine_health(core: Any) -> dict[str, Any]:
+    """What /health says of an engine core (of each replica's too, under --replicas)."""
+    return {"requests": core.num_unfinished(), "kv_pages": core.kv.num_pages,
+            "kv_pages_free": core.kv.free_pages, "kv_pages_cached": core.kv.cached_pages,
+            "speculation": core.stats.speculation(),
+            # what a request leaving sampling fields unset gets, and why
+            "sampling_defaults": core.info.sampling_defaults}
 
 
 async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
@@ -382,21 +399,17 @@ def create_app(
         (drafted and accepted tokens, tokens per verify step)."""
         body: dict[str, Any] = {"status": "ok" if pool.state == "ready" else pool.state,
                                 "models": list(pool.engines)}
-        body["engines"] = {name: {"requests": e.core.num_unfinished(),
-                                  "kv_pages": e.core.kv.num_pages,
-                                  "kv_pages_free": e.core.kv.free_pages,
-                                  "kv_pages_cached": e.core.kv.cached_pages,
-                                  "speculation": e.core.stats.speculation(),
-                                  # what a request leaving sampling fields unset gets, and why
-                                  "sampling_defaults": e.core.info.sampling_defaults}
-                           for name, e in pool.engines.items()}
+        body["engines"] = {name: engine_health(e.core) for name, e in pool.engines.items()}
+        replicas = pool.replicas()
+        if replicas is not None:
+            body["replicas"] = replicas
         if pool.loading:
             body["loading"] = pool.loading
         if pool.error:
             body["error"] = pool.error
         return JSONResponse(body, status_code=200 if pool.state == "ready" else 503)
 
-    registry = metrics_registry(lambda: pool.engines)
+    registry = metrics_registry(pool.cores)
 
     @app.get("/metrics", operation_id="metrics", dependencies=v1, response_class=Response,
              responses={"200": {"description": "Prometheus text format",

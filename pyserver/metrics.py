@@ -16,13 +16,14 @@ use (llm-d, the Gateway API Inference Extension), read wick as they read vLLM:
 and wick's own ``wick:prefix_cache_hit_ratio`` (hits over queries since the start; for a rate,
 divide the counters' rates). Each has the label ``model`` (the served name). A request of ``n``
 choices counts once (its prompt, its place in the queue, its end); an aborted request ends
-too (``finished_reason="abort"``, its end-to-end time included, even when it never ran). The
+too (``finished_reason="abort"``, its end-to-end time included, even when it never ran). Under
+``--replicas`` (pyserver/ray_serve.py) each replica's numbers carry the label ``replica``. The
 engine keeps the numbers (``engine/metrics.py``, plain Python: it runs in a browser too); this
 collector reads them at each scrape, so nothing is copied per request."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -35,57 +36,57 @@ FINISHED_REASONS = ("stop", "length", "abort")  # (each reported, 0 until it hap
 
 
 class EngineCollector(Collector):
-    """The metrics of ``engines()`` (served name -> an engine with ``.core``), read at scrape
-    time."""
+    """The metrics of ``cores()`` (``(served name, replica or None, engine core)`` triples:
+    ModelPool.cores), read at scrape time; the label ``replica`` where there are replicas."""
 
-    def __init__(self, engines: Callable[[], Mapping[str, Any]]) -> None:
-        self._engines = engines
+    def __init__(self, cores: Callable[[], Iterable[tuple[str, str | None, Any]]]) -> None:
+        self._cores = cores
 
     def collect(self) -> Iterable[Metric]:
-        engines = dict(self._engines())
-        labels = ["model"]
-        states = {model: e.core.requests_by_state() for model, e in engines.items()}
+        cores = list(self._cores())
+        replicas = any(replica is not None for _, replica, _ in cores)
+        labels = ["model", "replica"] if replicas else ["model"]
 
-        def gauge(name: str, doc: str, value: Callable[[Any], float]) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
-            for model, e in engines.items():
-                g.add_metric([model], value(e.core))
-            return g
+        def label(model: str, replica: str | None) -> list[str]:
+            return [model, replica or ""] if replicas else [model]
 
-        def counter(name: str, doc: str, value: Callable[[Any], float]) -> CounterMetricFamily:
-            c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
-            for model, e in engines.items():
-                c.add_metric([model], value(e.core))
-            return c
+        states = [core.requests_by_state() for _, _, core in cores]
+
+        def family(kind, name: str, doc: str, value: Callable[[Any], float]):
+            f = kind(PREFIX + name, doc, labels=labels)
+            for model, replica, core in cores:
+                f.add_metric(label(model, replica), value(core))
+            return f
 
         for name, doc, i in (("num_requests_running",
                               "Requests with a sequence in the running batch.", 0),
                              ("num_requests_waiting", "Requests waiting to be scheduled.", 1)):
             g = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
-            for model in engines:
-                g.add_metric([model], states[model][i])
+            for (model, replica, _), state in zip(cores, states):
+                g.add_metric(label(model, replica), state[i])
             yield g
-        yield gauge("kv_cache_usage_perc",
-                    "Fraction of KV-cache pages held by requests (1 = full); pages kept only "
-                    "for the prefix cache count as free.", kv_cache_usage)
-        yield gauge("prefix_cache_hit_ratio",
-                    "Prompt tokens the prefix cache gave, over the prompt tokens looked up.",
-                    lambda core: core.metrics.prefix_cache_hit_ratio)
-        yield counter("prompt_tokens", "Prompt tokens processed (cached ones included).",
-                      lambda core: core.metrics.prompt_tokens)
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      lambda core: core.metrics.prefix_queries)
-        yield counter("prefix_cache_hits", "Prompt tokens the prefix cache gave.",
-                      lambda core: core.metrics.prefix_hits)
-        yield counter("generation_tokens", "Tokens generated.",
-                      lambda core: core.metrics.generation_tokens)
+        yield family(GaugeMetricFamily, "kv_cache_usage_perc",
+                     "Fraction of KV-cache pages held by requests (1 = full); pages kept only "
+                     "for the prefix cache count as free.", kv_cache_usage)
+        yield family(GaugeMetricFamily, "prefix_cache_hit_ratio",
+                     "Prompt tokens the prefix cache gave, over the prompt tokens looked up.",
+                     lambda core: core.metrics.prefix_cache_hit_ratio)
+        for name, doc, attr in (
+                ("prompt_tokens", "Prompt tokens processed (cached ones included).",
+                 "prompt_tokens"),
+                ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                 "prefix_queries"),
+                ("prefix_cache_hits", "Prompt tokens the prefix cache gave.", "prefix_hits"),
+                ("generation_tokens", "Tokens generated.", "generation_tokens")):
+            yield family(CounterMetricFamily, name, doc,
+                         lambda core, attr=attr: getattr(core.metrics, attr))
         success = CounterMetricFamily(PREFIX + "request_success",
                                       "Finished requests, by the reason they finished.",
-                                      labels=["model", "finished_reason"])
-        for model, e in engines.items():
-            counts = e.core.metrics.request_success
+                                      labels=[*labels, "finished_reason"])
+        for model, replica, core in cores:
+            counts = core.metrics.request_success
             for reason in sorted(set(FINISHED_REASONS) | set(counts)):
-                success.add_metric([model, reason], counts.get(reason, 0))
+                success.add_metric([*label(model, replica), reason], counts.get(reason, 0))
         yield success
         for name, doc, attr in (
                 ("time_to_first_token_seconds", "From a request's arrival to its first token.",
@@ -94,9 +95,10 @@ class EngineCollector(Collector):
                  "itl"),
                 ("e2e_request_latency_seconds", "From a request's arrival to its end.", "e2e")):
             h = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
-            for model, e in engines.items():
-                hist = getattr(e.core.metrics, attr)
-                h.add_metric([model], [(_le(b), n) for b, n in hist.cumulative()], hist.sum)
+            for model, replica, core in cores:
+                hist = getattr(core.metrics, attr)
+                h.add_metric(label(model, replica), [(_le(b), n) for b, n in hist.cumulative()],
+                             hist.sum)
             yield h
 
 
@@ -110,7 +112,8 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
-def metrics_registry(engines: Callable[[], Mapping[str, Any]]) -> CollectorRegistry:
+def metrics_registry(cores: Callable[[], Iterable[tuple[str, str | None, Any]]]
+                     ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engines))
+    registry.register(EngineCollector(cores))
     return registry

@@ -86,12 +86,56 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "shader-f16")
     add_grammar_arguments(p)
     add_speculative_arguments(p)
+    add_replica_arguments(p)
     p.add_argument("--kv-cache-mib", type=int,
                    help="KV cache budget per model in MiB (default 256)")
     p.add_argument("--max-body-mib", type=float, default=MAX_BODY_MIB,
                    help=f"largest request body accepted (default {MAX_BODY_MIB})")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default="info")
+
+
+def add_replica_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="run the engines as N replicas of a Ray Serve deployment behind this "
+                        "server (prefix-aware routing; needs `pip install 'wick-llm[ray]'`)")
+    p.add_argument("--min-replicas", type=int, metavar="N",
+                   help="with --max-replicas: autoscale between the two (Ray Serve's "
+                        "autoscaling on requests in flight) instead of a fixed --replicas")
+    p.add_argument("--max-replicas", type=int, metavar="N")
+    p.add_argument("--replica-router", choices=("prefix", "least-loaded"), default="prefix",
+                   help="how a request picks its replica: the one holding the longest share of "
+                        "its prompt in its prefix cache, else the least loaded (default); or "
+                        "always the least loaded (Ray Serve's power of two choices)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="an existing Ray cluster (e.g. ray://head:10001); default: a local one "
+                        "that wick serve starts and stops itself")
+
+
+def replicas_of(args: argparse.Namespace):
+    """``--replicas``/``--min-replicas``/``--max-replicas`` as a ray_serve.Replicas, or None
+    (the engines in this process); a bad combination is a ValueError with the fix."""
+    fixed, low, high = args.replicas, args.min_replicas, args.max_replicas
+    if fixed is None and low is None and high is None:
+        if args.ray_address:
+            raise ValueError("--ray-address needs --replicas N (or --min-replicas/--max-replicas)")
+        return None
+    if fixed is not None and (low is not None or high is not None):
+        raise ValueError("say either --replicas N or --min-replicas/--max-replicas, not both")
+    if fixed is None and (low is None or high is None):
+        raise ValueError("autoscaling needs both --min-replicas and --max-replicas")
+    for name, value in (("--replicas", fixed), ("--min-replicas", low), ("--max-replicas", high)):
+        if value is not None and value < (0 if name == "--min-replicas" else 1):
+            raise ValueError(f"{name} must be at least {0 if name == '--min-replicas' else 1}")
+    if low is not None and high < low:
+        raise ValueError("--max-replicas must be at least --min-replicas")
+    from .replicas import Replicas, ray_available
+
+    if not ray_available():
+        raise ValueError("--replicas runs the engines on Ray Serve, which is not installed: "
+                         "pip install 'wick-llm[ray]'")
+    return Replicas(fixed=fixed, low=low, high=high, address=args.ray_address,
+                    router=args.replica_router)
 
 
 def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
@@ -195,6 +239,11 @@ def serve_main(args: argparse.Namespace) -> int:
     if not models:
         print("error: name at least one model to serve (wick serve MODEL)", file=sys.stderr)
         return 2
+    try:
+        replicas = replicas_of(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return run_server(
         models, host=args.host, port=args.port, api_key=args.api_key,
         cors_origins=args.cors_origins, allowed_hosts=args.allowed_hosts,
@@ -206,7 +255,7 @@ def serve_main(args: argparse.Namespace) -> int:
         browser_variants=args.browser_variants,
         batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
         body_timeout=args.body_timeout, grammar_limits=grammar_limits_of(args),
-        speculative=speculative_of(args),
+        speculative=speculative_of(args), replicas=replicas,
     )
 
 
@@ -268,6 +317,7 @@ def serving_app(
     prefix_cache: bool = True,
     grammar_limits=None,
     speculative=None,
+    replicas=None,
     on_failed=None,
 ):
     """The app ``wick serve`` runs: ``models`` load in the background (compiling when needed),
@@ -298,7 +348,8 @@ def serving_app(
 
     def on_loaded(name: str, engine) -> None:
         info = engine.core.info
-        host_artifacts.add(engine.artifact_dir)
+        if engine.artifact_dir.is_dir():  # (replicas on other machines: not hostable here)
+            host_artifacts.add(engine.artifact_dir)
         if engine.core.draft is not None and engine.core.draft.location:
             # a browser engine speculating with the same draft model (createEngine's
             # speculative: {method: "draft"}) fetches it from here
@@ -308,11 +359,21 @@ def serving_app(
         if engine.software_notice and not noticed:
             noticed.append(engine.software_notice)
             log.warning("%s", engine.software_notice)
-        if variants is not None:
+        if variants is not None and engine.artifact_dir.is_dir():
             variants.add_for(engine.artifact_dir)
 
-    pool = ModelPool([loader(m) for m in models], on_loaded=on_loaded,
-                     on_failed=lambda err: on_failed and on_failed())
+    if replicas is None:
+        pool = ModelPool([loader(m) for m in models], on_loaded=on_loaded,
+                         on_failed=lambda err: on_failed and on_failed())
+    else:  # the engines on Ray Serve replicas (pyserver/ray_serve.py)
+        from .replicas import replica_pool
+
+        engine_options = dict(quantization=quantization, device=device,
+                              kv_cache_bytes=kv_cache_bytes, batch_invariant=batch_invariant,
+                              prefix_cache=prefix_cache, grammar_limits=grammar_limits,
+                              speculative=speculative)
+        pool = replica_pool(models, engine_options, replicas, on_loaded=on_loaded,
+                            on_failed=lambda err: on_failed and on_failed())
     app = create_app(pool, api_key=api_key, cors_origins=cors_origins,
                      allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes,
                      artifacts=host_artifacts,

@@ -462,3 +462,18 @@ def test_set_parses_and_validates():
                         ("max_tokens=0", "max_tokens"), ("", "usage")]:
         with pytest.raises(InvalidRequestError, match=needle):
             parse_settings(bad, {})
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--min-replicas", "2"], "needs both --min-replicas and --max-replicas"),
+    (["--replicas", "2", "--max-replicas", "3"], "either --replicas N or"),
+    (["--replicas", "0"], "--replicas must be at least 1"),
+    (["--min-replicas", "3", "--max-replicas", "2"], "at least --min-replicas"),
+    (["--ray-address", "ray://x:10001"], "--ray-address needs --replicas"),
+])
+def test_serve_refuses_bad_replica_flags_in_one_line(flags, message, capsys):
+    from wick.server.cli import main
+
+    assert main(["serve", "some-model", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

@@ -1,0 +1,593 @@
+"""``wick serve MODEL --replicas N``: the engines as replicas of a Ray Serve deployment (#32).
+
+The ``wick serve`` process keeps the HTTP side, the same app as a single server (OpenAI
+routes, chat page, artifact host, errors, ``--api-key``: pyserver/app.py), and reaches the
+engines through a Ray Serve deployment handle instead of in-process:
+
+* ``EngineReplica`` (the deployment, N replicas or autoscaled between bounds) loads the models
+  like a single server does and answers ``create``/``embed``/``tokens`` calls; a streamed
+  completion is an async generator of chunk dicts, an error is data (its class, status and
+  OpenAI fields), so nothing of wick's errors is lost in Ray's exception wrapping. Closing the
+  stream on the caller's side (a client that disconnects) cancels the replica's generator, which
+  aborts the engine request.
+* ``PrefixAwareRouter`` is the deployment's request router (Ray Serve's extension point, run
+  inside the handle): a request goes to the replica that was sent the longest leading part of
+  its prompt before, where that part is in its prefix cache (blocks of the prompt's text,
+  chained digests, as the engine's page digests are chained); with no such replica, to the
+  least loaded (Ray probes the queue lengths of one rank).
+* Each replica reports a snapshot (requests, KV pages, metrics) to a named actor every
+  ``REPORT_S``; ``/health`` lists the replicas and ``/metrics`` labels each replica's numbers
+  with ``replica`` (pyserver/metrics.py).
+
+Ray is an optional dependency (``pip install 'wick-llm[ray]'``); this module imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import logging
+import signal
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import ray
+from ray import serve
+from ray.serve.request_router import FIFOMixin, RequestRouter
+
+from ..engine.errors import WickError
+from .app import ModelPool
+
+log = logging.getLogger("wick")
+
+APP = "wick"
+REGISTRY = "wick-replica-registry"
+REPORT_S = 0.5  # how often a replica reports its snapshot
+STALE_S = 10.0  # a replica silent this long is left out of /health and /metrics
+BLOCK_CHARS = 64  # prefix-routing granularity (characters of the prompt's text)
+MAX_BLOCKS_PER_REPLICA = 100_000  # digests remembered per replica (oldest forgotten first)
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+def prompt_digests(body: Any) -> list[bytes]:
+    """Chained digests of the prompt's text in blocks of BLOCK_CHARS (whole blocks only): two
+    requests share the first k digests exactly when their first k blocks are equal."""
+    if not isinstance(body, dict):
+        return []
+    if isinstance(body.get("messages"), list):
+        text = "".join(f"<{m.get('role')}>{m.get('content')}" if isinstance(m, dict) else str(m)
+                       for m in body["messages"])
+    else:
+        text = str(body.get("prompt", ""))
+    digests, h = [], b""
+    for i in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
+        h = hashlib.blake2b(h + text[i:i + BLOCK_CHARS].encode(), digest_size=12).digest()
+        digests.append(h)
+    return digests
+
+
+def _request_body(pending_request) -> Any:
+    """The body of a ``create(model, kind, body)`` call (None for other calls)."""
+    if pending_request is None or len(pending_request.args) < 3:
+        return None
+    return pending_request.args[2]
+
+
+class PrefixAwareRouter(FIFOMixin, RequestRouter):
+    """The replica holding the longest share of the prompt, else the least loaded."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._held: dict[Any, OrderedDict[bytes, None]] = {}
+
+    def _matched(self, replica_id: Any, digests: list[bytes]) -> int:
+        held = self._held.get(replica_id)
+        n = 0
+        while held is not None and n < len(digests) and digests[n] in held:
+            n += 1
+        return n
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        digests = prompt_digests(_request_body(pending_request))
+        best, best_n = None, 0
+        for replica in candidate_replicas:
+            n = self._matched(replica.replica_id, digests)
+            if n > best_n:
+                best, best_n = replica, n
+        if best is None:  # nothing shared: one rank, Ray picks the shortest queue in it
+            return [list(candidate_replicas)]
+        return [[best], [r for r in candidate_replicas if r is not best]]
+
+    def on_request_routed(self, pending_request, replica_id, result) -> None:
+        digests = prompt_digests(_request_body(pending_request))
+        if not digests:
+            return
+        held = self._held.setdefault(replica_id, OrderedDict())
+        for d in digests:
+            held[d] = None
+            held.move_to_end(d)
+        while len(held) > MAX_BLOCKS_PER_REPLICA:
+            held.popitem(last=False)
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._held.pop(replica_id, None)
+
+
+# ----------------------------------------------------------------------------- replicas
+
+
+@ray.remote(num_cpus=0)
+class ReplicaRegistry:
+    """Each replica's latest snapshot (a named actor: the replicas write, the server reads)."""
+
+    def __init__(self) -> None:
+        self._snapshots: dict[str, tuple[float, dict]] = {}
+
+    def put(self, replica: str, snapshot: dict) -> None:
+        self._snapshots[replica] = (time.time(), snapshot)
+
+    def remove(self, replica: str) -> None:
+        self._snapshots.pop(replica, None)
+
+    def snapshots(self) -> dict[str, dict]:
+        now = time.time()
+        return {r: s for r, (t, s) in self._snapshots.items() if now - t < STALE_S}
+
+
+def _error_data(e: WickError) -> dict:
+    return {"__wick_error__": {"message": e.message, "type": e.type, "param": e.param,
+                               "code": e.code, "status": e.status, "class": type(e).__name__}}
+
+
+def _raise_if_error(data: Any) -> None:
+    if isinstance(data, dict) and "__wick_error__" in data:
+        e = data["__wick_error__"]
+        raise WickError(e["message"], param=e["param"], code=e["code"], type=e["type"],
+                        status=e["status"])
+
+
+def core_snapshot(core) -> dict:
+    """What /health and /metrics read of an engine core, as plain data (copied on the
+    engine's own thread's terms: a counter may move while it is read, as in one server)."""
+    running, waiting = core.requests_by_state()
+    for _ in range(3):  # (a dict the engine grows meanwhile: copy again)
+        try:
+            metrics = copy.deepcopy(core.metrics)
+            break
+        except RuntimeError:
+            continue
+    return {"info": core.info, "running": running, "waiting": waiting,
+            "unfinished": core.num_unfinished(), "num_pages": core.kv.num_pages,
+            "free_pages": core.kv.free_pages, "cached_pages": core.kv.cached_pages,
+            "speculation": core.stats.speculation(), "metrics": metrics,
+            "max_batch_size": core.scheduler.max_batch_size,
+            "max_total_tokens": core.max_total_tokens}
+
+
+def engine_snapshot(engine) -> dict:
+    """core_snapshot, and where the engine's artifact is and what it runs on."""
+    return {**core_snapshot(engine.core), "artifact_dir": str(engine.artifact_dir),
+            "device_name": getattr(engine, "device_name", "?")}
+
+
+class EngineReplica:
+    """One replica: the served models' engines, named as a single server names them."""
+
+    def __init__(self, models: list[str], engine_options: dict) -> None:
+        from .app import ModelPool
+        from .local import AsyncEngine
+
+        self.pool = ModelPool.of(*[AsyncEngine(m, **engine_options) for m in models])
+        context = serve.get_replica_context()
+        self.replica = context.replica_id.unique_id
+        self._registry = ray.get_actor(REGISTRY, namespace=APP)
+        self._stop = threading.Event()
+        threading.Thread(target=self._report, name="wick-report", daemon=True).start()
+
+    def _report(self) -> None:
+        while not self._stop.wait(REPORT_S):
+            try:
+                snapshot = {name: engine_snapshot(e) for name, e in self.pool.engines.items()}
+                ray.get(self._registry.put.remote(self.replica, snapshot))
+            except Exception as e:  # noqa: BLE001 - reported, then tried again
+                log.warning("replica %s could not report: %s", self.replica, e)
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)  # (None: the constructor failed)
+        if stop is not None:
+            stop.set()
+
+    async def info(self) -> dict:
+        return {name: engine_snapshot(e) for name, e in self.pool.engines.items()}
+
+    async def create(self, model: str, kind: str, body: dict) -> AsyncIterator[dict]:
+        """A completion's chunks (stream) or its one reply, as dicts; an error as data."""
+        try:
+            engine = self.pool.select(model)
+            endpoint = engine.chat.completions if kind == "chat" else engine.completions
+            result = await endpoint.create(**body)
+        except WickError as e:
+            yield _error_data(e)
+            return
+        if body.get("stream") is not True:
+            yield result.to_dict()
+            return
+        try:
+            async for chunk in result:
+                yield chunk.to_dict()
+        except WickError as e:
+            yield _error_data(e)
+        finally:
+            await result.aclose()  # (cancelled: the client left; the request is aborted)
+
+    async def embed(self, model: str, body: dict) -> dict:
+        try:
+            return (await self.pool.select(model).embeddings.create(**body)).to_dict()
+        except WickError as e:
+            return _error_data(e)
+
+    async def tokens(self, model: str, work: str, body: Any) -> dict:
+        try:
+            engine = self.pool.select(model)
+            fn = engine.tokenize if work == "tokenize" else engine.detokenize
+            return await engine.prepare_off_loop(lambda: fn(body))
+        except WickError as e:
+            return _error_data(e)
+
+
+# ----------------------------------------------------------------------------- the server's side
+
+
+class _Data:
+    """A reply dict read like the engine's protocol objects (missing fields are None)."""
+
+    def __init__(self, data: Any) -> None:
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        value = self._data.get(name) if isinstance(self._data, dict) else None
+        if isinstance(value, dict):
+            return _Data(value)
+        if isinstance(value, list):
+            return [_Data(v) if isinstance(v, dict) else v for v in value]
+        return value
+
+    def to_dict(self) -> Any:
+        return self._data
+
+
+class _RemoteStream:
+    """A replica's chunk stream; ``aclose`` cancels it there (the engine aborts the request)."""
+
+    def __init__(self, first: dict, rest) -> None:
+        self._first: dict | None = first
+        self._rest = rest
+
+    def __aiter__(self) -> _RemoteStream:
+        return self
+
+    async def __anext__(self) -> _Data:
+        if self._first is not None:
+            data, self._first = self._first, None
+        else:
+            data = await self._rest.__anext__()
+        _raise_if_error(data)
+        return _Data(data)
+
+    async def aclose(self) -> None:
+        self._rest.cancel()
+
+
+class _Stats:
+    def __init__(self, speculation: Any) -> None:
+        self._speculation = speculation
+
+    def speculation(self) -> Any:
+        return self._speculation
+
+
+SUMMED = ("running", "waiting", "unfinished", "num_pages", "free_pages", "cached_pages")
+
+
+@dataclass
+class ReplicaCore:
+    """An engine core as /health and /metrics read one, from a replica's snapshot (or the
+    sum of all replicas': ``combined``)."""
+
+    snap: dict
+
+    @classmethod
+    def combined(cls, cores: list[ReplicaCore]) -> ReplicaCore:
+        """Requests and KV pages summed over ``cores``; the rest (info, limits, metrics,
+        speculation) the first one's."""
+        snap = dict(cores[0].snap)
+        for key in SUMMED:
+            snap[key] = sum(c.snap[key] for c in cores)
+        return cls(snap)
+
+    @property
+    def info(self):
+        return self.snap["info"]
+
+    @property
+    def metrics(self):
+        return self.snap["metrics"]
+
+    @property
+    def kv(self):
+        return _Data({k: self.snap[k] for k in ("num_pages", "free_pages", "cached_pages")})
+
+    @property
+    def stats(self) -> _Stats:
+        return _Stats(self.snap["speculation"])
+
+    @property
+    def scheduler(self):
+        return _Data({"max_batch_size": self.snap["max_batch_size"]})
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.snap["max_total_tokens"]
+
+    draft = None  # (a draft model's artifact is not hosted for browsers from replicas)
+
+    def requests_by_state(self) -> tuple[int, int]:
+        return self.snap["running"], self.snap["waiting"]
+
+    def num_unfinished(self) -> int:
+        return self.snap["unfinished"]
+
+    def has_unfinished(self) -> bool:
+        return self.snap["unfinished"] > 0
+
+
+class _Endpoint:
+    def __init__(self, engine: RemoteEngine, kind: str) -> None:
+        self._engine, self._kind = engine, kind
+
+    async def create(self, **body: Any) -> Any:
+        return await self._engine.create(self._kind, body)
+
+
+@dataclass
+class RemoteEngine:
+    """One served model on the deployment's replicas, in the shape app.py serves."""
+
+    handle: Any
+    name: str
+    replicas: dict[str, ReplicaCore] = field(default_factory=dict)  # replica id -> its core
+
+    def __post_init__(self) -> None:
+        self.chat = type("Chat", (), {})()
+        self.chat.completions = _Endpoint(self, "chat")
+        self.completions = _Endpoint(self, "completion")
+        self.embeddings = type("Embeddings", (), {})()
+        self.embeddings.create = self._embed
+
+    @property
+    def core(self) -> ReplicaCore:
+        """All replicas as one core: requests and pages summed, the model's info and limits."""
+        return ReplicaCore.combined(list(self.replicas.values()))
+
+    async def create(self, kind: str, body: dict) -> Any:
+        stream = self.handle.options(stream=True).create.remote(self.name, kind, body)
+        try:
+            first = await stream.__anext__()
+            _raise_if_error(first)
+        except BaseException:
+            stream.cancel()
+            raise
+        if body.get("stream") is True:
+            return _RemoteStream(first, stream)
+        stream.cancel()
+        return _Data(first)
+
+    async def _embed(self, **body: Any) -> _Data:
+        data = await self.handle.embed.remote(self.name, body)
+        _raise_if_error(data)
+        return _Data(data)
+
+    def tokenize(self, body: Any) -> dict:
+        return self._tokens("tokenize", body)
+
+    def detokenize(self, body: Any) -> dict:
+        return self._tokens("detokenize", body)
+
+    def _tokens(self, work: str, body: Any) -> dict:
+        data = self.handle.tokens.remote(self.name, work, body).result()
+        _raise_if_error(data)
+        return data
+
+    @property
+    def artifact_dir(self):
+        """The artifact's directory on the replicas' machine (hosted for browsers when it is
+        this one's: a local Ray cluster)."""
+        from pathlib import Path
+
+        return Path(self.core.snap["artifact_dir"])
+
+    @property
+    def device_name(self) -> str:
+        return f"{len(self.replicas)} replicas on {self.core.snap['device_name']}"
+
+    software_notice = None
+
+    async def prepare_off_loop(self, prepare):
+        return await asyncio.to_thread(prepare)
+
+    def abort_all(self, error: Exception) -> None:
+        """(At shutdown: the server's own streams end as it stops, and each one's end cancels
+        its call in the replica, which aborts the request there.)"""
+
+    async def aclose(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- the pool
+
+
+@contextlib.contextmanager
+def _signals_kept():
+    """The process's SIGTERM/SIGINT handling as it was before Ray started: Ray's core worker
+    installs a failure handler that aborts the process on SIGTERM, where `wick serve` shuts
+    down gracefully (running requests finish, Ray is stopped). Only the main thread can set
+    signal handlers (`wick serve`'s server loop runs there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+@dataclass
+class ReplicaPool(ModelPool):
+    """The served models on a Ray Serve deployment's replicas (``ModelPool``'s names and
+    errors): ``load`` starts Ray (or joins ``replicas.address``) and the deployment, then keeps
+    every replica's snapshot fresh for /health and /metrics; ``aclose`` deletes the deployment
+    and stops the Ray it started."""
+
+    models: list[str] = field(default_factory=list)
+    engine_options: dict = field(default_factory=dict)
+    scaling: Any = None  # replicas.Replicas: a count, or autoscaling bounds
+    handle: Any = None
+    _started_ray: bool = False
+    _refresher: Any = None
+    _registry: Any = None
+    _ray_owner: Any = None
+    _ray_owner_stop: Any = None
+
+    def __post_init__(self) -> None:
+        # (the app's lifespan loads a pool that has loaders: here the models' labels, which
+        # load() deploys together)
+        self.loaders = [(model, None) for model in self.models]
+
+    def _start_ray(self) -> None:
+        """``ray.init`` on a thread that lives until ``aclose``: Ray starts its local cluster's
+        processes with a parent-death signal, which Linux sends when the starting *thread*
+        ends (a load's short-lived thread would take the cluster down with it)."""
+        started: list[BaseException | None] = []
+        ready = threading.Event()
+        self._ray_owner_stop = threading.Event()
+
+        def own() -> None:
+            try:
+                ray.init(address=self.scaling.address, namespace=APP, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+                started.append(None)
+            except BaseException as e:  # noqa: BLE001 - raised on the deploying thread
+                started.append(e)
+            ready.set()
+            if started[0] is None:
+                self._ray_owner_stop.wait()
+
+        self._ray_owner = threading.Thread(target=own, name="wick-ray", daemon=True)
+        self._ray_owner.start()
+        ready.wait()
+        if started[0] is not None:
+            raise started[0]
+
+    def _deploy(self) -> Any:
+        from ray.serve.config import RequestRouterConfig
+
+        if not ray.is_initialized():
+            self._started_ray = self.scaling.address is None
+            self._start_ray()
+        # (held here: a named actor lives as long as a handle to it, or its creator, does)
+        self._registry = ReplicaRegistry.options(name=REGISTRY, namespace=APP,
+                                                 get_if_exists=True).remote()
+        serve.start(http_options={"location": "NoServer"})
+        routing = {} if self.scaling.router == "least-loaded" else {
+            "request_router_config": RequestRouterConfig(request_router_class=PrefixAwareRouter)}
+        deployment = serve.deployment(name="engines")(EngineReplica).options(
+            ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
+            **routing, **self.scaling.deployment_options())
+        handle = serve.run(deployment.bind(self.models, self.engine_options), name=APP,
+                           route_prefix=None, blocking=False)
+        # the handle's router is made on its first call, with blocking calls to Ray: here, off
+        # the server's event loop; then one replica's account of the models (all serve all)
+        return handle, handle.info.remote().result()
+
+    async def load(self) -> None:
+        from .app import _in_daemon_thread
+
+        try:
+            self.loading = ", ".join(self.models)
+            with _signals_kept():
+                self.handle, info = await _in_daemon_thread(self._deploy)
+            for name, snap in info.items():
+                engine = RemoteEngine(self.handle, name, {"": ReplicaCore(snap)})
+                self.add(engine)
+                if self.on_loaded is not None:
+                    self.on_loaded(name, engine)
+            for label in self.models:  # (the names the models were served by work too)
+                if label not in self._aliases and len(info) == len(self.models):
+                    self._aliases[label] = list(info)[self.models.index(label)]
+            await self._refresh()
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
+            self.state, self.loading = "ready", None
+        except Exception as e:  # noqa: BLE001 - reported through /health and the log
+            self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+            log.error("starting the replicas failed: %s", self.error)
+            if self.on_failed is not None:
+                self.on_failed(e)
+
+    async def _refresh(self) -> None:
+        # (a blocking get on a thread: an ObjectRef awaited on this server's loop never
+        # resolved here, the loop not being one Ray made)
+        snapshots = await asyncio.to_thread(ray.get, self._registry.snapshots.remote(),
+                                            timeout=30)
+        for name, engine in self.engines.items():
+            cores = {replica: ReplicaCore(snap[name]) for replica, snap in sorted(snapshots.items())
+                     if name in snap}
+            if cores:
+                engine.replicas = cores
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REPORT_S)
+            try:
+                await self._refresh()
+            except Exception as e:  # noqa: BLE001 - the last snapshots stay; said once a cycle
+                log.warning("could not read the replicas' state: %s", e)
+
+    def cores(self) -> list[tuple[str, str | None, Any]]:
+        return [(name, replica, core) for name, e in self.engines.items()
+                for replica, core in e.replicas.items()]
+
+    def replicas(self) -> dict[str, Any]:  # type: ignore[override]
+        from .app import engine_health
+
+        out: dict[str, Any] = {}
+        for name, e in self.engines.items():
+            for replica, core in e.replicas.items():
+                out.setdefault(replica, {})[name] = engine_health(core)
+        return out
+
+    async def aclose(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+        if self.handle is None and not self._started_ray:
+            return
+
+        def stop() -> None:
+            try:
+                serve.delete(APP)
+                if self._started_ray:
+                    serve.shutdown()
+            finally:
+                if self._started_ray:
+                    ray.shutdown()
+                    self._ray_owner_stop.set()
+
+        await asyncio.to_thread(stop)

@@ -1,0 +1,160 @@
+"""``wick serve --replicas``: the tiny model on two Ray Serve replicas behind one server (one local
+Ray cluster for the module): greedy parity with one engine, concurrent streams on both replicas,
+prefix-aware routing (a shared prompt goes where its pages are cached), a disconnect aborting the
+request in its replica, /health and /metrics per replica, the API key, and no Ray left behind."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+
+from openai import OpenAI  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from wick.server.replicas import Replicas  # noqa: E402
+from wick.server.serve import serving_app  # noqa: E402
+
+from .conftest import LiveServer  # noqa: E402
+
+KEY = "sk-replicas"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# (the tiny model's window is 128 tokens: a system prompt of ~80, three pages of it cacheable)
+SYSTEM = "You are a careful assistant for a shipping company: answer in one line, name the port."
+
+
+@pytest.fixture(scope="module")
+def replicated(tiny_a):
+    import ray
+
+    app = serving_app([str(tiny_a)], api_key=KEY, browser_variants=False,
+                      replicas=Replicas(fixed=2))
+    live = LiveServer(app)
+    live.wait_ready(timeout=300)
+    deadline = time.monotonic() + 60  # (both replicas' first reports)
+    while len(live.pool.replicas()) < 2:
+        assert time.monotonic() < deadline, live.pool.replicas()
+        time.sleep(0.2)
+    yield live
+    live.stop()
+    assert not ray.is_initialized()  # wick serve stopped the Ray it started
+
+
+def client(live) -> OpenAI:
+    return OpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0)
+
+
+def settled_health(live) -> dict:
+    time.sleep(1.5)  # (replicas report every 0.5 s)
+    return httpx.get(f"{live.url}/health").json()
+
+
+def test_greedy_parity_with_one_engine(replicated, tiny_a):
+    from wick.server.local import Engine
+
+    want = Engine(str(tiny_a)).chat.completions.create(
+        messages=[{"role": "user", "content": "count with me"}], max_tokens=12,
+        temperature=0).choices[0].message.content
+    c = client(replicated)
+    model = c.models.list().data[0].id
+    for _ in range(2):
+        got = c.chat.completions.create(model=model, messages=[
+            {"role": "user", "content": "count with me"}], max_tokens=12, temperature=0)
+        assert got.choices[0].message.content == want
+
+
+def test_concurrent_streams_complete_on_both_replicas(replicated):
+    c = client(replicated)
+    model = c.models.list().data[0].id
+
+    def stream(i: int) -> tuple[int, str]:
+        chunks = c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"request {i}: a new topic"}],
+            max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True})
+        text, usage = "", None
+        for chunk in chunks:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            usage = chunk.usage or usage
+        return usage.completion_tokens, text
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(stream, range(32)))
+    assert all(n == 8 for n, _ in results)
+    health = settled_health(replicated)
+    served = {r: next(iter(models.values())) for r, models in health["replicas"].items()}
+    assert len(served) == 2
+    families = metric_families(replicated)
+    prompts = {s.labels["replica"]: s.value for s in families["wick:prompt_tokens"].samples
+               if s.name.endswith("_total")}
+    assert len(prompts) == 2 and all(v > 0 for v in prompts.values()), prompts
+    for replica, state in served.items():  # idle again: every page free or cached
+        assert state["kv_pages_free"] + state["kv_pages_cached"] == state["kv_pages"], replica
+
+
+def test_shared_prefix_stays_on_one_replica(replicated):
+    c = client(replicated)
+    model = c.models.list().data[0].id
+    cached = []
+    for i in range(4):
+        r = c.chat.completions.create(model=model, messages=[
+            {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"order {i}?"}],
+            max_tokens=2, temperature=0)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+    # the first computes the system prompt's pages; every later one finds them on its replica
+    assert cached[0] == 0 or cached[0] is None
+    assert all(n and n >= 48 for n in cached[1:]), cached
+
+
+def test_disconnect_aborts_in_the_replica(replicated):
+    c = client(replicated)
+    model = c.models.list().data[0].id
+    before = abort_count(replicated)
+    with httpx.stream("POST", f"{replicated.url}/v1/chat/completions", headers=AUTH, json={
+            "model": model, "messages": [{"role": "user", "content": "go on and on"}],
+            "max_tokens": 80, "ignore_eos": True, "stream": True, "temperature": 0}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while abort_count(replicated) <= before:
+        assert time.monotonic() < deadline, "the replica did not abort the request"
+        time.sleep(0.3)
+    health = settled_health(replicated)
+    for models in health["replicas"].values():
+        state = next(iter(models.values()))
+        assert state["requests"] == 0
+        assert state["kv_pages_free"] + state["kv_pages_cached"] == state["kv_pages"]
+
+
+def test_errors_and_api_key_through_the_router(replicated):
+    r = httpx.post(f"{replicated.url}/v1/chat/completions", json={"messages": HELLO_BAD})
+    assert r.status_code == 401
+    r = httpx.post(f"{replicated.url}/v1/chat/completions", headers=AUTH,
+                   json={"messages": [{"role": "user", "content": "hi"}], "temperature": 7})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
+    r = httpx.post(f"{replicated.url}/tokenize", headers=AUTH, json={"prompt": "hello"})
+    assert r.status_code == 200 and r.json()["count"] == len(r.json()["tokens"]) > 0
+
+
+HELLO_BAD = [{"role": "user", "content": "no key"}]
+
+
+def metric_families(live) -> dict:
+    text = httpx.get(f"{live.url}/metrics", headers=AUTH).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def abort_count(live) -> float:
+    time.sleep(0.6)
+    fam = metric_families(live)["wick:request_success"]
+    return sum(s.value for s in fam.samples
+               if s.name.endswith("_total") and s.labels["finished_reason"] == "abort")
