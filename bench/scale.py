@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,18 +34,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import percentile  # noqa: E402
+from serve import free_port, percentile  # noqa: E402
 
 SYSTEM = ("You are the support assistant of a regional rail company. You answer questions "
           "about timetables, tickets, refunds, bicycles on trains, accessibility and delays. "
           "Be brief and precise, quote the rule you apply, and say when a passenger should "
           "call the service desk instead. ") * 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def chat(client: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int

@@ -38,7 +38,7 @@ from typing import Any, AsyncIterator
 
 import ray
 from ray import serve
-from ray.serve.request_router import FIFOMixin, RequestRouter
+from ray.serve.request_router import RequestRouter
 
 from ..engine.errors import WickError
 from .app import ModelPool
@@ -75,13 +75,16 @@ def prompt_digests(body: Any) -> list[bytes]:
 
 def _request_body(pending_request) -> Any:
     """The body of a ``create(model, kind, body)`` call (None for other calls)."""
-    if pending_request is None or len(pending_request.args) < 3:
+    if pending_request is None or len(pending_request.args) < 3 or \
+            getattr(pending_request.metadata, "call_method", "create") != "create":
         return None
     return pending_request.args[2]
 
 
-class PrefixAwareRouter(FIFOMixin, RequestRouter):
-    """The replica holding the longest share of the prompt, else the least loaded."""
+class PrefixAwareRouter(RequestRouter):
+    """The replica holding the longest share of the prompt, else the least loaded. (Not FIFO:
+    Ray's FIFOMixin hands a replica chosen for one request to the oldest one waiting, which
+    would send a prompt to another prompt's replica under load.)"""
 
     def initialize_state(self, **kwargs: Any) -> None:
         self._held: dict[Any, OrderedDict[bytes, None]] = {}
@@ -114,6 +117,12 @@ class PrefixAwareRouter(FIFOMixin, RequestRouter):
             held.move_to_end(d)
         while len(held) > MAX_BLOCKS_PER_REPLICA:
             held.popitem(last=False)
+
+    def update_replicas(self, replicas) -> None:
+        super().update_replicas(replicas)
+        live = {r.replica_id for r in replicas}
+        for gone in [r for r in self._held if r not in live]:  # (scaled down)
+            del self._held[gone]
 
     def on_replica_actor_died(self, replica_id) -> None:
         super().on_replica_actor_died(replica_id)
@@ -157,6 +166,7 @@ def core_snapshot(core) -> dict:
     """What /health and /metrics read of an engine core, as plain data (copied on the
     engine's own thread's terms: a counter may move while it is read, as in one server)."""
     running, waiting = core.requests_by_state()
+    metrics = core.metrics
     for _ in range(3):  # (a dict the engine grows meanwhile: copy again)
         try:
             metrics = copy.deepcopy(core.metrics)
@@ -482,8 +492,10 @@ class ReplicaPool(ModelPool):
 
         def own() -> None:
             try:
-                ray.init(address=self.scaling.address, namespace=APP, include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
+                # ("local": a new cluster of our own, never one that RAY_ADDRESS or another
+                # process left running, whose Serve apps aclose would stop)
+                ray.init(address=self.scaling.address or "local", namespace=APP,
+                         include_dashboard=False, log_to_driver=False, configure_logging=False)
                 started.append(None)
             except BaseException as e:  # noqa: BLE001 - raised on the deploying thread
                 started.append(e)
