@@ -29,10 +29,12 @@ WRITE_TIMEOUT_S = 60.0  # a client that reads none of its response for this long
 
 
 def guarded_protocol(header_timeout: float, write_timeout: float) -> type:
-    """The uvicorn protocol class (``uvicorn.Config(http=...)``) with these deadlines."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    """The uvicorn protocol class (``uvicorn.Config(http=...)``) with these deadlines: h11's,
+    always (with httptools installed, as ``uvicorn[standard]`` installs it for Ray Serve,
+    uvicorn's ``auto`` would pick that parser, which takes what h11 refuses: two Host headers)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class GuardedHTTP(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    class GuardedHTTP(H11Protocol):  # type: ignore[misc, valid-type]
         _deadline: asyncio.TimerHandle | None = None
         _write_deadline: asyncio.TimerHandle | None = None
 

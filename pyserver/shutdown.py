@@ -62,4 +62,7 @@ def GracefulServer(app: Any, shutdown: Shutdown, grace: float,  # noqa: N802
 
     return _Server(uvicorn.Config(app, log_level=log_level, access_log=False, log_config=None,
                                   timeout_graceful_shutdown=grace + 5,
+                                  # (asyncio's loop whatever is installed: uvloop comes with
+                                  # uvicorn[standard], which Ray Serve installs)
+                                  loop="asyncio",
                                   http=guarded_protocol(header_timeout, write_timeout)))
