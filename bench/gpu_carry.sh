@@ -9,8 +9,32 @@
 # then, on the GPU machine (the `run` tool, carrying build/gpu):
 #   bash bench/gpu_device.sh parity                  # CUDA and Vulkan against lavapipe's outputs
 #   bash bench/gpu_device.sh bench [bench/gpu.py options]
+#
+#   bash bench/gpu_carry.sh embed     # issue #29's part alone: build/gpu/embed (~30 MiB, by
+#                                     # bench/gpu_embed.py record), for `gpu_session.sh embed`
+# Either way the script ends by packing what it built beside the wheels and debs (artifacts,
+# references, kernel sources: mostly text, ~10x smaller in xz) into build/gpu/pack.tar.xz, which
+# bench/gpu_session.sh unpacks on the GPU machine: a run carries build/gpu/wheels,
+# build/gpu/gl and build/gpu/pack.tar.xz (~50 MiB with the embeddings part, under the 64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+pack() {  # everything in build/gpu but the wheels and debs, as one xz tarball
+  local out=$1
+  (cd "$out" && ls | grep -v -x -e wheels -e gl -e pack.tar.xz |
+    tar cf - -T - | xz -T0 -6 > pack.tar.xz)
+  du -sh "$out/pack.tar.xz" "$out/wheels" "$out/gl" 2>/dev/null || true
+}
+if [ "${1:-}" = embed ]; then  # (rebuilt every time: the kernels of this checkout's compiler)
+  out=${WICK_GPU_CARRY:-build/gpu}
+  rm -rf "$out/embed"
+  .venv/bin/python bench/gpu_embed.py record --out "$out/embed"
+  [ -d "$out/wheels" ] && [ -d "$out/gl" ] ||
+    echo "note: build/gpu/wheels and gl are missing: run bash bench/gpu_carry.sh once" >&2
+  du -sh "$out/embed"
+  pack "$out"
+  exit 0
+fi
 config=${1:-bench/configs/llama-3-8b.json}
 pyver=${2:-3.12}
 out=${WICK_GPU_CARRY:-build/gpu}
@@ -19,6 +43,8 @@ py=.venv/bin/python
 "$py" bench/gpu.py --config "$config" --compile-only --artifacts "$out"
 # the parity references: tiny and SmolLM2-shaped artifacts, their outputs on lavapipe
 "$py" bench/gpu_parity.py record --artifacts "$out/parity"
+# the decode GEMV's CUDA schedules, side by side (bench/gpu_gemv.py)
+"$py" bench/gpu_gemv.py build --config "$config" --out "$out/gemv"
 
 # the versions this checkout runs with (wgpu and xgrammar are pinned in pyproject/setup.sh)
 pins=$("$py" - <<'PY'
@@ -38,4 +64,4 @@ rm -rf "$out/wheels" && mkdir -p "$out/wheels"
 rm -rf "$out"/libvulkan1_*.deb "$out/gl" && mkdir -p "$out/gl"
 (cd "$out/gl" && apt-get download -q libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 \
   libgles2 >/dev/null) || { echo "error: apt-get download of the Vulkan/GL debs failed" >&2; exit 1; }
-du -sh "$out"
+pack "$out"

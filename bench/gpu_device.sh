@@ -8,6 +8,8 @@
 #   bash bench/gpu_device.sh bench [bench/gpu.py options, e.g. --quant q4f16_1 --backends cuda]
 #   bash bench/gpu_device.sh profile ARTIFACT [bench/gpu_profile.py options]
 #   bash bench/gpu_device.sh ncu KERNEL_REGEX ARTIFACT [bench/gpu_profile.py options]
+#   bash bench/gpu_device.sh embed [bench/gpu_embed.py check options]   # build/gpu/embed
+#   bash bench/gpu_device.sh gemv [bench/gpu_gemv.py run options]        # build/gpu/gemv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=${WICK_GPU_CARRY:-build/gpu}
@@ -18,10 +20,10 @@ if [ ! -d "$site" ]; then
 fi
 if [ ! -e "$vk" ]; then  # the loader and GL dispatch libraries, once per machine
   if [ "$(id -u)" = 0 ]; then
-    for f in "$carry"/gl/*.deb; do dpkg-deb -x "$f" /; done
+    for f in "$carry"/gl/*.deb; do [ -e "$f" ] && dpkg-deb -x "$f" /; done
     ldconfig
   else
-    for f in "$carry"/gl/*.deb; do dpkg-deb -x "$f" "$vk"; done
+    for f in "$carry"/gl/*.deb; do [ -e "$f" ] && dpkg-deb -x "$f" "$vk"; done
   fi
   mkdir -p "$vk"
 fi
@@ -41,6 +43,12 @@ mode=${1:-bench}
 shift || true
 if [ "$mode" = parity ]; then
   exec python3 bench/gpu_parity.py check --artifacts "$carry/parity" "$@"
+fi
+if [ "$mode" = gemv ]; then  # issue #28: the batched decode GEMV's CUDA schedules
+  exec python3 bench/gpu_gemv.py run --dir "$carry/gemv" "$@"
+fi
+if [ "$mode" = embed ]; then  # issue #29: all-MiniLM-L6-v2 on CUDA, correctness and speed
+  exec python3 bench/gpu_embed.py check --artifacts "$carry/embed" "$@"
 fi
 if [ "$mode" = profile ]; then
   exec python3 bench/gpu_profile.py "$@"

@@ -4,18 +4,25 @@
 # decode step on CUDA. Each stage has its own time limit, so one that fails or hangs leaves the
 # others their time; everything is written under $OUT (at most 8 files come back).
 #
-#   (here)   bash bench/gpu_carry.sh && git commit ...
-#   (device) WICK_COMMIT=<sha> bash bench/gpu_session.sh [stage ...]     # carry: build/gpu
+#   (here)   bash bench/gpu_carry.sh [&& bash bench/gpu_carry.sh embed] && git commit ...
+#   (device) WICK_COMMIT=<sha> bash bench/gpu_session.sh [stage ...]
+#            # carry: build/gpu/wheels build/gpu/gl build/gpu/pack.tar.xz (unpacked here first)
 #
-# Stages (default: all, in this order): env parity q4 profile q0; ncu (not by default: Nsight
+# Stages (default: all, in this order): env parity q4 profile q0. Not by default: ncu (Nsight
 # Compute's counters for the decode step's attention and batched GEMV, where a kernel's time
-# alone does not say why it is slow).
+# alone does not say why it is slow), gemv (bench/gpu_gemv.py: the batched GEMV's schedules side
+# by side), embed (bench/gpu_embed.py: all-MiniLM-L6-v2 on CUDA, issue #29).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/wick-gpu-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 log="$out/session.log"
+if [ -f build/gpu/pack.tar.xz ]; then  # (bench/gpu_carry.sh packs the artifacts: unpack once)
+  [ -e build/gpu/.unpacked ] || { python3 -c 'import sys, tarfile
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' build/gpu/pack.tar.xz build/gpu &&
+    touch build/gpu/.unpacked; }
+fi
 stages=${*:-env parity q4 profile q0}
 
 stage() {  # NAME SECONDS COMMAND...
@@ -44,6 +51,10 @@ for s in $stages; do
           "^decode_(batch_prefill_paged_kv|dequantize_matmul2)_kernel$" \
           build/gpu/llama-3-8b-q4f16_1 \
           --batch 8 ;;
+    gemv) stage gemv "${T_GEMV:-150}" bash bench/gpu_device.sh gemv \
+          --json "$out/gpu-gemv.json" ;;
+    embed) stage embed "${T_EMBED:-150}" bash bench/gpu_device.sh embed \
+          --json "$out/gpu-embed.json" ;;  # (not by default; carry build/gpu/{embed,wheels,gl})
     *) echo "unknown stage $s" | tee -a "$log" ;;
   esac
 done

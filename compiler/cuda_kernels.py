@@ -36,6 +36,34 @@ def cuda_target(arch: str = CUDA_ARCH) -> tvm.target.Target:
                              host={"kind": "llvm"})
 
 
+def cuda_schedule_rules(schedule: str) -> list:
+    """``schedule_rules(schedule)`` for CUDA: the same rules, with dlight's tiled matmul kept
+    on CUDA cores (``SimtMatmul``)."""
+    from tvm.s_tir import dlight as dl
+
+    return [SimtMatmul() if type(rule) is dl.gpu.Matmul else rule
+            for rule in schedule_rules(schedule)]
+
+
+def _simt_matmul():
+    from tvm.s_tir import dlight as dl
+
+    class SimtMatmul(dl.gpu.Matmul):
+        """dlight's tiled matmul with CUDA's tiles but not its tensor-core path: that path's
+        Tensorize crashes TVM (a segfault, not an error) on the model's dequantize-matmuls,
+        so the rule is shown an architecture without tensor cores; the kernels are built for
+        the real one."""
+
+        def apply(self, func, target, tunable):
+            return super().apply(func, cuda_target("sm_60"), tunable)
+
+    return SimtMatmul
+
+
+def SimtMatmul():  # noqa: N802 - (a rule instance, as dlight's are made)
+    return _simt_matmul()()
+
+
 @dataclass
 class CudaSet:
     """One lowering's CUDA kernels (device functions by name) and TIR functions' launches."""
@@ -52,7 +80,7 @@ def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimF
     target = cuda_target()
     funcs = {gv: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()}
     with target:
-        scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(tvm.IRModule(funcs))
+        scheduled = dl.ApplyDefaultSchedule(*cuda_schedule_rules(schedule))(tvm.IRModule(funcs))
     devices, dmod, hosts = lower_split(scheduled, target)
     out = CudaSet()
     for f in hosts:

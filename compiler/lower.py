@@ -425,8 +425,10 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
     if cpu_twins is not None:
         for gv, f in tir_mod.functions.items():
             cpu_functions[gv.name_hint] = cpu_twins.get(gv.name_hint, f)
-    with target:
-        scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(tir_mod)
+    with target:  # (dlight schedules a module in place: a copy, so that tir_mod stays
+        # unscheduled for the CUDA set, which schedules it for CUDA's threads and warps)
+        scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(
+            tvm.IRModule(dict(tir_mod.functions)))
     kernels, funcs = build_kernels(scheduled, target)
     plans, param_specs = {}, {}
     for gv, f in mod.functions.items():

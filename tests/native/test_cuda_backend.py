@@ -278,3 +278,25 @@ def test_auto_falls_back_when_cuda_cannot_run_the_model(tiny_f16_artifact, monke
     assert "CUDA cannot run" in caplog.text and "sm_80 or newer" in caplog.text
     with pytest.raises(DeviceError, match="sm_80 or newer"):  # asked for by name: the error
         build_core(str(art), backend=CudaBackend(old_gpu), kv_cache_bytes=1 << 20)
+
+
+def test_cuda_set_is_scheduled_for_cuda(tiny_f16_artifact):
+    """The CUDA set's GEMVs and matmuls take dlight's CUDA parameters, not the WebGPU set's:
+    dlight schedules a module in place, and the CUDA set once got the WebGPU schedules (64-thread
+    GEMV blocks, 8x8 matmul tiles) because the WebGPU lowering ran first on the same module."""
+    import re
+
+    m = json.loads((tiny_f16_artifact / "wick-artifact.json").read_text())
+    webgpu_dir = tiny_f16_artifact / "kernels" / "webgpu"
+    differs = {}
+    for k in m["cuda_kernels"]["kernels"]:
+        if "matmul" not in k["name"]:
+            continue
+        wgsl = (webgpu_dir / f"{k['name']}.wgsl").read_text()
+        workgroup = [int(x) for x in re.search(r"@workgroup_size\((\d+), (\d+), (\d+)\)",
+                                               wgsl).groups()]
+        differs[k["name"]] = k["block"] != workgroup
+    assert differs and all(differs.values()), differs
+    blocks = {tuple(k["block"]) for k in m["cuda_kernels"]["kernels"]
+              if k["name"].startswith("decode_") and "matmul" in k["name"]}
+    assert all(x * y * z >= 256 for x, y, z in blocks), blocks  # (WebGPU's: 64)
