@@ -8,11 +8,12 @@ close to a step of one (issue #28's verify steps, batched decode)?
 
 A decode step's dequantize-matmul functions (the model's own TIR, from its decode plan: Llama-3-8B
 shapes, one layer is enough, every shape is there) are scheduled for CUDA by each candidate rule
-(``CANDIDATES``: dlight's LowBatchGEMV padded to 1..16 rows a block, and dlight's tiled Matmul)
+(``CANDIDATES``: dlight's LowBatchGEMV padded to 1..16 rows a block, dlight's tiled Matmul, and
+compiler/cuda_gemv.py's warp GEMV with 1..16 rows a pass, which the decode plans use)
 and written as one CUDA source per candidate with its launches (the artifact's format:
 compiler/cuda_kernels.py). On the GPU each function runs at each batch size on random inputs,
-timed with CUDA events (best of a few reps of 20 launches), and its output is compared with the
-current schedule's (``lowbatch4``, the one the decode plan uses). Printed per function and batch
+timed with CUDA events (best of a few reps of 20 launches), and its output is compared with
+dlight's LowBatchGEMV(4)'s (``lowbatch4``, which passed the parity run). Printed per function and batch
 size: microseconds, the weights' GB/s (every weight byte read once: the roofline a batched GEMV
 can reach) and the ratio to batch 1; the JSON has every figure.
 """
@@ -31,9 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # candidate -> dlight rules for the decode plan's functions (compiler/lower.schedule_rules shape);
 # "webgpu4" is LowBatchGEMV(4) with the WebGPU target's parameters, lowered for CUDA: what the
 # CUDA set ran before dlight's in-place scheduling was noticed (64-thread blocks, no vectors)
+# "warpRxO": compiler/cuda_gemv.py's schedule, R rows a pass, O outputs a warp
 CANDIDATES = ("webgpu4", "lowbatch1", "lowbatch2", "lowbatch4", "lowbatch8", "lowbatch16",
-              "matmul")
-BASELINE = "lowbatch4"  # the decode plan's rule
+              "matmul", "warp1x4", "warp4x4", "warp8x4", "warp8x2", "warp16x2")
+BASELINE = "lowbatch4"  # the reference outputs: dlight's rule, the decode plans' before cuda_gemv
 
 
 def candidate_rules(name: str) -> list:
@@ -92,6 +94,13 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
     from wick.compiler.lower import webgpu_target
 
     target = cuda_target()
+    if name.startswith("warp"):
+        from wick.compiler.cuda_gemv import schedule_batched_gemv
+
+        rows, outputs = (int(v) for v in name.removeprefix("warp").split("x"))
+        funcs = {n: schedule_batched_gemv(f, rows=rows, outputs=outputs) or f
+                 for n, f in funcs.items()}
+        name = "lowbatch4"  # (for any function the schedule does not take)
     with webgpu_target() if name == "webgpu4" else target:
         scheduled = dl.ApplyDefaultSchedule(*candidate_rules(name))(
             tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in funcs.items()}))
@@ -259,7 +268,7 @@ def run(args) -> int:
     directory = Path(args.dir)
     backend = CudaBackend.create("cuda")
     print(f"device: {backend.name}")
-    names = [n for n in CANDIDATES if (directory / f"{n}.json").is_file()]
+    names = [n for n in args.schedules or CANDIDATES if (directory / f"{n}.json").is_file()]
     runners = {}
     for n in names:
         try:
@@ -347,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--dir", default=str(ROOT / "build/gpu/gemv"))
     r.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    r.add_argument("--schedules", nargs="+", choices=CANDIDATES,
+                   help=f"the candidates to run (default: all built; {BASELINE} is the reference)")
     r.add_argument("--json")
     args = p.parse_args(argv)
     if args.mode == "build":

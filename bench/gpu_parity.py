@@ -8,7 +8,9 @@ SmolLM2-135M's shapes with synthetic weights in q0f32 and q4f16_1: its real weig
 one run may carry to that machine), runs each on lavapipe (``--device vulkan``) and writes what
 it computed beside it: the greedy tokens of two prompts decoded together, and the last-position
 logits of the first prompt's prefill. ``check`` runs the same on each backend and compares:
-tokens must match, and logits within 1e-3 (f32) or 3e-2 (f16) of their largest magnitude.
+tokens must match, and logits within 1e-3 (f32) or 3e-2 (f16) of their largest magnitude; and
+on each backend the first prompt decoded alone must give the same logprobs, bit for bit, as
+decoded beside the second (batch invariance: the decode and decode1 plans agree).
 Prints one line per artifact and backend; exits 1 on a mismatch.
 """
 
@@ -47,19 +49,33 @@ def build_artifacts(out: Path) -> list[Path]:
 
 
 def compute(art: Path, device: str) -> dict:
-    from wick.engine.sequence import SamplingParams
     from wick.server.local import build_core
 
     core = build_core(str(art), device=device, kv_cache_bytes=64 << 20)
-    params = SamplingParams(temperature=0.0, max_tokens=TOKENS, stop_token_ids=())
-    rids = [core.add_request(p, params) for p in PROMPTS]
+    tokens, logprobs = decode(core, PROMPTS)
+    alone = decode(core, PROMPTS[:1])[1][0]
+    logits = prefill_logits(core.runner, PROMPTS[0])
+    return {"device": core.runner.backend.name, "tokens": tokens,
+            "logits": base64.b64encode(array("f", logits).tobytes()).decode(),
+            # the first prompt's logprobs decoded beside the second (the decode plan) and
+            # alone (decode1): equal bit for bit where the kernels are batch-invariant
+            "batch_invariant": logprobs[0] == alone}
+
+
+def decode(core, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+    """Greedy tokens of ``prompts`` decoded together, and each token's logprob."""
+    from wick.engine.sequence import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=TOKENS, stop_token_ids=(),
+                            logprobs=True)
+    rids = [core.add_request(p, params) for p in prompts]
     tokens: dict[str, list[int]] = {r: [] for r in rids}
+    logprobs: dict[str, list[float]] = {r: [] for r in rids}
     while core.has_unfinished():
         for out in core.step():
             tokens[out.request_id] += out.token_ids
-    logits = prefill_logits(core.runner, PROMPTS[0])
-    return {"device": core.runner.backend.name, "tokens": [tokens[r] for r in rids],
-            "logits": base64.b64encode(array("f", logits).tobytes()).decode()}
+            logprobs[out.request_id] += [t.logprob for t in out.logprobs]
+    return [tokens[r] for r in rids], [logprobs[r] for r in rids]
 
 
 def prefill_logits(runner, ids: list[int]) -> list[float]:
@@ -105,11 +121,12 @@ def main(argv: list[str] | None = None) -> int:
             scale = max(1.0, max(abs(x) for x in want))
             delta = max(abs(a - b) for a, b in zip(have, want)) / scale
             same = got["tokens"] == ref["tokens"]
-            ok = same and delta < (3e-2 if f16 else 1e-3)
+            ok = same and delta < (3e-2 if f16 else 1e-3) and got["batch_invariant"]
             failed |= not ok
             print(f"{art.name} on {got['device']}: tokens {'equal' if same else 'DIFFER'} "
-                  f"to {ref['device']}'s, logits max |d| {delta:.2e} of their scale"
-                  f"{'' if ok else '  <- MISMATCH'}")
+                  f"to {ref['device']}'s, logits max |d| {delta:.2e} of their scale, "
+                  f"logprobs alone {'equal' if got['batch_invariant'] else 'DIFFER'} to "
+                  f"beside another prompt{'' if ok else '  <- MISMATCH'}")
             if not same:
                 print(f"  got  {got['tokens']}\n  want {ref['tokens']}")
     return 1 if failed else 0

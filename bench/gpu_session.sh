@@ -53,7 +53,7 @@ for s in $stages; do
           build/gpu/llama-3-8b-q4f16_1 \
           --batch 8 ;;
     gemv) stage gemv "${T_GEMV:-150}" bash bench/gpu_device.sh gemv \
-          --json "$out/gpu-gemv.json" ;;
+          ${GEMV_SCHEDULES:+--schedules $GEMV_SCHEDULES} --json "$out/gpu-gemv.json" ;;
     embed) stage embed "${T_EMBED:-150}" bash bench/gpu_device.sh embed \
           --json "$out/gpu-embed.json" ;;  # (not by default; carry build/gpu/{embed,wheels,gl})
     *) echo "unknown stage $s" | tee -a "$log" ;;

@@ -11,7 +11,8 @@ on, and nothing here needs a GPU or a CUDA toolkit.
 The manifest's ``cuda_kernels`` entry holds what the engine needs to launch them: each kernel's
 scalar parameters, thread block and dynamic shared memory, and the TIR functions' launches
 (the WebGPU set's format, docs/artifact.md). Kernels whose GPU form differs by target
-(attention's tiles) are rebuilt for CUDA (``DecoderForCausalLM.gpu_twins``).
+(attention's tiles) are rebuilt for CUDA (``DecoderForCausalLM.gpu_twins``); the decode plans'
+dequantize-GEMVs take compiler/cuda_gemv.py's schedule, the rest dlight's.
 """
 
 from __future__ import annotations
@@ -64,6 +65,20 @@ def SimtMatmul():  # noqa: N802 - (a rule instance, as dlight's are made)
     return _simt_matmul()()
 
 
+# Rows of a decode step that one pass over the weights serves (compiler/cuda_gemv.py). A row's
+# sum does not depend on it, so decode and decode1 agree bit for bit.
+DECODE_GEMV_ROWS = {"decode": 8, "decode1": 1}
+
+
+def _batched_gemv(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
+    """``func`` scheduled by cuda_gemv when it is a dequantize-GEMV it takes, else as it is."""
+    from .cuda_gemv import schedule_batched_gemv
+
+    if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
+        return func
+    return schedule_batched_gemv(func, rows=rows) or func
+
+
 @dataclass
 class CudaSet:
     """One lowering's CUDA kernels (device functions by name) and TIR functions' launches."""
@@ -79,6 +94,9 @@ def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimF
 
     target = cuda_target()
     funcs = {gv: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()}
+    rows = DECODE_GEMV_ROWS.get(schedule)
+    if rows is not None:  # the decode steps' dequantize-GEMVs: each weight read once a step
+        funcs = {gv: _batched_gemv(f, rows) for gv, f in funcs.items()}
     with target:
         scheduled = dl.ApplyDefaultSchedule(*cuda_schedule_rules(schedule))(tvm.IRModule(funcs))
     devices, dmod, hosts = lower_split(scheduled, target)

@@ -281,11 +281,9 @@ def test_auto_falls_back_when_cuda_cannot_run_the_model(tiny_f16_artifact, monke
 
 
 def test_cuda_set_is_scheduled_for_cuda(tiny_f16_artifact):
-    """The CUDA set's GEMVs and matmuls take dlight's CUDA parameters, not the WebGPU set's:
+    """The CUDA set's GEMVs and matmuls are scheduled for CUDA, not like the WebGPU set's:
     dlight schedules a module in place, and the CUDA set once got the WebGPU schedules (64-thread
     GEMV blocks, 8x8 matmul tiles) because the WebGPU lowering ran first on the same module."""
-    import re
-
     m = json.loads((tiny_f16_artifact / "wick-artifact.json").read_text())
     webgpu_dir = tiny_f16_artifact / "kernels" / "webgpu"
     differs = {}
@@ -297,6 +295,16 @@ def test_cuda_set_is_scheduled_for_cuda(tiny_f16_artifact):
                                                wgsl).groups()]
         differs[k["name"]] = k["block"] != workgroup
     assert differs and all(differs.values()), differs
-    blocks = {tuple(k["block"]) for k in m["cuda_kernels"]["kernels"]
-              if k["name"].startswith("decode_") and "matmul" in k["name"]}
-    assert all(x * y * z >= 256 for x, y, z in blocks), blocks  # (WebGPU's: 64)
+
+
+def test_decode_gemvs_are_batched_warp_gemvs(tiny_f16_artifact):
+    """The decode plans' dequantize-GEMVs are compiler/cuda_gemv.py's: four warps a block
+    (threadIdx.y), each warp's lanes (up to 32, threadIdx.x) splitting the reduction, in decode
+    and decode1 alike (dlight's LowBatchGEMV runs 64x4 or 32x16 blocks)."""
+    _, entry = _source(tiny_f16_artifact)
+    blocks = {k["name"]: k["block"] for k in entry["kernels"]
+              if k["name"].startswith(("decode_", "decode1_")) and "dequantize_matmul" in k["name"]}
+    warp = {n for n, (x, y, z) in blocks.items() if y == 4 and z == 1 and x <= 32}
+    assert len(warp) >= 6, blocks
+    assert {n.split("_", 1)[1] for n in warp if n.startswith("decode_")} == \
+        {n.split("_", 1)[1] for n in warp if n.startswith("decode1_")}, blocks
