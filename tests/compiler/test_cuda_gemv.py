@@ -1,0 +1,110 @@
+"""compiler/cuda_gemv.py's batched dequantize-GEMV schedule, run here: the same scheduled TIR
+lowered for WebGPU (WGSL has no 8-lane vectors, so each row's inputs load one by one) on
+lavapipe, against numpy's dequantize-then-matmul. The CUDA lowering of the same schedule ran on
+an H200 (bench/results/README.md: parity, batch invariance, bench/gpu_gemv.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import te, tirx  # noqa: E402
+
+from wick.compiler.cuda_gemv import schedule_batched_gemv  # noqa: E402
+
+N, K = 48, 512  # (48 outputs: three blocks of 16; 512 = 64 words: two steps of 32 lanes)
+
+
+def q4_gemv(with_residual: bool) -> tirx.PrimFunc:
+    """The shape of a decode plan's q4f16_1 GEMV: ``w = nibble * scale + min`` in groups of 32,
+    an f32 sum over K, cast to f16, optionally plus a residual."""
+    b = tirx.Var("b", "int64")
+    x = te.placeholder((b, K), "float16", name="x")
+    q = te.placeholder((N, K // 8), "uint32", name="q")
+    scale = te.placeholder((N, K // 32), "float16", name="scale")
+    low = te.placeholder((N, K // 32), "float16", name="low")
+    deq = te.compute((N, K), lambda o, i: (
+        ((q[o, i // 8] >> ((i % 8) * 4).astype("uint32")) & tirx.const(15, "uint32"))
+        .astype("float16") * scale[o, i // 32] + low[o, i // 32]), name="dequantize")
+    k = te.reduce_axis((0, K), name="k")
+    mm = te.compute((b, N), lambda i, j: te.sum(
+        x[i, k].astype("float32") * deq[j, k].astype("float32"), axis=k), name="matmul")
+    out = te.compute((b, N), lambda i, j: mm[i, j].astype("float16"), name="cast")
+    args = [x, q, scale, low, out]
+    if with_residual:
+        res = te.placeholder((b, N), "float16", name="res")
+        out = te.compute((b, N), lambda i, j: res[i, j] + out[i, j], name="T_add")
+        args = [x, q, scale, low, res, out]
+    return te.create_prim_func(args).with_attr("global_symbol", "gemv")
+
+
+def reference(arrays: list[np.ndarray]) -> np.ndarray:
+    x, q, scale, low = arrays[:4]
+    shifts = ((np.arange(K) % 8) * 4).astype(np.uint32)
+    nibbles = (np.repeat(q, 8, axis=1) >> shifts) & 15
+    w = nibbles.astype(np.float16) * np.repeat(scale, 32, axis=1) + np.repeat(low, 32, axis=1)
+    out = (x.astype(np.float32) @ w.astype(np.float32).T).astype(np.float16)
+    return out + arrays[4] if len(arrays) == 5 else out  # (with the residual)
+
+
+def run(backend, func: tirx.PrimFunc, arrays: list[np.ndarray]) -> np.ndarray:
+    from wick.compiler.lower import build_kernels, webgpu_target
+    from wick.engine.backend import Read, TensorRef
+    from wick.engine.plan import KernelTable, tir_call
+
+    with webgpu_target():
+        kernels, funcs = build_kernels(tvm.IRModule({tvm.ir.GlobalVar("gemv"): func}),
+                                       webgpu_target())
+    table = KernelTable([{"name": k.name, "wgsl": k.wgsl, "entry_point": k.entry_point,
+                          "storage_access": k.storage_access, "scalar_dtypes": k.scalar_dtypes}
+                         for k in kernels], backend)
+    tir = {n: {"params": f.params, "launches": f.launches} for n, f in funcs.items()}
+    refs = []
+    for a in arrays:
+        buf = backend.alloc(max(4, a.nbytes))
+        backend.write(buf, 0, a.tobytes())
+        refs.append(TensorRef(buf, 0, a.shape, str(a.dtype)))
+    dispatches: list = []
+    tir_call("gemv", refs, tir, table, dispatches)
+    out = refs[-1]
+    data = backend.run([], dispatches, [Read(out.buffer, 0, out.nbytes)])[0]
+    for r in refs:
+        backend.free(r.buffer)
+    return np.frombuffer(data, np.float16).reshape(out.shape)
+
+
+def inputs(rows: int, with_residual: bool, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = [(rng.standard_normal((rows, K)) * 0.5).astype(np.float16),
+              rng.integers(0, 1 << 32, (N, K // 8), dtype=np.uint64).astype(np.uint32),
+              (rng.random((N, K // 32)) * 0.02 + 0.01).astype(np.float16),
+              (rng.standard_normal((N, K // 32)) * 0.05).astype(np.float16)]
+    if with_residual:
+        arrays.append((rng.standard_normal((rows, N)) * 0.5).astype(np.float16))
+    return arrays + [np.zeros((rows, N), np.float16)]
+
+
+@pytest.mark.parametrize("tile,with_residual", [(4, True), (1, False)])
+def test_batched_gemv_equals_numpy_and_each_row_its_own(backend, tile, with_residual):
+    func = schedule_batched_gemv(q4_gemv(with_residual), rows=tile, vector_loads=False)
+    assert func is not None and func.attrs["tirx.is_scheduled"]
+    batch = inputs(9, with_residual)  # (tiles of 4: two full passes and a partial one)
+    got = run(backend, func, batch)
+    want = reference(batch[:-1])
+    scale = float(np.abs(want.astype(np.float32)).max())
+    assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= 2e-3 * scale
+    # a row alone gives the same bits as in the batch (its sum's order does not depend on b)
+    alone = run(backend, func, [a[:1] if a.shape[0] == 9 else a for a in batch])
+    assert np.array_equal(alone[0], got[0])
+
+
+def test_other_shapes_are_left_to_dlight():
+    b = tirx.Var("b", "int64")
+    x = te.placeholder((b, K), "float16", name="x")
+    w = te.placeholder((N, K), "float16", name="w")
+    k = te.reduce_axis((0, K), name="k")
+    mm = te.compute((b, N), lambda i, j: te.sum(x[i, k] * w[j, k], axis=k), name="matmul")
+    plain = te.create_prim_func([x, w, mm])  # (no packed weights to dequantize: q0f16's GEMVs)
+    assert schedule_batched_gemv(plain) is None
