@@ -15,9 +15,10 @@ slot ``c % 16`` of its listed page ``(c - first) // 16``, where ``first`` =
 ``k_rope_pos_offset`` is the position of the first listed key (past the pages the KV cache
 freed behind the window); this step's keys are appended before attention runs. One workgroup per
 (query row, head) walks the visible keys in tiles of ``NT``: each thread scores one key into
-shared memory, then every thread updates the running max and sum itself (online softmax; the
-same values in all threads, so no shared state to synchronize) and accumulates its share of
-the output dimensions. Scores and sums are f32 whatever the model's dtype.
+shared memory, every thread takes the tile's max itself (online softmax: the running state is
+the same in all threads, so nothing else to synchronize), each thread turns its key's score into
+its weight, and every thread sums the weights and accumulates its share of the output
+dimensions. Scores and sums are f32 whatever the model's dtype.
 
 It is exact, not fast: no tiling across query rows. Decode steps (one row per sequence) are
 where it runs most; long windowed prefills are slower than with TVM's kernel. For the same
@@ -55,10 +56,12 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
     def attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out,
                b1):
         q_sh = T.sblock_alloc_buffer((D,), "float32", scope="shared")
-        p_sh = T.sblock_alloc_buffer((NT,), "float32", scope="shared")  # the tile's scores
+        # the tile's scores, then their weights exp(score - max), 0 past the last key
+        p_sh = T.sblock_alloc_buffer((NT,), "float32", scope="shared")
+        pg_sh = T.sblock_alloc_buffer((NT,), "int32", scope="shared")  # each key's page
         seq = T.sblock_alloc_buffer((1,), "int32", scope="local")
         # every thread keeps the running softmax state itself (the same values in all of them):
-        # running max, running sum, this tile's max, rescale of what came before, a score
+        # running max, running sum, this tile's max, rescale of what came before, its own score
         st = T.sblock_alloc_buffer((5,), "float32", scope="local")
         acc = T.sblock_alloc_buffer((DPT,), "float32", scope="local")
         for row in T.thread_binding(n, thread="blockIdx.x"):
@@ -84,10 +87,14 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
                     for tile in T.serial((count + NT - 1) // NT):
                         c: T.let[T.int32] = lo + tile * NT + tx
                         st[4] = T.float32(NEG_BIG)
+                        pg_sh[tx] = 0
                         if c <= pos:
                             page: T.let[T.int32] = page_values[first + c // PS]
+                            pg_sh[tx] = page
                             st[4] = T.float32(0)
-                            for d in T.serial(D):
+                            # (unrolled: the key's loads are issued together, not one per
+                            # round trip to memory; the sum keeps its order)
+                            for d in T.unroll(D):
                                 st[4] = st[4] + q_sh[d] * T.Cast(
                                     "float32", pages[page, 0, kvh, c % PS, d])
                             st[4] = st[4] * T.float32(SCALE)
@@ -97,22 +104,25 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
                         p_sh[tx] = st[4]
                         T.tvm_storage_sync("shared")
                         st[2] = st[0]
-                        for j in T.serial(NT):
+                        for j in T.unroll(NT):
                             st[2] = T.max(st[2], p_sh[j])
+                        T.tvm_storage_sync("shared")
+                        # each key's weight computed once, by its own thread
+                        p_sh[tx] = T.if_then_else(c <= pos, T.exp(st[4] - st[2]), T.float32(0))
+                        T.tvm_storage_sync("shared")
                         st[3] = T.exp(st[0] - st[2])
                         st[1] = st[1] * st[3]
                         for j in T.serial(NT):
-                            if lo + tile * NT + j <= pos:
-                                st[1] = st[1] + T.exp(p_sh[j] - st[2])
+                            st[1] = st[1] + p_sh[j]
                         for dd in T.serial(DPT):
                             if dd * NT + tx < D:
                                 acc[dd] = acc[dd] * st[3]
                                 for j in T.serial(NT):
                                     cj: T.let[T.int32] = lo + tile * NT + j
                                     if cj <= pos:
-                                        acc[dd] = acc[dd] + T.exp(p_sh[j] - st[2]) * T.Cast(
-                                            "float32", pages[page_values[first + cj // PS], 1,
-                                                             kvh, cj % PS, dd * NT + tx])
+                                        acc[dd] = acc[dd] + p_sh[j] * T.Cast(
+                                            "float32", pages[pg_sh[j], 1, kvh, cj % PS,
+                                                             dd * NT + tx])
                         st[0] = st[2]
                         T.tvm_storage_sync("shared")
                     for dd in T.serial(DPT):
