@@ -573,7 +573,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         else:
             log.info("%s %s -> %d %s%s", request.method, request.url.path, err.status, err.code,
                      f" param={err.param}" if err.param else "")
-        headers = {"Retry-After": "5"} if isinstance(err, ServiceUnavailableError) else None
+        # (a 503 says "later", whoever raised it: a model loading, an engine shutting down)
+        headers = {"Retry-After": "5"} if err.status == 503 else None
         if isinstance(err, AuthenticationError):
             headers = {"WWW-Authenticate": "Bearer"}
         return error_response(err, headers)

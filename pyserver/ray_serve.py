@@ -155,11 +155,24 @@ def _error_data(e: WickError) -> dict:
                                "code": e.code, "status": e.status, "class": type(e).__name__}}
 
 
+def _error_classes(cls: type = WickError) -> dict[str, type]:
+    """WickError and its subclasses, by name (those imported in this process)."""
+    found = {cls.__name__: cls}
+    for sub in cls.__subclasses__():
+        found.update(_error_classes(sub))
+    return found
+
+
 def _raise_if_error(data: Any) -> None:
+    """Raise the replica's error as the same class here (the server's handlers read the class:
+    a 503's Retry-After, a 401's WWW-Authenticate), with its fields as the replica set them."""
     if isinstance(data, dict) and "__wick_error__" in data:
         e = data["__wick_error__"]
-        raise WickError(e["message"], param=e["param"], code=e["code"], type=e["type"],
-                        status=e["status"])
+        cls = _error_classes().get(e.get("class"), WickError)
+        err = cls.__new__(cls)  # (a subclass's own __init__ may take other arguments)
+        WickError.__init__(err, e["message"], param=e["param"], code=e["code"], type=e["type"],
+                           status=e["status"])
+        raise err
 
 
 def core_snapshot(core) -> dict:
@@ -322,6 +335,11 @@ class ReplicaCore:
             snap[key] = sum(c.snap[key] for c in cores)
         return cls(snap)
 
+    def idle(self) -> ReplicaCore:
+        """This core's model (info, limits) with nothing in flight and no pages: what the
+        model looks like while no replica reports."""
+        return type(self)({**self.snap, **{key: 0 for key in SUMMED}})
+
     @property
     def info(self):
         return self.snap["info"]
@@ -373,8 +391,10 @@ class RemoteEngine:
     handle: Any
     name: str
     replicas: dict[str, ReplicaCore] = field(default_factory=dict)  # replica id -> its core
+    last: ReplicaCore | None = None  # a replica's last report: the model while none reports
 
     def __post_init__(self) -> None:
+        self.last = self.last or next(iter(self.replicas.values()), None)
         self.chat = type("Chat", (), {})()
         self.chat.completions = _Endpoint(self, "chat")
         self.completions = _Endpoint(self, "completion")
@@ -383,7 +403,10 @@ class RemoteEngine:
 
     @property
     def core(self) -> ReplicaCore:
-        """All replicas as one core: requests and pages summed, the model's info and limits."""
+        """All replicas as one core: requests and pages summed, the model's info and limits
+        (with no replica reporting: the model's, nothing in flight)."""
+        if not self.replicas:
+            return self.last.idle()
         return ReplicaCore.combined(list(self.replicas.values()))
 
     async def create(self, kind: str, body: dict) -> Any:
@@ -458,6 +481,17 @@ def _signals_kept():
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def apply_snapshots(engines: dict[str, RemoteEngine], snapshots: dict[str, dict]) -> None:
+    """Each engine's replicas: those whose snapshot is fresh (the registry drops one silent for
+    STALE_S), none when every replica is gone (not the last ones seen)."""
+    for name, engine in engines.items():
+        cores = {replica: ReplicaCore(snap[name]) for replica, snap in sorted(snapshots.items())
+                 if name in snap}
+        if cores:
+            engine.last = next(iter(cores.values()))
+        engine.replicas = cores
 
 
 @dataclass
@@ -559,11 +593,7 @@ class ReplicaPool(ModelPool):
         # resolved here, the loop not being one Ray made)
         snapshots = await asyncio.to_thread(ray.get, self._registry.snapshots.remote(),
                                             timeout=30)
-        for name, engine in self.engines.items():
-            cores = {replica: ReplicaCore(snap[name]) for replica, snap in sorted(snapshots.items())
-                     if name in snap}
-            if cores:
-                engine.replicas = cores
+        apply_snapshots(self.engines, snapshots)
 
     async def _refresh_forever(self) -> None:
         while True:

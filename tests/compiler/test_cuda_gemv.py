@@ -17,20 +17,23 @@ from wick.compiler.cuda_gemv import schedule_batched_gemv  # noqa: E402
 N, K = 48, 512  # (48 outputs: three blocks of 16; 512 = 64 words: two steps of 32 lanes)
 
 
-def q4_gemv(with_residual: bool) -> tirx.PrimFunc:
-    """The shape of a decode plan's q4f16_1 GEMV: ``w = nibble * scale + min`` in groups of 32,
-    an f32 sum over K, cast to f16, optionally plus a residual."""
+def q4_gemv(with_residual: bool, dtype: str = "float16") -> tirx.PrimFunc:
+    """The shape of a decode plan's q4 GEMV: ``w = nibble * scale + min`` in groups of 32, an
+    f32 sum over K (q4f16_1: cast to f16, optionally plus a residual; q4f32_1: the sum is the
+    output)."""
     b = tirx.Var("b", "int64")
-    x = te.placeholder((b, K), "float16", name="x")
+    x = te.placeholder((b, K), dtype, name="x")
     q = te.placeholder((N, K // 8), "uint32", name="q")
-    scale = te.placeholder((N, K // 32), "float16", name="scale")
-    low = te.placeholder((N, K // 32), "float16", name="low")
+    scale = te.placeholder((N, K // 32), dtype, name="scale")
+    low = te.placeholder((N, K // 32), dtype, name="low")
     deq = te.compute((N, K), lambda o, i: (
         ((q[o, i // 8] >> ((i % 8) * 4).astype("uint32")) & tirx.const(15, "uint32"))
-        .astype("float16") * scale[o, i // 32] + low[o, i // 32]), name="dequantize")
+        .astype(dtype) * scale[o, i // 32] + low[o, i // 32]), name="dequantize")
     k = te.reduce_axis((0, K), name="k")
     mm = te.compute((b, N), lambda i, j: te.sum(
         x[i, k].astype("float32") * deq[j, k].astype("float32"), axis=k), name="matmul")
+    if dtype == "float32":
+        return te.create_prim_func([x, q, scale, low, mm]).with_attr("global_symbol", "gemv")
     out = te.compute((b, N), lambda i, j: mm[i, j].astype("float16"), name="cast")
     args = [x, q, scale, low, out]
     if with_residual:
@@ -44,8 +47,8 @@ def reference(arrays: list[np.ndarray]) -> np.ndarray:
     x, q, scale, low = arrays[:4]
     shifts = ((np.arange(K) % 8) * 4).astype(np.uint32)
     nibbles = (np.repeat(q, 8, axis=1) >> shifts) & 15
-    w = nibbles.astype(np.float16) * np.repeat(scale, 32, axis=1) + np.repeat(low, 32, axis=1)
-    out = (x.astype(np.float32) @ w.astype(np.float32).T).astype(np.float16)
+    w = nibbles.astype(x.dtype) * np.repeat(scale, 32, axis=1) + np.repeat(low, 32, axis=1)
+    out = (x.astype(np.float32) @ w.astype(np.float32).T).astype(x.dtype)
     return out + arrays[4] if len(arrays) == 5 else out  # (with the residual)
 
 
@@ -66,31 +69,36 @@ def run(backend, func: tirx.PrimFunc, arrays: list[np.ndarray]) -> np.ndarray:
         buf = backend.alloc(max(4, a.nbytes))
         backend.write(buf, 0, a.tobytes())
         refs.append(TensorRef(buf, 0, a.shape, str(a.dtype)))
+    out_dtype = arrays[-1].dtype
     dispatches: list = []
     tir_call("gemv", refs, tir, table, dispatches)
     out = refs[-1]
     data = backend.run([], dispatches, [Read(out.buffer, 0, out.nbytes)])[0]
     for r in refs:
         backend.free(r.buffer)
-    return np.frombuffer(data, np.float16).reshape(out.shape)
+    return np.frombuffer(data, out_dtype).reshape(out.shape)
 
 
-def inputs(rows: int, with_residual: bool, seed: int = 0) -> list[np.ndarray]:
+def inputs(rows: int, with_residual: bool, dtype: str = "float16",
+           seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    arrays = [(rng.standard_normal((rows, K)) * 0.5).astype(np.float16),
+    arrays = [(rng.standard_normal((rows, K)) * 0.5).astype(dtype),
               rng.integers(0, 1 << 32, (N, K // 8), dtype=np.uint64).astype(np.uint32),
-              (rng.random((N, K // 32)) * 0.02 + 0.01).astype(np.float16),
-              (rng.standard_normal((N, K // 32)) * 0.05).astype(np.float16)]
+              (rng.random((N, K // 32)) * 0.02 + 0.01).astype(dtype),
+              (rng.standard_normal((N, K // 32)) * 0.05).astype(dtype)]
     if with_residual:
-        arrays.append((rng.standard_normal((rows, N)) * 0.5).astype(np.float16))
-    return arrays + [np.zeros((rows, N), np.float16)]
+        arrays.append((rng.standard_normal((rows, N)) * 0.5).astype(dtype))
+    return arrays + [np.zeros((rows, N), dtype)]
 
 
-@pytest.mark.parametrize("tile,with_residual", [(4, True), (1, False)])
-def test_batched_gemv_equals_numpy_and_each_row_its_own(backend, tile, with_residual):
-    func = schedule_batched_gemv(q4_gemv(with_residual), rows=tile, vector_loads=False)
+@pytest.mark.parametrize("tile,with_residual,dtype", [(4, True, "float16"),
+                                                      (1, False, "float16"),
+                                                      (4, False, "float32"),
+                                                      (1, False, "float32")])
+def test_batched_gemv_equals_numpy_and_each_row_its_own(backend, tile, with_residual, dtype):
+    func = schedule_batched_gemv(q4_gemv(with_residual, dtype), rows=tile, vector_loads=False)
     assert func is not None and func.attrs["tirx.is_scheduled"]
-    batch = inputs(9, with_residual)  # (tiles of 4: two full passes and a partial one)
+    batch = inputs(9, with_residual, dtype)  # (tiles of 4: two full passes and a partial one)
     got = run(backend, func, batch)
     want = reference(batch[:-1])
     scale = float(np.abs(want.astype(np.float32)).max())

@@ -151,10 +151,18 @@ def _source(art_dir: Path) -> tuple[str, dict]:
     return (Path(art_dir) / entry["file"]).read_text(), entry
 
 
-@pytest.mark.parametrize("quant", ["q0f32", "q4f16_1"])
+@pytest.mark.parametrize("quant", ["q0f32", "q4f16_1", "q4f32_1"])
 def test_tiny_model_cuda_source_compiles_with_nvrtc(quant, request):
-    # the tiny Llama's small build (tests/conftest.py), shared with the browser tests
-    art = request.getfixturevalue({"q0f32": "tiny_artifact", "q4f16_1": "tiny_f16_artifact"}[quant])
+    # the tiny Llama's small build (tests/conftest.py), shared with the browser tests; q4f32_1:
+    # the batched GEMV of float32 rows (two 16-byte loads a step, sums written to the output)
+    if quant == "q4f32_1":
+        from tests.conftest import TINY_SMALL
+
+        art = request.getfixturevalue("compiled")(request.getfixturevalue("tiny_llama_dir"),
+                                                  "q4f32_1", **TINY_SMALL)
+    else:
+        art = request.getfixturevalue({"q0f32": "tiny_artifact",
+                                       "q4f16_1": "tiny_f16_artifact"}[quant])
     source, entry = _source(art)
     signatures = kernel_signatures(source)
     # every kernel the launches name is in the source, with the metadata's scalars and block

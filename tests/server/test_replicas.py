@@ -158,3 +158,71 @@ def abort_count(live) -> float:
     fam = metric_families(live)["wick:request_success"]
     return sum(s.value for s in fam.samples
                if s.name.endswith("_total") and s.labels["finished_reason"] == "abort")
+
+
+def test_a_replicas_error_arrives_as_its_own_class():
+    """Errors cross from a replica as data; the server raises them as the class the replica
+    raised (its handlers read the class), with the replica's fields, and any 503 asks the
+    client to retry (Retry-After), a replica's shutdown included."""
+    from wick.engine.errors import (ContextLengthExceededError, EngineAbortedError,
+                                    WickError)
+    from wick.server.app import ServiceUnavailableError
+    from wick.server.ray_serve import _error_data, _raise_if_error
+
+    for err in (EngineAbortedError("the engine stopped"),
+                ServiceUnavailableError("no model is loaded"),
+                ContextLengthExceededError(128, 120, 16, param="prompt")):
+        with pytest.raises(WickError) as got:
+            _raise_if_error(_error_data(err))
+        assert type(got.value) is type(err)
+        assert got.value.to_dict() == err.to_dict() and got.value.status == err.status
+    _raise_if_error({"choices": []})  # (data that is not an error passes)
+
+
+def test_every_503_asks_to_retry(tiny_a):
+    """Retry-After goes with the status, not the class: an engine's shutdown (503) asks for it
+    as a model still loading does."""
+    from wick.engine.errors import EngineAbortedError
+    from wick.server.app import ModelPool, create_app
+
+    from .conftest import engine_loader
+
+    app = create_app(ModelPool([engine_loader(tiny_a)]))
+
+    @app.get("/__test_503__")
+    async def shutting_down():
+        raise EngineAbortedError("the engine stopped")
+
+    app.router.routes.insert(0, app.router.routes.pop())  # (before the catch-all routes)
+    live = LiveServer(app)
+    try:
+        live.wait_ready()
+        r = httpx.get(f"{live.url}/__test_503__")
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert r.json()["error"]["code"] == "engine_aborted"
+    finally:
+        live.stop()
+
+
+def test_health_forgets_replicas_that_are_gone():
+    """/health and /metrics read the replicas that report; when none does any more (all gone)
+    the model keeps its info and limits with nothing in flight, not the last counts seen."""
+    from wick.server.ray_serve import RemoteEngine, ReplicaCore, apply_snapshots
+
+    def snap(running: int, free: int) -> dict:
+        return {"info": {"model": "m"}, "running": running, "waiting": 0, "unfinished": running,
+                "num_pages": 8, "free_pages": free, "cached_pages": 0, "speculation": {},
+                "metrics": {}, "max_batch_size": 4, "max_total_tokens": 128}
+
+    engine = RemoteEngine(None, "m", {"": ReplicaCore(snap(0, 8))})
+    engines = {"m": engine}
+    apply_snapshots(engines, {"r1": {"m": snap(2, 5)}, "r2": {"m": snap(1, 6)}})
+    assert sorted(engine.replicas) == ["r1", "r2"]
+    assert (engine.core.snap["running"], engine.core.snap["num_pages"]) == (3, 16)
+    apply_snapshots(engines, {"r2": {"m": snap(1, 6)}})  # r1 gone
+    assert sorted(engine.replicas) == ["r2"] and engine.core.snap["running"] == 1
+    apply_snapshots(engines, {})  # every replica gone
+    assert engine.replicas == {}
+    idle = engine.core.snap
+    assert (idle["running"], idle["num_pages"], idle["max_total_tokens"]) == (0, 0, 128)
+    assert idle["info"] == {"model": "m"}
