@@ -17,6 +17,7 @@ dequantize-GEMVs take compiler/cuda_gemv.py's schedule, the rest dlight's.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import tvm
@@ -24,6 +25,8 @@ import tvm_ffi
 from tvm import tirx
 
 from .lower import TirFunction, _host_launches, _scalar_dtype, lower_split, schedule_rules
+
+log = logging.getLogger("wick")
 
 # The oldest GPU architecture the source targets (Ampere): TVM's codegen and dlight's rules
 # read it. The backend compiles for the device's own architecture, and refuses an older one.
@@ -76,7 +79,12 @@ def _batched_gemv(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
 
     if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
         return func
-    return schedule_batched_gemv(func, rows=rows) or func
+    try:
+        return schedule_batched_gemv(func, rows=rows) or func
+    except RuntimeError as e:  # (TVM's ScheduleError: a form the schedule does not foresee)
+        log.debug("cuda_gemv left %s to dlight: %s", func.attrs.get("global_symbol"),
+                  str(e).splitlines()[-1])
+        return func
 
 
 @dataclass
