@@ -51,6 +51,9 @@ REPORT_S = 0.5  # how often a replica reports its snapshot
 STALE_S = 10.0  # a replica silent this long is left out of /health and /metrics
 BLOCK_CHARS = 64  # prefix-routing granularity (characters of the prompt's text)
 MAX_BLOCKS_PER_REPLICA = 100_000  # digests remembered per replica (oldest forgotten first)
+# requests a replica may have in flight beyond the least loaded one's and still be chosen for
+# a shared prefix (past it, a flood of one shared prompt spreads: a recompute beats a queue)
+IMBALANCE = 8
 
 
 # ----------------------------------------------------------------------------- routing
@@ -82,7 +85,8 @@ def _request_body(pending_request) -> Any:
 
 
 class PrefixAwareRouter(RequestRouter):
-    """The replica holding the longest share of the prompt, else the least loaded. (Not FIFO:
+    """The replica holding the longest share of the prompt, unless it is IMBALANCE requests
+    busier than the least loaded; else the least loaded. (Not FIFO:
     Ray's FIFOMixin hands a replica chosen for one request to the oldest one waiting, which
     would send a prompt to another prompt's replica under load.)"""
 
@@ -103,9 +107,17 @@ class PrefixAwareRouter(RequestRouter):
             n = self._matched(replica.replica_id, digests)
             if n > best_n:
                 best, best_n = replica, n
-        if best is None:  # nothing shared: one rank, Ray picks the shortest queue in it
-            return [list(candidate_replicas)]
+        if best is None or self._overloaded(best, candidate_replicas):
+            return [list(candidate_replicas)]  # one rank: Ray picks the shortest queue in it
         return [[best], [r for r in candidate_replicas if r is not best]]
+
+    def _overloaded(self, best, candidates) -> bool:
+        """Whether ``best`` has IMBALANCE more requests in flight than the least loaded
+        candidate (as far as the router's cache of queue lengths knows)."""
+        queues = self.replica_queue_len_cache
+        mine = queues.get(best.replica_id)
+        known = [n for n in (queues.get(r.replica_id) for r in candidates) if n is not None]
+        return mine is not None and mine - min(known) > IMBALANCE
 
     def on_request_routed(self, pending_request, replica_id, result) -> None:
         digests = prompt_digests(_request_body(pending_request))

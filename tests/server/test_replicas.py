@@ -226,3 +226,40 @@ def test_health_forgets_replicas_that_are_gone():
     idle = engine.core.snap
     assert (idle["running"], idle["num_pages"], idle["max_total_tokens"]) == (0, 0, 128)
     assert idle["info"] == {"model": "m"}
+
+
+def test_a_flooded_prefix_replica_is_passed_over():
+    """A shared prompt goes to the replica holding it, unless that replica has IMBALANCE more
+    requests in flight than the least loaded one (then every replica is one rank again)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from wick.server.ray_serve import IMBALANCE, PrefixAwareRouter, prompt_digests
+
+    class Router(PrefixAwareRouter):
+        queues: dict = {}
+
+        def __init__(self) -> None:  # (Ray's own state is not needed for the choice)
+            self.initialize_state()
+
+        @property
+        def replica_queue_len_cache(self):
+            return SimpleNamespace(get=self.queues.get)
+
+    body = {"messages": [{"role": "system", "content": SYSTEM * 4},
+                         {"role": "user", "content": "Where does the ship go?"}]}
+    request = SimpleNamespace(args=("m", "chat", body), kwargs={},
+                              metadata=SimpleNamespace(call_method="create"))
+    assert prompt_digests(body)
+    a, b = SimpleNamespace(replica_id="a"), SimpleNamespace(replica_id="b")
+    router = Router()
+    router.on_request_routed(request, "a", None)
+
+    def choose():
+        return asyncio.run(router.choose_replicas([a, b], request))
+
+    assert choose() == [[a], [b]]  # the prefix's replica first
+    router.queues = {"a": IMBALANCE, "b": 0}
+    assert choose() == [[a], [b]]  # busier, within the margin
+    router.queues = {"a": IMBALANCE + 1, "b": 0}
+    assert choose() == [[a, b]]  # flooded: least loaded decides
