@@ -522,11 +522,15 @@ class ReplicaPool(ModelPool):
     _registry: Any = None
     _ray_owner: Any = None
     _ray_owner_stop: Any = None
+    _ray_stopping: bool = False
 
     def __post_init__(self) -> None:
         # (the app's lifespan loads a pool that has loaders: here the models' labels, which
         # load() deploys together)
         self.loaders = [(model, None) for model in self.models]
+        # held while the registry is read and while Ray is stopped: a read that outlived the
+        # cluster waited a minute for its GCS, and the process's exit with it
+        self._ray_lock = threading.Lock()
 
     def _start_ray(self) -> None:
         """``ray.init`` on a thread that lives until ``aclose``: Ray starts its local cluster's
@@ -603,9 +607,15 @@ class ReplicaPool(ModelPool):
     async def _refresh(self) -> None:
         # (a blocking get on a thread: an ObjectRef awaited on this server's loop never
         # resolved here, the loop not being one Ray made)
-        snapshots = await asyncio.to_thread(ray.get, self._registry.snapshots.remote(),
-                                            timeout=30)
-        apply_snapshots(self.engines, snapshots)
+        snapshots = await asyncio.to_thread(self._read_snapshots)
+        if snapshots is not None:
+            apply_snapshots(self.engines, snapshots)
+
+    def _read_snapshots(self) -> dict | None:
+        with self._ray_lock:
+            if self._ray_stopping:
+                return None
+            return ray.get(self._registry.snapshots.remote(), timeout=30)
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -635,6 +645,8 @@ class ReplicaPool(ModelPool):
             return
 
         def stop() -> None:
+            with self._ray_lock:  # (after any read in flight; none starts after this)
+                self._ray_stopping = True
             try:
                 serve.delete(APP)
                 if self._started_ray:
