@@ -98,7 +98,7 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
         from wick.compiler.cuda_gemv import schedule_batched_gemv
 
         rows, outputs = (int(v) for v in name.removeprefix("warp").split("x"))
-        funcs = {n: schedule_batched_gemv(f, rows=rows, outputs=outputs) or f
+        funcs = {n: _batched_or_not(schedule_batched_gemv, f, rows, outputs)
                  for n, f in funcs.items()}
         name = "lowbatch4"  # (for any function the schedule does not take)
     with webgpu_target() if name == "webgpu4" else target:
@@ -111,6 +111,14 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
         out.tir_functions[tf.name] = tf
     out.kernels = {gv.name_hint: f for gv, f in dmod.functions.items()}
     return build_cuda_source(out)
+
+
+def _batched_or_not(schedule, func, rows: int, outputs: int):
+    """``func`` by cuda_gemv's schedule, or as it is where that schedule does not take it."""
+    try:
+        return schedule(func, rows=rows, outputs=outputs) or func
+    except (RuntimeError, ValueError):
+        return func
 
 
 def build(args) -> None:
@@ -127,6 +135,8 @@ def build(args) -> None:
             source, entry = build_candidate(funcs, name)
         except Exception as e:  # noqa: BLE001 - a rule that cannot schedule these is a result too
             print(f"{name}: not built ({type(e).__name__}: {str(e)[:200]})")
+            for stale in (out / f"{name}.cu", out / f"{name}.json"):  # (an older build's)
+                stale.unlink(missing_ok=True)
             continue
         (out / f"{name}.cu").write_bytes(source)
         entry["file"] = f"{name}.cu"

@@ -50,6 +50,8 @@ def schedule_batched_gemv(func: tirx.PrimFunc, rows: int = 8, outputs: int = 4,
         if epilogue is not None:
             sch.compute_inline(epilogue)
         epilogue = cur = consumers[0]
+    if len(consumers) > 1:  # (a result read by two blocks: not this schedule's form)
+        return None
     if epilogue is None:  # (the matmul writes the output itself, f32 models: sums in registers)
         epilogue = sch.cache_write(mm, 0, "local")
 

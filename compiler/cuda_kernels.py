@@ -81,7 +81,7 @@ def _batched_gemv(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
         return func
     try:
         return schedule_batched_gemv(func, rows=rows) or func
-    except RuntimeError as e:  # (TVM's ScheduleError: a form the schedule does not foresee)
+    except (RuntimeError, ValueError) as e:  # (TVM's errors: a form it does not foresee)
         log.debug("cuda_gemv left %s to dlight: %s", func.attrs.get("global_symbol"),
                   str(e).splitlines()[-1])
         return func

@@ -103,9 +103,12 @@ def test_batched_gemv_equals_numpy_and_each_row_its_own(backend, tile, with_resi
     want = reference(batch[:-1])
     scale = float(np.abs(want.astype(np.float32)).max())
     assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= 2e-3 * scale
-    # a row alone gives the same bits as in the batch (its sum's order does not depend on b)
+    # a row alone gives the same bits as in the batch (its sum's order does not depend on b),
+    # and the same as with one row a pass (decode1's tile: nor on the tile)
     alone = run(backend, func, [a[:1] if a.shape[0] == 9 else a for a in batch])
     assert np.array_equal(alone[0], got[0])
+    one_row = schedule_batched_gemv(q4_gemv(with_residual, dtype), rows=1, vector_loads=False)
+    assert np.array_equal(run(backend, one_row, batch), got)
 
 
 def test_other_shapes_are_left_to_dlight():
@@ -116,3 +119,22 @@ def test_other_shapes_are_left_to_dlight():
     mm = te.compute((b, N), lambda i, j: te.sum(x[i, k] * w[j, k], axis=k), name="matmul")
     plain = te.create_prim_func([x, w, mm])  # (no packed weights to dequantize: q0f16's GEMVs)
     assert schedule_batched_gemv(plain) is None
+
+
+def test_a_result_read_twice_is_left_to_dlight():
+    """A GEMV whose sums two blocks read is not this schedule's form: None (dlight's then),
+    not a kernel with the second reader left outside it."""
+    b = tirx.Var("b", "int64")
+    xs = te.placeholder((b, K), "float32", name="x")
+    qs = te.placeholder((N, K // 8), "uint32", name="q")
+    sc = te.placeholder((N, K // 32), "float32", name="scale")
+    lo = te.placeholder((N, K // 32), "float32", name="low")
+    deq = te.compute((N, K), lambda o, i: (
+        ((qs[o, i // 8] >> ((i % 8) * 4).astype("uint32")) & tirx.const(15, "uint32"))
+        .astype("float32") * sc[o, i // 32] + lo[o, i // 32]), name="dequantize")
+    k = te.reduce_axis((0, K), name="k")
+    m = te.compute((b, N), lambda i, j: te.sum(xs[i, k] * deq[j, k], axis=k), name="matmul")
+    double = te.compute((b, N), lambda i, j: m[i, j] * 2.0, name="double")
+    square = te.compute((b, N), lambda i, j: m[i, j] * m[i, j], name="square")
+    shared = te.create_prim_func([xs, qs, sc, lo, double, square])
+    assert schedule_batched_gemv(shared) is None
