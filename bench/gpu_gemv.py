@@ -95,11 +95,10 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
 
     target = cuda_target()
     if name.startswith("warp"):
-        from wick.compiler.cuda_gemv import schedule_batched_gemv
+        from wick.compiler.cuda_kernels import batched_gemv
 
         rows, outputs = (int(v) for v in name.removeprefix("warp").split("x"))
-        funcs = {n: _batched_or_not(schedule_batched_gemv, f, rows, outputs)
-                 for n, f in funcs.items()}
+        funcs = {n: batched_gemv(f, rows, outputs) for n, f in funcs.items()}
         name = "lowbatch4"  # (for any function the schedule does not take)
     with webgpu_target() if name == "webgpu4" else target:
         scheduled = dl.ApplyDefaultSchedule(*candidate_rules(name))(
@@ -111,14 +110,6 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
         out.tir_functions[tf.name] = tf
     out.kernels = {gv.name_hint: f for gv, f in dmod.functions.items()}
     return build_cuda_source(out)
-
-
-def _batched_or_not(schedule, func, rows: int, outputs: int):
-    """``func`` by cuda_gemv's schedule, or as it is where that schedule does not take it."""
-    try:
-        return schedule(func, rows=rows, outputs=outputs) or func
-    except (RuntimeError, ValueError):
-        return func
 
 
 def build(args) -> None:

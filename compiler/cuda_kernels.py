@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 from tvm import tirx
+from tvm.s_tir import dlight as dl
 
 from .lower import TirFunction, _host_launches, _scalar_dtype, lower_split, schedule_rules
 
@@ -43,29 +44,17 @@ def cuda_target(arch: str = CUDA_ARCH) -> tvm.target.Target:
 def cuda_schedule_rules(schedule: str) -> list:
     """``schedule_rules(schedule)`` for CUDA: the same rules, with dlight's tiled matmul kept
     on CUDA cores (``SimtMatmul``)."""
-    from tvm.s_tir import dlight as dl
-
     return [SimtMatmul() if type(rule) is dl.gpu.Matmul else rule
             for rule in schedule_rules(schedule)]
 
 
-def _simt_matmul():
-    from tvm.s_tir import dlight as dl
+class SimtMatmul(dl.gpu.Matmul):
+    """dlight's tiled matmul with CUDA's tiles but not its tensor-core path: that path's
+    Tensorize crashes TVM (a segfault, not an error) on the model's dequantize-matmuls, so the
+    rule is shown an architecture without tensor cores; the kernels are built for the real one."""
 
-    class SimtMatmul(dl.gpu.Matmul):
-        """dlight's tiled matmul with CUDA's tiles but not its tensor-core path: that path's
-        Tensorize crashes TVM (a segfault, not an error) on the model's dequantize-matmuls,
-        so the rule is shown an architecture without tensor cores; the kernels are built for
-        the real one."""
-
-        def apply(self, func, target, tunable):
-            return super().apply(func, cuda_target("sm_60"), tunable)
-
-    return SimtMatmul
-
-
-def SimtMatmul():  # noqa: N802 - (a rule instance, as dlight's are made)
-    return _simt_matmul()()
+    def apply(self, func, target, tunable):
+        return super().apply(func, cuda_target("sm_60"), tunable)
 
 
 # Rows of a decode step that one pass over the weights serves (compiler/cuda_gemv.py). A row's
@@ -73,14 +62,14 @@ def SimtMatmul():  # noqa: N802 - (a rule instance, as dlight's are made)
 DECODE_GEMV_ROWS = {"decode": 8, "decode1": 1}
 
 
-def _batched_gemv(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
+def batched_gemv(func: tirx.PrimFunc, rows: int, outputs: int = 4) -> tirx.PrimFunc:
     """``func`` scheduled by cuda_gemv when it is a dequantize-GEMV it takes, else as it is."""
     from .cuda_gemv import schedule_batched_gemv
 
     if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
         return func
     try:
-        return schedule_batched_gemv(func, rows=rows) or func
+        return schedule_batched_gemv(func, rows=rows, outputs=outputs) or func
     except (RuntimeError, ValueError) as e:  # (TVM's errors: a form it does not foresee)
         log.debug("cuda_gemv left %s to dlight: %s", func.attrs.get("global_symbol"),
                   str(e).splitlines()[-1])
@@ -97,14 +86,12 @@ class CudaSet:
 
 def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc]) -> CudaSet:
     """``tir_mod``'s functions (``twins`` replacing those with a CUDA form of their own)
-    scheduled by ``schedule_rules(schedule)`` and lowered for CUDA."""
-    from tvm.s_tir import dlight as dl
-
+    scheduled by ``cuda_schedule_rules(schedule)`` and lowered for CUDA."""
     target = cuda_target()
     funcs = {gv: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()}
     rows = DECODE_GEMV_ROWS.get(schedule)
     if rows is not None:  # the decode steps' dequantize-GEMVs: each weight read once a step
-        funcs = {gv: _batched_gemv(f, rows) for gv, f in funcs.items()}
+        funcs = {gv: batched_gemv(f, rows) for gv, f in funcs.items()}
     with target:
         scheduled = dl.ApplyDefaultSchedule(*cuda_schedule_rules(schedule))(tvm.IRModule(funcs))
     devices, dmod, hosts = lower_split(scheduled, target)
