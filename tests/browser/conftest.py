@@ -9,10 +9,13 @@ Skipped when Chromium or the playwright package is absent; the web bundle is bui
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -110,9 +113,11 @@ def web_server(web_bundle, tiny_artifact, tiny_f16_artifact, tiny_q4_artifact,
 class Page:
     """A page on the server's origin with wick.js imported as ``window.wick``; records console
     errors and every request the page and its workers make. ``headers``: of the page's own
-    response (e.g. ``ISOLATION``)."""
+    response (e.g. ``ISOLATION``); ``module``: wick.js's URL, relative to ``url`` (an
+    export's own ``wick.js``) or absolute (a wick host's)."""
 
-    def __init__(self, context, url: str, headers: dict | None = None) -> None:
+    def __init__(self, context, url: str, headers: dict | None = None,
+                 module: str = "/static/wick.js") -> None:
         self.context = context
         self.url = url
         self.page = context.new_page()
@@ -121,14 +126,47 @@ class Page:
         self.page.on("console", lambda m: m.type == "error" and self.console_errors.append(m.text))
         self.page.on("pageerror", lambda e: self.console_errors.append(str(e)))
         context.on("request", lambda r: self.requests.append(r.url))
-        self.page.route(url + TEST_PAGE, lambda route: route.fulfill(
+        self.page.route(url.rstrip("/") + TEST_PAGE, lambda route: route.fulfill(
             body=PAGE_HTML, content_type="text/html", headers=headers or {}))
-        self.page.goto(url + TEST_PAGE)
-        self.page.evaluate("async () => { window.wick = await import('/static/wick.js'); }")
+        self.page.goto(url.rstrip("/") + TEST_PAGE)
+        self.page.evaluate(
+            "async (m) => { window.wick = await import(new URL(m, location.href).href); }", module)
 
     def run(self, script: str, arg=None, timeout: float = 240_000):
         self.page.set_default_timeout(timeout)
         return self.page.evaluate(script, arg)
+
+
+def export_site(root: Path, sub: str, *models: str | Path) -> tuple[Path, str]:
+    """`wick export ROOT/SUB MODEL...` run as a user runs it: the site's directory and what the
+    command printed."""
+    from tests.conftest import wick_process_env
+
+    site = root / sub
+    command = [sys.executable, "-c", "import sys; from wick.server.cli import main; "
+               "sys.exit(main())", "export", str(site), *map(str, models)]
+    done = subprocess.run(command, env=wick_process_env(), capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    return site, done.stdout
+
+
+def static_server(root: Path, headers: dict[str, str], sub: str = ""):
+    """A plain static file server (Python's http.server) over ``root``, sending ``headers``
+    with every response, and the URL of ``sub`` on it."""
+    class Handler(SimpleHTTPRequestHandler):
+        def end_headers(self) -> None:
+            for k, v in headers.items():
+                self.send_header(k, v)
+            super().end_headers()
+
+        def log_message(self, *args) -> None:  # (quiet)
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = f"/{sub}/" if sub else "/"
+    return server, f"http://127.0.0.1:{server.server_address[1]}{path}"
 
 
 def chat_page_reply(artifact, messages: list, max_tokens: int = 8) -> str:

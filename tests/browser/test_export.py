@@ -6,22 +6,16 @@ how many threads it runs on (one without COOP/COEP headers, every core with them
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import subprocess
-import sys
-import threading
 import urllib.parse
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import wick_process_env
-
-from .conftest import CHROMIUM, CHROMIUM_ARGS_NO_WEBGPU, ISOLATION, ROOT, chat_page_reply
+from .conftest import (CHROMIUM, CHROMIUM_ARGS_NO_WEBGPU, ISOLATION, ROOT, chat_page_reply,
+                       export_site, static_server)
 
 pytestmark = pytest.mark.slow
 
@@ -43,41 +37,20 @@ def browser(playwright):
 def exported(web_bundle, tiny_q4_artifact, tmp_path_factory):
     """`wick export DIR ARTIFACT` (a compiled artifact: exported as it is), and what it said."""
     root = tmp_path_factory.mktemp("static-host")
-    site = root / SUB
-    command = [sys.executable, "-c", "import sys; from wick.server.cli import main; "
-               "sys.exit(main())", "export", str(site), str(tiny_q4_artifact)]
-    done = subprocess.run(command, env=wick_process_env(), capture_output=True, text=True,
-                          timeout=300, cwd=root)
-    assert done.returncode == 0, done.stderr
-    return root, site, done.stdout
-
-
-def static_server(root: Path, headers: dict[str, str], sub: str = SUB):
-    class Handler(SimpleHTTPRequestHandler):
-        def end_headers(self) -> None:
-            for k, v in headers.items():
-                self.send_header(k, v)
-            super().end_headers()
-
-        def log_message(self, *args) -> None:  # (quiet)
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    path = f"/{sub}/" if sub else "/"
-    return server, f"http://127.0.0.1:{server.server_address[1]}{path}"
+    site, said = export_site(root, SUB, tiny_q4_artifact)
+    return root, site, said
 
 
 @pytest.fixture(scope="module")
 def plain_host(exported):
-    server, url = static_server(exported[0], {})
+    server, url = static_server(exported[0], {}, SUB)
     yield url
     server.shutdown()
 
 
 @pytest.fixture(scope="module")
 def isolated_host(exported):
-    server, url = static_server(exported[0], ISOLATION)
+    server, url = static_server(exported[0], ISOLATION, SUB)
     yield url
     server.shutdown()
 
@@ -213,7 +186,7 @@ def test_an_app_bundling_the_npm_package_loads_from_an_export_on_another_origin(
     subprocess.run([str(web / "node_modules" / ".bin" / "esbuild"), "main.js", "--bundle",
                     "--format=esm", "--outfile=dist/app.js", "--log-level=warning"],
                    cwd=app, check=True, timeout=120)
-    export_server, site = static_server(exported[0], {"Access-Control-Allow-Origin": "*"})
+    export_server, site = static_server(exported[0], {"Access-Control-Allow-Origin": "*"}, SUB)
     app_server, app_url = static_server(app, {}, sub="")
     ctx = browser.new_context()
     try:

@@ -1,7 +1,9 @@
 """SmolLM2-135M-Instruct (the bundled GGUF) in q0f32 in the browser, on the WebAssembly kernels,
-equals the native engine on the same artifact and kernel set (the CPU's): a greedy JSON-schema
-chat (web-xgrammar over SmolLM2's vocabulary) streamed in the browser joins to the native
-non-stream text, with its usage chunk equal to the native usage, and validates.
+loaded from a static export (`wick export`, served by a plain static file server under a
+sub-path, no wick server anywhere), equals the native engine on the same artifact and kernel set
+(the CPU's): a greedy JSON-schema chat (web-xgrammar over SmolLM2's vocabulary) streamed in the
+browser joins to the native non-stream text, with its usage chunk equal to the native usage, and
+validates.
 (On SwiftShader's WebGPU each decode step of this model took seconds; the WGSL kernels of its
 shapes are checked on lavapipe by tests/e2e, and in the browser with the tiny models.)"""
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import Page
+from .conftest import ISOLATION, Page, export_site, static_server
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +31,18 @@ def smol_artifact(compiled):
 
 
 @pytest.fixture(scope="module")
-def smol_server(web_bundle, smol_artifact):
-    from wick.server.app import ModelPool, create_app
-    from wick.server.artifact_host import ArtifactHost
-    from wick.server.serve import ServerThread
-
-    host = ArtifactHost()
-    host.add(smol_artifact)
-    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
-    yield live
-    live.stop()
+def smol_site(web_bundle, smol_artifact, tmp_path_factory):
+    """SmolLM2's export under a sub-path of a static host that sends COOP/COEP (threads)."""
+    root = tmp_path_factory.mktemp("static-host")
+    export_site(root, "models/smol", smol_artifact)
+    server, url = static_server(root, ISOLATION, "models/smol")
+    yield url
+    server.shutdown()
 
 
-def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact):
-    """One streamed, schema-constrained greedy chat: streaming, usage, the grammar over
-    SmolLM2's vocabulary and parity at once."""
+def test_smollm2_q0f32_from_an_export_greedy_equals_native(context, smol_site, smol_artifact):
+    """One streamed, schema-constrained greedy chat from the export: streaming, usage, the
+    grammar over SmolLM2's vocabulary and parity at once; every request stays in the export."""
     import json
 
     import jsonschema
@@ -53,7 +52,7 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
     eng = Engine(str(smol_artifact), device="cpu")
     native = eng.chat.completions.create(**JSON_REQUEST).to_dict()
     del eng
-    page = Page(context, smol_server.url)
+    page = Page(context, smol_site, headers=ISOLATION, module="wick.js")
     out = page.run("""async ([request]) => {
         const t0 = performance.now();
         const engine = await wick.createEngine("smollm2-135m-instruct", {quantization: "q0f32", backend: "wasm"});
@@ -78,5 +77,8 @@ def test_smollm2_q0f32_greedy_equals_native(context, smol_server, smol_artifact)
     assert out["streamed"] == text
     assert out["finish"] == native["choices"][0]["finish_reason"] == "stop"
     assert out["usage"] == native["usage"]
+    assert out["info"]["backend"] == "wasm" and out["info"]["threads"] > 1  # (isolated: threads)
+    outside = [u for u in page.requests if not u.startswith((smol_site, "blob:"))]
+    assert outside == [], outside
     jsonschema.validate(json.loads(out["streamed"]), SCHEMA)
-    assert not page.console_errors
+    assert page.console_errors == [], page.console_errors
