@@ -45,8 +45,7 @@ from .app import ModelPool
 
 log = logging.getLogger("wick")
 
-APP = "wick"
-REGISTRY = "wick-replica-registry"
+NAMESPACE = "wick"  # the Ray namespace of every wick application's actors
 REPORT_S = 0.5  # how often a replica reports its snapshot
 STALE_S = 10.0  # a replica silent this long is left out of /health and /metrics
 BLOCK_CHARS = 64  # prefix-routing granularity (characters of the prompt's text)
@@ -215,14 +214,14 @@ def engine_snapshot(engine) -> dict:
 class EngineReplica:
     """One replica: the served models' engines, named as a single server names them."""
 
-    def __init__(self, models: list[str], engine_options: dict) -> None:
+    def __init__(self, models: list[str], engine_options: dict, registry: str) -> None:
         from .app import ModelPool
         from .local import AsyncEngine
 
         self.pool = ModelPool.of(*[AsyncEngine(m, **engine_options) for m in models])
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
-        self._registry = ray.get_actor(REGISTRY, namespace=APP)
+        self._registry = ray.get_actor(registry, namespace=NAMESPACE)
         self._stop = threading.Event()
         threading.Thread(target=self._report, name="wick-report", daemon=True).start()
 
@@ -495,6 +494,22 @@ def _signals_kept():
             signal.signal(s, handler)
 
 
+def check_cluster(scaling, applications: dict, resources: dict) -> None:
+    """Refuse, before anything is deployed, what would otherwise go wrong silently: an
+    application of the same name on the cluster (``serve.run`` would replace another server's
+    replicas) and replicas asking for more GPUs than the cluster has (they would wait forever
+    for them, and the server with them). A ValueError that says what to do."""
+    if scaling.app in applications:
+        raise ValueError(f"a Ray Serve application named {scaling.app!r} already runs on this "
+                         f"cluster (another wick serve?): name this one with --ray-app NAME, "
+                         f"or stop that one first (`serve delete {scaling.app}`)")
+    need, have = scaling.gpus * scaling.least, resources.get("GPU", 0.0)
+    if need > have:
+        raise ValueError(f"{scaling.least} replica(s) of {scaling.gpus:g} GPU each need "
+                         f"{need:g} GPUs; the Ray cluster has {have:g}: lower --replica-gpus "
+                         f"or --replicas, or add GPU nodes")
+
+
 def apply_snapshots(engines: dict[str, RemoteEngine], snapshots: dict[str, dict]) -> None:
     """Each engine's replicas: those whose snapshot is fresh (the registry drops one silent for
     STALE_S), none when every replica is gone (not the last ones seen)."""
@@ -523,6 +538,7 @@ class ReplicaPool(ModelPool):
     _ray_owner: Any = None
     _ray_owner_stop: Any = None
     _ray_stopping: bool = False
+    _deployed: bool = False
 
     def __post_init__(self) -> None:
         # (the app's lifespan loads a pool that has loaders: here the models' labels, which
@@ -544,7 +560,7 @@ class ReplicaPool(ModelPool):
             try:
                 # ("local": a new cluster of our own, never one that RAY_ADDRESS or another
                 # process left running, whose Serve apps aclose would stop)
-                ray.init(address=self.scaling.address or "local", namespace=APP,
+                ray.init(address=self.scaling.address or "local", namespace=NAMESPACE,
                          include_dashboard=False, log_to_driver=False, configure_logging=False)
                 started.append(None)
             except BaseException as e:  # noqa: BLE001 - raised on the deploying thread
@@ -565,17 +581,20 @@ class ReplicaPool(ModelPool):
         if not ray.is_initialized():
             self._started_ray = self.scaling.address is None
             self._start_ray()
-        # (held here: a named actor lives as long as a handle to it, or its creator, does)
-        self._registry = ReplicaRegistry.options(name=REGISTRY, namespace=APP,
-                                                 get_if_exists=True).remote()
+        scaling = self.scaling
         serve.start(http_options={"location": "NoServer"})
-        routing = {} if self.scaling.router == "least-loaded" else {
+        check_cluster(scaling, serve.status().applications, ray.cluster_resources())
+        # (held here: a named actor lives as long as a handle to it, or its creator, does)
+        self._registry = ReplicaRegistry.options(name=scaling.registry, namespace=NAMESPACE,
+                                                 get_if_exists=True).remote()
+        routing = {} if scaling.router == "least-loaded" else {
             "request_router_config": RequestRouterConfig(request_router_class=PrefixAwareRouter)}
         deployment = serve.deployment(name="engines")(EngineReplica).options(
-            ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
-            **routing, **self.scaling.deployment_options())
-        handle = serve.run(deployment.bind(self.models, self.engine_options), name=APP,
-                           route_prefix=None, blocking=False)
+            ray_actor_options={"num_cpus": 0, "num_gpus": scaling.gpus}, max_ongoing_requests=64,
+            **routing, **scaling.deployment_options())
+        handle = serve.run(deployment.bind(self.models, self.engine_options, scaling.registry),
+                           name=scaling.app, route_prefix=None, blocking=False)
+        self._deployed = True
         # the handle's router is made on its first call, with blocking calls to Ray: here, off
         # the server's event loop; then one replica's account of the models (all serve all)
         return handle, handle.info.remote().result()
@@ -648,7 +667,8 @@ class ReplicaPool(ModelPool):
             with self._ray_lock:  # (after any read in flight; none starts after this)
                 self._ray_stopping = True
             try:
-                serve.delete(APP)
+                if self._deployed:  # (never another server's application of that name)
+                    serve.delete(self.scaling.app)
                 if self._started_ray:
                     serve.shutdown()
             finally:

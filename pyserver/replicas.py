@@ -11,19 +11,33 @@ from typing import Any, Callable, Sequence
 @dataclass(frozen=True)
 class Replicas:
     """A fixed count, or autoscaling bounds (Ray Serve's autoscaling on requests in flight);
-    ``address``: an existing Ray cluster, else a local one started and stopped with the server."""
+    ``address``: an existing Ray cluster, else a local one started and stopped with the server;
+    ``app``: the Serve application's name (one per ``wick serve`` on a cluster); ``gpus``: GPUs
+    Ray reserves for each replica (fractions share one)."""
 
     fixed: int | None = None
     low: int | None = None
     high: int | None = None
     address: str | None = None
     router: str = "prefix"  # or "least-loaded": Ray Serve's own (power of two choices)
+    app: str = "wick"
+    gpus: float = 0.0
+
+    @property
+    def least(self) -> int:
+        """Replicas that must start for the server to be ready."""
+        return self.fixed if self.fixed is not None else max(1, self.low or 0)
+
+    @property
+    def registry(self) -> str:
+        """The name of the actor that holds the replicas' snapshots (one per application)."""
+        return f"{self.app}-replica-registry"
 
     def deployment_options(self) -> dict[str, Any]:
         if self.fixed is not None:
             return {"num_replicas": self.fixed}
         return {"autoscaling_config": {"min_replicas": self.low, "max_replicas": self.high,
-                                       "initial_replicas": max(1, self.low or 0),
+                                       "initial_replicas": self.least,
                                        "target_ongoing_requests": 4}}
 
 

@@ -110,6 +110,12 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="an existing Ray cluster (e.g. ray://head:10001); default: a local one "
                         "that wick serve starts and stops itself")
+    p.add_argument("--ray-app", metavar="NAME", default="wick",
+                   help="the Ray Serve application's name (default: wick); each wick serve on "
+                        "one cluster needs its own")
+    p.add_argument("--replica-gpus", type=float, metavar="G",
+                   help="GPUs Ray reserves for each replica, fractions sharing one (default: 1 "
+                        "with --device cuda, else 0)")
 
 
 def replicas_of(args: argparse.Namespace):
@@ -117,9 +123,19 @@ def replicas_of(args: argparse.Namespace):
     (the engines in this process); a bad combination is a ValueError with the fix."""
     fixed, low, high = args.replicas, args.min_replicas, args.max_replicas
     if fixed is None and low is None and high is None:
-        if args.ray_address:
-            raise ValueError("--ray-address needs --replicas N (or --min-replicas/--max-replicas)")
+        for flag, value in (("--ray-address", args.ray_address),
+                            ("--ray-app", args.ray_app != "wick"),
+                            ("--replica-gpus", args.replica_gpus is not None)):
+            if value:
+                raise ValueError(f"{flag} needs --replicas N (or --min-replicas/--max-replicas)")
         return None
+    if not args.ray_app or not all(c.isalnum() or c in "-_." for c in args.ray_app):
+        raise ValueError(f"--ray-app {args.ray_app!r}: use letters, digits, '-', '_' or '.'")
+    gpus = args.replica_gpus
+    if gpus is None:
+        gpus = 1.0 if args.device == "cuda" else 0.0
+    if gpus < 0:
+        raise ValueError("--replica-gpus must be 0 or more")
     if fixed is not None and (low is not None or high is not None):
         raise ValueError("say either --replicas N or --min-replicas/--max-replicas, not both")
     if fixed is None and (low is None or high is None):
@@ -135,7 +151,7 @@ def replicas_of(args: argparse.Namespace):
         raise ValueError("--replicas runs the engines on Ray Serve, which is not installed: "
                          "pip install 'wick-llm[ray]'")
     return Replicas(fixed=fixed, low=low, high=high, address=args.ray_address,
-                    router=args.replica_router)
+                    router=args.replica_router, app=args.ray_app, gpus=gpus)
 
 
 def add_speculative_arguments(p: argparse.ArgumentParser) -> None:

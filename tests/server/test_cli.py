@@ -3,6 +3,8 @@ Llama compiled to q0f32 (lavapipe is enough). Plus the /set parser, without a su
 
 from __future__ import annotations
 
+import argparse
+
 import os
 import re
 import shutil
@@ -470,6 +472,10 @@ def test_set_parses_and_validates():
     (["--replicas", "0"], "--replicas must be at least 1"),
     (["--min-replicas", "3", "--max-replicas", "2"], "at least --min-replicas"),
     (["--ray-address", "ray://x:10001"], "--ray-address needs --replicas"),
+    (["--ray-app", "other"], "--ray-app needs --replicas"),
+    (["--replica-gpus", "1"], "--replica-gpus needs --replicas"),
+    (["--replicas", "2", "--ray-app", "a b"], "--ray-app 'a b': use letters"),
+    (["--replicas", "2", "--replica-gpus", "-1"], "--replica-gpus must be 0 or more"),
 ])
 def test_serve_refuses_bad_replica_flags_in_one_line(flags, message, capsys):
     from wick.server.cli import main
@@ -477,3 +483,20 @@ def test_serve_refuses_bad_replica_flags_in_one_line(flags, message, capsys):
     assert main(["serve", "some-model", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_replica_gpus_default_to_one_each_on_cuda_and_the_app_name_is_passed_on():
+    pytest.importorskip("ray")
+    from wick.server.serve import add_replica_arguments, replicas_of
+
+    def parsed(*flags: str):
+        p = argparse.ArgumentParser()
+        p.add_argument("--device", default="auto")
+        add_replica_arguments(p)
+        return replicas_of(p.parse_args(list(flags)))
+
+    assert parsed("--replicas", "2").gpus == 0 and parsed("--replicas", "2").app == "wick"
+    assert parsed("--replicas", "2", "--device", "cuda").gpus == 1
+    r = parsed("--replicas", "2", "--device", "cuda", "--replica-gpus", "0.5", "--ray-app", "b")
+    assert (r.gpus, r.app, r.registry) == (0.5, "b", "b-replica-registry")
+    assert parsed("--min-replicas", "0", "--max-replicas", "3").least == 1

@@ -148,6 +148,30 @@ def test_errors_and_api_key_through_the_router(replicated):
 HELLO_BAD = [{"role": "user", "content": "no key"}]
 
 
+def test_a_second_server_on_the_cluster_needs_its_own_app_name(replicated, tiny_a):
+    """Another `wick serve --replicas` on the same cluster under the same application name is
+    refused before it deploys anything (serve.run would have replaced the first server's
+    replicas), as is asking for more GPUs than the cluster has; the first server still
+    answers, and closing the refused pool leaves its application alone."""
+    import asyncio
+
+    import ray
+
+    from wick.server.ray_serve import ReplicaPool
+
+    assert ray.is_initialized()  # (the first server's cluster: the second joins it)
+    for scaling, needle in [(Replicas(fixed=1), "--ray-app NAME"),
+                            (Replicas(fixed=2, app="gpu", gpus=1), "need 2 GPUs")]:
+        pool = ReplicaPool(models=[str(tiny_a)], engine_options={}, scaling=scaling)
+        with pytest.raises(ValueError, match=needle):
+            pool._deploy()
+        asyncio.run(pool.aclose())
+    c = client(replicated)
+    got = c.completions.create(model=c.models.list().data[0].id, prompt="still here",
+                               max_tokens=2, temperature=0)
+    assert got.usage.completion_tokens == 2
+
+
 def metric_families(live) -> dict:
     text = httpx.get(f"{live.url}/metrics", headers=AUTH).text
     return {f.name: f for f in text_string_to_metric_families(text)}
