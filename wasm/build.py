@@ -16,6 +16,11 @@ Writes, each under a content-hashed name (immutable, cacheable forever):
   the worker on the first request with a grammar);
 
 and ``manifest.json`` (not hashed, served no-cache) naming them. The worker reads the manifest.
+
+Each wheel also carries its modules' bytecode for Pyodide's interpreter (``__pycache__/*.pyc``,
+compiled by that interpreter under Node: wasm/bytecode.mjs): Pyodide does not write bytecode,
+so without it every first start compiled the engine, jinja2 and the glue from source. Without
+``node`` the wheels hold sources only (they work, the first start is slower).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -116,12 +122,61 @@ def vendored_wheels(cache: Path) -> list[tuple[str, bytes]]:
     return [(jinja.name, jinja.read_bytes()), make_wheel("markupsafe", version, files)]
 
 
+def with_files(wheel: bytes, extra: dict[str, bytes]) -> bytes:
+    """``wheel`` with ``extra`` (archive path -> bytes) added and its RECORD written again."""
+    with zipfile.ZipFile(io.BytesIO(wheel)) as z:
+        (record,) = [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]
+        entries = [(i, z.read(i)) for i in z.infolist() if i.filename != record]
+    for name, data in sorted(extra.items()):
+        zi = zipfile.ZipInfo(name, EPOCH)
+        zi.external_attr = 0o644 << 16
+        entries.append((zi, data))
+    lines = [_record_line(i.filename, d) for i, d in entries] + [f"{record},,"]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for info, data in entries:
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, data)
+        rec = zipfile.ZipInfo(record, EPOCH)
+        rec.external_attr = 0o644 << 16
+        rec.compress_type = zipfile.ZIP_DEFLATED
+        z.writestr(rec, ("\n".join(lines) + "\n").encode())
+    return buf.getvalue()
+
+
+def with_bytecode(wheels: list[tuple[str, bytes]], pyodide: Path) -> list[tuple[str, bytes]]:
+    """The wheels with Pyodide's bytecode of their modules beside the sources (see above)."""
+    node = shutil.which("node")
+    if node is None:
+        print("wasm: no node here: the wheels carry no bytecode (a first start compiles them)",
+              file=sys.stderr)
+        return wheels
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = [Path(tmp, str(i)) for i in range(len(wheels))]
+        for root, (_, data) in zip(roots, wheels):
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                for name in z.namelist():
+                    if name.endswith(".py"):
+                        (root / name).parent.mkdir(parents=True, exist_ok=True)
+                        (root / name).write_bytes(z.read(name))
+        done = subprocess.run([node, str(ROOT / "wasm" / "bytecode.mjs"), str(pyodide), tmp],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+            raise SystemExit(f"wasm: compiling the wheels' bytecode failed (exit {done.returncode})")
+        return [(name, with_files(data, {p.relative_to(root).as_posix(): p.read_bytes()
+                                          for p in root.rglob("*.pyc")}))
+                for root, (name, data) in zip(roots, wheels)]
+
+
 def build(out: Path, node_modules: Path) -> dict:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     manifest: dict = {"wheels": []}
-    wheels = [engine_wheel(), glue_wheel(), *vendored_wheels(ROOT / "build" / "wasm-cache")]
+    wheels = with_bytecode([engine_wheel(), glue_wheel(),
+                            *vendored_wheels(ROOT / "build" / "wasm-cache")],
+                           node_modules / "pyodide")
     for name, data in wheels:
         rel = f"wheels/{_digest(data)[:16]}/{name}"
         (out / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,50 @@ def test_engine_wheel_holds_only_the_engine():
     assert _build_module().engine_wheel() == (name, data)  # reproducible: same bytes, same hash
 
 
+# (run by Node on Pyodide: every wheel unpacked, then each module's source made to fail, so an
+# import can only succeed from the wheel's bytecode)
+IMPORT_FROM_BYTECODE = """
+import fs from "node:fs";
+const [wasm] = process.argv.slice(2);
+const man = JSON.parse(fs.readFileSync(wasm + "manifest.json"));
+const { loadPyodide } = await import(wasm + man.pyodide + "pyodide.mjs");
+const py = await loadPyodide({ indexURL: wasm + man.pyodide });
+for (const w of man.wheels) py.unpackArchive(new Uint8Array(fs.readFileSync(wasm + w.file)), "wheel");
+console.log(py.runPython(`
+import pathlib, sys, wick
+site = pathlib.Path(wick.__file__).parent.parent
+del sys.modules["wick"]
+for name in ("wick/__init__.py", "wick/engine/__init__.py", "wick/engine/api.py",
+             "wick_web/host.py", "jinja2/__init__.py", "markupsafe/__init__.py"):
+    (site / name).write_text("raise ImportError('compiled from source')")
+import wick.engine.api, wick_web.host, jinja2, markupsafe
+sys.implementation.cache_tag
+`));
+"""
+
+
+def test_the_wheels_carry_pyodides_bytecode(web_bundle, tmp_path):
+    """Every module of the four wheels has Pyodide's bytecode beside it (Pyodide writes none:
+    a first start compiled each from source), and Pyodide imports it without its source."""
+    import subprocess
+
+    wasm = web_bundle / "wasm"
+    for w in json.loads((wasm / "manifest.json").read_text())["wheels"]:
+        names = set(zipfile.ZipFile(wasm / w["file"]).namelist())
+        sources = {n for n in names if n.endswith(".py")}
+        assert sources, w["file"]
+        for src in sources:
+            folder, _, stem = src.rpartition("/")
+            assert any(n.startswith(f"{folder}/__pycache__/{stem[:-3]}.cpython-3")
+                       and n.endswith(".pyc") for n in names), src
+    script = tmp_path / "import.mjs"
+    script.write_text(IMPORT_FROM_BYTECODE)
+    done = subprocess.run(["node", str(script), f"{wasm}/"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT / "web")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("cpython-3")
+
+
 def test_glue_encodes_a_step_as_flat_words():
     sys.path.insert(0, str(ROOT / "wasm"))
     try:
