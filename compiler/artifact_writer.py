@@ -6,6 +6,7 @@ an interrupted compile never leaves something that looks like a finished artifac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -174,6 +175,34 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
 # Builds in progress, and checking a finished artifact before reusing it
 
 TMP_INFIX = ".tmp-"  # "<artifact>.tmp-<pid>": a build in progress (never served or listed)
+
+
+@contextlib.contextmanager
+def build_lock(out_dir: Path, waiting: Callable[[], None] | None = None):
+    """Held while ``out_dir`` is checked and built. Two processes compiling one artifact (a
+    model's replicas starting together, two servers, a server and ``wick compile``) take turns:
+    the second then finds the first's artifact instead of building it again and replacing the
+    directory under the first one's readers. ``waiting`` is called when another holds it. An
+    ``flock`` on a hidden file beside the directory (released by the kernel if its holder dies;
+    the file stays, deleting it would race with a waiter)."""
+    try:
+        import fcntl
+    except ImportError:  # (no flock here: builds may overlap, each still written atomically)
+        yield
+        return
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def sweep_stale_builds(root: Path) -> list[Path]:

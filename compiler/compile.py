@@ -25,7 +25,7 @@ from .. import __version__ as WICK_VERSION
 from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from ..engine.errors import InvalidRequestError
 from . import paths
-from .artifact_writer import artifact_problems, sweep_stale_builds, write_artifact
+from .artifact_writer import artifact_problems, build_lock, sweep_stale_builds, write_artifact
 from .cpu_kernels import build_cpu_library
 from .cpu_schedules import WIDE_BATCHES
 from .cuda_kernels import build_cuda_source, cuda_target
@@ -544,6 +544,23 @@ def compile_model(
         _note_source(out, origin)
         report("cached", 1, 1)
         return out
+    with build_lock(out, lambda: log.warning("%s: another process is compiling it; waiting",
+                                             out.name)):
+        if not force and _reusable(out, key):  # (built by the one we waited for)
+            _note_source(out, origin)
+            report("cached", 1, 1)
+            return out
+        return _build(out, quant, source, source_hash, key, origin, options, entry_name or model,
+                      context_window, prefill_chunk_size, max_batch_size, max_param_bytes,
+                      shard_max_bytes, progress, report)
+
+
+def _build(out: Path, quant: Quantization, source, source_hash: str, key: str, origin: str,
+           options: dict, entry: str, context_window: int | None, prefill_chunk_size: int,
+           max_batch_size: int, max_param_bytes: int, shard_max_bytes: int, progress,
+           report) -> Path:
+    """Load, build, lower and write the artifact (compile_model, under its build lock)."""
+    from .sources import reading
 
     with reading(source.path):
         loaded = source.load(progress=progress)
@@ -572,7 +589,7 @@ def compile_model(
                              kv_window_pool=module.window_pool(),
                              embedding=_embedding_section(module, cfg, hf, loaded.tokenizer_json,
                                                           prefill_chunk_size),
-                             sampling=_sampling_section(entry_name or model, hf)),
+                             sampling=_sampling_section(entry, hf)),
         source={"model": origin, "sha256": source_hash}, options=options)
     return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
                           num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,

@@ -85,3 +85,39 @@ def test_artifact_problems_sizes_always_hashes_when_marked(tmp_path):
     assert "kernels/k.wgsl: sha256 mismatch" in artifact_problems(art)
     (art / "tokenizer.json").unlink()
     assert any(p.startswith("tokenizer.json:") for p in artifact_problems(art))
+
+
+def test_a_compile_waits_for_another_build_of_its_artifact_and_reuses_it(
+        tiny_llama_dir, tiny_artifact, tmp_path, caplog):
+    """Two compiles of one artifact (replicas starting together) take turns: the second waits
+    for the first's build lock, then finds its artifact instead of building it again and
+    replacing the directory under the first one's readers."""
+    import logging
+    import shutil
+    import threading
+    import time
+
+    from tests.conftest import TINY_SHARD_BYTES, TINY_SMALL
+    from wick.compiler.artifact_writer import build_lock
+    from wick.compiler.compile import compile_model
+
+    out, stages, result = tmp_path / "art", [], {}
+
+    def second() -> None:
+        result["path"] = compile_model(
+            str(tiny_llama_dir), "q0f32", output=out, shard_max_bytes=TINY_SHARD_BYTES,
+            progress=lambda stage, done, total: stages.append(stage), **TINY_SMALL)
+
+    caplog.set_level(logging.WARNING, logger="wick")
+    with build_lock(out):  # the first compile, building
+        thread = threading.Thread(target=second)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while "another process is compiling it" not in caplog.text:
+            assert time.monotonic() < deadline and thread.is_alive(), stages
+            time.sleep(0.05)
+        shutil.copytree(tiny_artifact, out)  # ... and done
+    thread.join(120)
+    assert result["path"] == out
+    assert stages[-1] == "cached" and "build model" not in stages, stages
+    assert artifact_problems(out, hashes=True) == []
