@@ -607,14 +607,20 @@ class ReplicaPool(ModelPool):
             with _signals_kept():
                 self.handle, info = await _in_daemon_thread(self._deploy)
             for name, snap in info.items():
-                engine = RemoteEngine(self.handle, name, {"": ReplicaCore(snap)})
-                self.add(engine)
-                if self.on_loaded is not None:
-                    self.on_loaded(name, engine)
+                self.add(RemoteEngine(self.handle, name, {"": ReplicaCore(snap)}))
             for label in self.models:  # (the names the models were served by work too)
                 if label not in self._aliases and len(info) == len(self.models):
                     self._aliases[label] = list(info)[self.models.index(label)]
-            await self._refresh()
+            # (every replica that starts with the deployment reports within a few cycles: the
+            # log's "N replicas" then counts them all, not the first one to report)
+            for _ in range(int(5 / REPORT_S)):
+                await self._refresh()
+                if all(len(e.replicas) >= self.scaling.least for e in self.engines.values()):
+                    break
+                await asyncio.sleep(REPORT_S)
+            if self.on_loaded is not None:
+                for name, engine in self.engines.items():
+                    self.on_loaded(name, engine)
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
             self.state, self.loading = "ready", None
         except Exception as e:  # noqa: BLE001 - reported through /health and the log
