@@ -108,8 +108,9 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
                         "its prompt in its prefix cache, else the least loaded (default); or "
                         "always the least loaded (Ray Serve's power of two choices)")
     p.add_argument("--ray-address", metavar="ADDRESS",
-                   help="an existing Ray cluster (e.g. ray://head:10001); default: a local one "
-                        "that wick serve starts and stops itself")
+                   help="an existing Ray cluster's GCS address (e.g. head:6379, or auto), "
+                        "with wick serve on one of its nodes; default: a local cluster that "
+                        "wick serve starts and stops itself")
     p.add_argument("--ray-app", metavar="NAME", default="wick",
                    help="the Ray Serve application's name (default: wick); each wick serve on "
                         "one cluster needs its own")
@@ -129,6 +130,11 @@ def replicas_of(args: argparse.Namespace):
             if value:
                 raise ValueError(f"{flag} needs --replicas N (or --min-replicas/--max-replicas)")
         return None
+    if args.ray_address and args.ray_address.startswith("ray://"):
+        # (Ray Client cannot stream from a Serve deployment, and every answer streams)
+        raise ValueError(f"--ray-address {args.ray_address}: Ray Client (ray://) cannot stream "
+                         "from Ray Serve replicas; run wick serve on a node of the cluster and "
+                         "give its GCS address (e.g. head:6379, or auto)")
     if not args.ray_app or not all(c.isalnum() or c in "-_." for c in args.ray_app):
         raise ValueError(f"--ray-app {args.ray_app!r}: use letters, digits, '-', '_' or '.'")
     gpus = args.replica_gpus
