@@ -183,16 +183,21 @@ def build_lock(out_dir: Path, waiting: Callable[[], None] | None = None):
     model's replicas starting together, two servers, a server and ``wick compile``) take turns:
     the second then finds the first's artifact instead of building it again and replacing the
     directory under the first one's readers. ``waiting`` is called when another holds it. An
-    ``flock`` on a hidden file beside the directory (released by the kernel if its holder dies;
-    the file stays, deleting it would race with a waiter)."""
+    ``flock`` (released by the kernel if its holder dies) on a file named after the directory's
+    path in the artifacts directory's ``.locks/`` (never beside a ``--output`` of the user's;
+    the file stays: deleting it would race with a waiter)."""
     try:
         import fcntl
     except ImportError:  # (no flock here: builds may overlap, each still written atomically)
         yield
         return
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "a") as f:
+    from .paths import artifacts_dir
+
+    out_dir = Path(out_dir).resolve()
+    locks = artifacts_dir() / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(str(out_dir).encode()).hexdigest()[:16]
+    with open(locks / f"{out_dir.name[:80]}-{digest}.lock", "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

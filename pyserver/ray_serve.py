@@ -494,15 +494,15 @@ def _signals_kept():
             signal.signal(s, handler)
 
 
-def check_cluster(scaling, applications: dict, resources: dict) -> None:
-    """Refuse, before anything is deployed, what would otherwise go wrong silently: an
-    application of the same name on the cluster (``serve.run`` would replace another server's
-    replicas) and replicas asking for more GPUs than the cluster has (they would wait forever
-    for them, and the server with them). A ValueError that says what to do."""
-    if scaling.app in applications:
-        raise ValueError(f"a Ray Serve application named {scaling.app!r} already runs on this "
-                         f"cluster (another wick serve?): name this one with --ray-app NAME, "
-                         f"or stop that one first (`serve delete {scaling.app}`)")
+def name_taken(app: str) -> str:
+    return (f"a Ray Serve application named {app!r} already runs on this cluster (another wick "
+            f"serve?): name this one with --ray-app NAME, or stop that one first "
+            f"(`serve delete {app}`)")
+
+
+def check_gpus(scaling, resources: dict) -> None:
+    """Replicas asking for more GPUs than the cluster has would wait for them forever, and the
+    server with them: refused before anything is deployed, with the numbers."""
     need, have = scaling.gpus * scaling.least, resources.get("GPU", 0.0)
     if need > have:
         raise ValueError(f"{scaling.least} replica(s) of {scaling.gpus:g} GPU each need "
@@ -582,11 +582,20 @@ class ReplicaPool(ModelPool):
             self._started_ray = self.scaling.address is None
             self._start_ray()
         scaling = self.scaling
+        check_gpus(scaling, ray.cluster_resources())  # (before anything is started or claimed)
+        # The application's name is claimed by this server's registry, a named actor: Ray
+        # refuses a second actor of one name at once (two servers starting together cannot both
+        # pass), and the actor dies with this process, freeing the name. (It also holds the
+        # replicas' snapshots.)
+        try:
+            self._registry = ReplicaRegistry.options(name=scaling.registry,
+                                                     namespace=NAMESPACE).remote()
+        except ValueError:
+            raise ValueError(name_taken(scaling.app)) from None
         serve.start(http_options={"location": "NoServer"})
-        check_cluster(scaling, serve.status().applications, ray.cluster_resources())
-        # (held here: a named actor lives as long as a handle to it, or its creator, does)
-        self._registry = ReplicaRegistry.options(name=scaling.registry, namespace=NAMESPACE,
-                                                 get_if_exists=True).remote()
+        if scaling.app in serve.status().applications:  # (left by a server that died)
+            raise ValueError(name_taken(scaling.app))
+        self._deployed = True  # (from here the name is ours: a failed deploy is ours to delete)
         routing = {} if scaling.router == "least-loaded" else {
             "request_router_config": RequestRouterConfig(request_router_class=PrefixAwareRouter)}
         deployment = serve.deployment(name="engines")(EngineReplica).options(
@@ -594,7 +603,6 @@ class ReplicaPool(ModelPool):
             **routing, **scaling.deployment_options())
         handle = serve.run(deployment.bind(self.models, self.engine_options, scaling.registry),
                            name=scaling.app, route_prefix=None, blocking=False)
-        self._deployed = True
         # the handle's router is made on its first call, with blocking calls to Ray: here, off
         # the server's event loop; then one replica's account of the models (all serve all)
         return handle, handle.info.remote().result()
@@ -666,7 +674,7 @@ class ReplicaPool(ModelPool):
     async def aclose(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
-        if self.handle is None and not self._started_ray:
+        if not self._deployed and not self._started_ray and self._registry is None:
             return
 
         def stop() -> None:
@@ -675,6 +683,8 @@ class ReplicaPool(ModelPool):
             try:
                 if self._deployed:  # (never another server's application of that name)
                     serve.delete(self.scaling.app)
+                if self._registry is not None and not self._started_ray:
+                    ray.kill(self._registry)  # (the name's claim, on a cluster that stays)
                 if self._started_ray:
                     serve.shutdown()
             finally:

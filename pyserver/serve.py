@@ -140,8 +140,10 @@ def replicas_of(args: argparse.Namespace):
     gpus = args.replica_gpus
     if gpus is None:
         gpus = 1.0 if args.device == "cuda" else 0.0
-    if gpus < 0:
-        raise ValueError("--replica-gpus must be 0 or more")
+    if not (0 <= gpus <= 1024 and (gpus <= 1 or float(gpus).is_integer())):  # (nan: refused)
+        # (Ray shares a GPU in fractions below 1; above, only whole GPUs)
+        raise ValueError(f"--replica-gpus {gpus:g}: give 0 or more, a fraction of one GPU "
+                         "(e.g. 0.5) or a whole number")
     if fixed is not None and (low is not None or high is not None):
         raise ValueError("say either --replicas N or --min-replicas/--max-replicas, not both")
     if fixed is None and (low is None or high is None):

@@ -46,6 +46,7 @@ def plain_host(exported):
     server, url = static_server(exported[0], {}, SUB)
     yield url
     server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,7 @@ def isolated_host(exported):
     server, url = static_server(exported[0], ISOLATION, SUB)
     yield url
     server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +201,8 @@ def test_an_app_bundling_the_npm_package_loads_from_an_export_on_another_origin(
         done = page.evaluate("globalThis.wickAppDone")
     finally:
         ctx.close()
-        export_server.shutdown()
-        app_server.shutdown()
+        for server in (export_server, app_server):
+            server.shutdown()
+            server.server_close()
     assert done["text"] == native["chat"]
     assert done["info"]["backend"] == "wasm"

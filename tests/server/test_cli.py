@@ -476,7 +476,9 @@ def test_set_parses_and_validates():
     (["--ray-app", "other"], "--ray-app needs --replicas"),
     (["--replica-gpus", "1"], "--replica-gpus needs --replicas"),
     (["--replicas", "2", "--ray-app", "a b"], "--ray-app 'a b': use letters"),
-    (["--replicas", "2", "--replica-gpus", "-1"], "--replica-gpus must be 0 or more"),
+    (["--replicas", "2", "--replica-gpus", "-1"], "--replica-gpus -1: give 0 or more"),
+    (["--replicas", "2", "--replica-gpus", "1.5"], "a fraction of one GPU"),
+    (["--replicas", "2", "--replica-gpus", "nan"], "--replica-gpus nan"),
 ])
 def test_serve_refuses_bad_replica_flags_in_one_line(flags, message, capsys):
     from wick.server.cli import main

@@ -151,25 +151,43 @@ HELLO_BAD = [{"role": "user", "content": "no key"}]
 def test_a_second_server_on_the_cluster_needs_its_own_app_name(replicated, tiny_a):
     """Another `wick serve --replicas` on the same cluster under the same application name is
     refused before it deploys anything (serve.run would have replaced the first server's
-    replicas), as is asking for more GPUs than the cluster has; the first server still
-    answers, and closing the refused pool leaves its application alone."""
+    replicas), as is asking for more GPUs than the cluster has; the first server's application
+    stays and answers, and a second name's claim is given back when its server closes."""
     import asyncio
 
     import ray
+    from ray import serve
 
-    from wick.server.ray_serve import ReplicaPool
+    from wick.server.ray_serve import NAMESPACE, ReplicaPool, ReplicaRegistry
 
     assert ray.is_initialized()  # (the first server's cluster: the second joins it)
+    too_many = ray.cluster_resources().get("GPU", 0) + 1
     for scaling, needle in [(Replicas(fixed=1), "--ray-app NAME"),
-                            (Replicas(fixed=2, app="gpu", gpus=1), "need 2 GPUs")]:
+                            (Replicas(fixed=1, app="gpu", gpus=too_many), "GPUs; the Ray")]:
         pool = ReplicaPool(models=[str(tiny_a)], engine_options={}, scaling=scaling)
         with pytest.raises(ValueError, match=needle):
             pool._deploy()
         asyncio.run(pool.aclose())
+        assert "wick" in serve.status().applications
+    # a name claimed, then refused before its deploy (as when an application of a server that
+    # died holds it): closing the pool frees the claim and deletes no application
+    other = Replicas(fixed=1, app="other")
+    pool = ReplicaPool(models=[str(tiny_a)], engine_options={}, scaling=other)
+    pool._registry = ReplicaRegistry.options(name=other.registry, namespace=NAMESPACE).remote()
+    asyncio.run(pool.aclose())
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ray.get_actor(other.registry, namespace=NAMESPACE)
+        except ValueError:
+            break
+        assert time.monotonic() < deadline, "the claim outlived its pool"
+        time.sleep(0.2)
     c = client(replicated)
     got = c.completions.create(model=c.models.list().data[0].id, prompt="still here",
                                max_tokens=2, temperature=0)
     assert got.usage.completion_tokens == 2
+    assert "wick" in serve.status().applications
 
 
 def metric_families(live) -> dict:
