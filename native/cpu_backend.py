@@ -9,7 +9,10 @@ nothing of TVM: this is the whole CPU runtime (the twin of web/src/wasm_executor
 
 Buffers are 64-byte aligned numpy arrays. A call's arguments (16-byte TVMFFIAny values, each
 pointing at a DLTensor, and their shapes) are packed once per distinct argument list and
-reused, so a step's cost is the kernels plus about a microsecond per call.
+reused. A step's calls go to the library in one foreign call (``wick_run_calls``: arrays of
+function and argument addresses, kept per distinct sequence of calls), so a step costs the
+kernels plus a few microseconds; a library built before that entry point gets one ctypes call
+per kernel (~2.5 us each).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ _TENSOR = struct.Struct("<QiiiBBHQQQ")
 _FFI_DLTENSOR_PTR = 7
 _DEVICE_CPU = 1
 _PACKED_CALLS_KEPT = 1 << 14  # distinct argument lists kept packed (then packed afresh)
+_STEPS_KEPT = 256  # distinct call sequences kept as address arrays (then built afresh)
 _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
                            ctypes.c_void_p)
 
@@ -109,6 +113,10 @@ class _Library:
         self.dll.wick_set_threads.restype = ctypes.c_int32
         self.dll.wick_error.restype = ctypes.c_char_p
         self.dll.wick_helper_tasks.restype = ctypes.c_int32
+        # (None: a library built before it; its calls then go one by one)
+        self.run_calls = getattr(self.dll, "wick_run_calls", None)
+        if self.run_calls is not None:
+            self.run_calls.restype = ctypes.c_int32
         _Pool.adopt(self)
 
     def function(self, name: str):
@@ -150,6 +158,10 @@ class CpuBackend:
         self._libraries: list[_Library] = []
         # argument list -> (packed block, its address, count): packed once, reused
         self._packed: dict[tuple[TensorRef, ...], tuple[object, int, int]] = {}
+        # a step's calls (their ids, the calls kept alive so that no id is reused) -> the
+        # arrays wick_run_calls takes, and the packed blocks they point into (kept alive too)
+        self._steps: dict[tuple[int, ...], tuple] = {}
+        self._run_calls = None  # a library's wick_run_calls, when every library has one
         self._result = ctypes.create_string_buffer(_ANY.size)  # (kernels return nothing)
 
     @classmethod
@@ -169,11 +181,14 @@ class CpuBackend:
         base = len(self._functions)
         for name in entry["functions"]:
             try:
-                self._functions.append((lib.function(name), lib, name))
+                fn = lib.function(name)
+                self._functions.append((fn, lib, name, ctypes.cast(fn, ctypes.c_void_p).value))
             except AttributeError:
                 raise ArtifactError(f"function {name!r} missing from the CPU kernels",
                                     path=path) from None
         self._libraries.append(lib)
+        self._run_calls = (self._libraries[0].run_calls
+                           if all(lib.run_calls is not None for lib in self._libraries) else None)
         return base
 
     # -------------------------------------------------------------- buffers
@@ -190,6 +205,7 @@ class CpuBackend:
     def free(self, buffer: BufferHandle) -> None:
         del self._arrays[buffer]
         self._packed.clear()  # (packed addresses may point into it; frees are rare)
+        self._steps.clear()
 
     def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
         mv = memoryview(data).cast("B")
@@ -237,11 +253,34 @@ class CpuBackend:
         for w in writes:
             self.write(w.buffer, w.offset, w.data)
         _Pool.use_threads(self.threads)  # (another backend may have set another count)
-        functions, packed, pack = self._functions, self._packed, self._pack
         result = ctypes.addressof(self._result)
-        for call in dispatches:
-            block = packed.get(call.args) or pack(call.args)
-            fn = functions[call.function]
-            if fn[0](None, block[1], block[2], result):  # a kernel's own check (shape, dtype)
-                raise DeviceError(f"CPU kernel {fn[2]} failed: {fn[1].error()}")
+        if self._run_calls is not None:
+            key = tuple(map(id, dispatches))
+            step = self._steps.get(key) or self._prepare(key, dispatches)
+            failed = self._run_calls(len(key), step[2], step[3], step[4], result)
+            if failed >= 0:
+                self._raise_failed(dispatches[failed])
+        else:
+            functions, packed, pack = self._functions, self._packed, self._pack
+            for call in dispatches:
+                block = packed.get(call.args) or pack(call.args)
+                if functions[call.function][0](None, block[1], block[2], result):
+                    self._raise_failed(call)  # (a kernel's own check: shape, dtype)
         return [self._arrays[r.buffer][r.offset:r.offset + r.size].tobytes() for r in reads]
+
+    def _prepare(self, key: tuple[int, ...], dispatches: Sequence[Call]) -> tuple:
+        """The address arrays of a sequence of calls for wick_run_calls, kept for its next step."""
+        calls = list(dispatches)
+        blocks = [self._packed.get(c.args) or self._pack(c.args) for c in calls]
+        n = len(calls)
+        fns = (ctypes.c_void_p * n)(*[self._functions[c.function][3] for c in calls])
+        args = (ctypes.c_void_p * n)(*[b[1] for b in blocks])
+        counts = (ctypes.c_int32 * n)(*[b[2] for b in blocks])
+        if len(self._steps) >= _STEPS_KEPT:
+            self._steps.clear()
+        step = self._steps[key] = (calls, blocks, fns, args, counts)
+        return step
+
+    def _raise_failed(self, call: Call) -> None:
+        fn = self._functions[call.function]
+        raise DeviceError(f"CPU kernel {fn[2]} failed: {fn[1].error()}")

@@ -67,6 +67,25 @@ def test_a_step_is_calls_of_the_kernel_library(tiny_core):
     assert len(seen) > 10 and all(isinstance(d, Call) for d in seen)
 
 
+def test_a_step_goes_to_the_library_in_one_call_with_the_same_bits(tiny_core):
+    """The library's wick_run_calls runs a step's calls in one foreign call (the same address
+    arrays reused for a repeated step); the logits are the bits of calling each kernel
+    through ctypes, as a library without that entry point is run."""
+    backend = tiny_core.runner.backend
+    assert backend._run_calls is not None
+    prompts = [ids_of(20, 1), ids_of(9, 2)]
+    batched = prefill_logits(tiny_core.runner, prompts)
+    steps = dict(backend._steps)
+    assert steps and prefill_logits(tiny_core.runner, prompts).tobytes() == batched.tobytes()
+    assert backend._steps.keys() == steps.keys()  # (the same step again: its arrays reused)
+    run_calls, backend._run_calls = backend._run_calls, None
+    try:
+        one_by_one = prefill_logits(tiny_core.runner, prompts)
+    finally:
+        backend._run_calls = run_calls
+    assert one_by_one.tobytes() == batched.tobytes()
+
+
 @pytest.fixture(scope="module")
 def tiny_q4(tiny_llama_dir, compiled, cpu, backend):
     """The tiny Llama in q4f32_1 on both backends: (cpu core, lavapipe core)."""
