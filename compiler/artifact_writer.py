@@ -194,10 +194,15 @@ def build_lock(out_dir: Path, waiting: Callable[[], None] | None = None):
     from .paths import artifacts_dir
 
     out_dir = Path(out_dir).resolve()
-    locks = artifacts_dir() / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(str(out_dir).encode()).hexdigest()[:16]
-    with open(locks / f"{out_dir.name[:80]}-{digest}.lock", "a") as f:
+    try:
+        locks = artifacts_dir() / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        f = open(locks / f"{out_dir.name[:80]}-{digest}.lock", "a")
+    except OSError:  # (a read-only wick home, compiling to --output elsewhere: no lock)
+        yield
+        return
+    with f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

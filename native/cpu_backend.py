@@ -117,6 +117,8 @@ class _Library:
         self.run_calls = getattr(self.dll, "wick_run_calls", None)
         if self.run_calls is not None:
             self.run_calls.restype = ctypes.c_int32
+            self.run_calls.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_void_p, ctypes.c_void_p]
         _Pool.adopt(self)
 
     def function(self, name: str):
@@ -154,7 +156,7 @@ class CpuBackend:
         self.name = f"cpu: {self.adapter_name} ({self.threads} threads)"
         self._arrays: dict[BufferHandle, np.ndarray] = {}  # handle -> aligned uint8 array
         self._next_handle = 1
-        self._functions: list = []  # (ctypes function, its library, its name)
+        self._functions: list = []  # (ctypes function, its library, its name, its address)
         self._libraries: list[_Library] = []
         # argument list -> (packed block, its address, count): packed once, reused
         self._packed: dict[tuple[TensorRef, ...], tuple[object, int, int]] = {}

@@ -500,14 +500,20 @@ def name_taken(app: str) -> str:
             f"(`serve delete {app}`)")
 
 
-def check_gpus(scaling, resources: dict) -> None:
-    """Replicas asking for more GPUs than the cluster has would wait for them forever, and the
-    server with them: refused before anything is deployed, with the numbers."""
-    need, have = scaling.gpus * scaling.least, resources.get("GPU", 0.0)
-    if need > have:
-        raise ValueError(f"{scaling.least} replica(s) of {scaling.gpus:g} GPU each need "
-                         f"{need:g} GPUs; the Ray cluster has {have:g}: lower --replica-gpus "
-                         f"or --replicas, or add GPU nodes")
+def check_gpus(scaling, node_gpus: list[float]) -> None:
+    """Replicas asking for more GPUs than the cluster can place would wait for them forever, and
+    the server with them: refused before anything is deployed, with the numbers. A replica takes
+    its GPUs on one node; fractions share a GPU, floor(1 / fraction) replicas to one.
+    ``node_gpus``: the GPUs of each live node."""
+    g = scaling.gpus
+    if g <= 0:
+        return
+    fit = sum(int(n // g) if g > 1 else int(n) * int(1 / g + 1e-9) for n in node_gpus)
+    if fit < scaling.least:
+        raise ValueError(f"{scaling.least} replica(s) of {g:g} GPU each do not fit the Ray "
+                         f"cluster's GPUs ({', '.join(f'{n:g}' for n in node_gpus) or 'none'} "
+                         f"per node: room for {fit}): lower --replica-gpus or --replicas, or "
+                         f"add GPU nodes")
 
 
 def apply_snapshots(engines: dict[str, RemoteEngine], snapshots: dict[str, dict]) -> None:
@@ -582,7 +588,8 @@ class ReplicaPool(ModelPool):
             self._started_ray = self.scaling.address is None
             self._start_ray()
         scaling = self.scaling
-        check_gpus(scaling, ray.cluster_resources())  # (before anything is started or claimed)
+        check_gpus(scaling, [n["Resources"].get("GPU", 0.0) for n in ray.nodes()
+                             if n.get("Alive")])  # (before anything is started or claimed)
         # The application's name is claimed by this server's registry, a named actor: Ray
         # refuses a second actor of one name at once (two servers starting together cannot both
         # pass), and the actor dies with this process, freeing the name. (It also holds the
@@ -681,10 +688,12 @@ class ReplicaPool(ModelPool):
             with self._ray_lock:  # (after any read in flight; none starts after this)
                 self._ray_stopping = True
             try:
-                if self._deployed:  # (never another server's application of that name)
-                    serve.delete(self.scaling.app)
-                if self._registry is not None and not self._started_ray:
-                    ray.kill(self._registry)  # (the name's claim, on a cluster that stays)
+                try:
+                    if self._deployed:  # (never another server's application of that name)
+                        serve.delete(self.scaling.app)
+                finally:
+                    if self._registry is not None and not self._started_ray:
+                        ray.kill(self._registry)  # (the name's claim, on a cluster that stays)
                 if self._started_ray:
                     serve.shutdown()
             finally:

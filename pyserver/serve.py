@@ -140,7 +140,7 @@ def replicas_of(args: argparse.Namespace):
     gpus = args.replica_gpus
     if gpus is None:
         gpus = 1.0 if args.device == "cuda" else 0.0
-    if not (0 <= gpus <= 1024 and (gpus <= 1 or float(gpus).is_integer())):  # (nan: refused)
+    if not (gpus == 0 or 1e-4 <= gpus <= 1024) or (gpus > 1 and not float(gpus).is_integer()):
         # (Ray shares a GPU in fractions below 1; above, only whole GPUs)
         raise ValueError(f"--replica-gpus {gpus:g}: give 0 or more, a fraction of one GPU "
                          "(e.g. 0.5) or a whole number")

@@ -479,6 +479,7 @@ def test_set_parses_and_validates():
     (["--replicas", "2", "--replica-gpus", "-1"], "--replica-gpus -1: give 0 or more"),
     (["--replicas", "2", "--replica-gpus", "1.5"], "a fraction of one GPU"),
     (["--replicas", "2", "--replica-gpus", "nan"], "--replica-gpus nan"),
+    (["--replicas", "2", "--replica-gpus", "0.00001"], "a fraction of one GPU"),
 ])
 def test_serve_refuses_bad_replica_flags_in_one_line(flags, message, capsys):
     from wick.server.cli import main

@@ -163,12 +163,14 @@ def test_a_second_server_on_the_cluster_needs_its_own_app_name(replicated, tiny_
     assert ray.is_initialized()  # (the first server's cluster: the second joins it)
     too_many = ray.cluster_resources().get("GPU", 0) + 1
     for scaling, needle in [(Replicas(fixed=1), "--ray-app NAME"),
-                            (Replicas(fixed=1, app="gpu", gpus=too_many), "GPUs; the Ray")]:
+                            (Replicas(fixed=1, app="gpu", gpus=too_many), "do not fit")]:
         pool = ReplicaPool(models=[str(tiny_a)], engine_options={}, scaling=scaling)
         with pytest.raises(ValueError, match=needle):
             pool._deploy()
+        assert pool._registry is None  # (refused before any claim: the first's is not its own)
         asyncio.run(pool.aclose())
         assert "wick" in serve.status().applications
+        ray.get_actor(Replicas(app="wick").registry, namespace=NAMESPACE)  # (the first's claim)
     # a name claimed, then refused before its deploy (as when an application of a server that
     # died holds it): closing the pool frees the claim and deletes no application
     other = Replicas(fixed=1, app="other")
@@ -305,3 +307,19 @@ def test_a_flooded_prefix_replica_is_passed_over():
     assert choose() == [[a], [b]]  # busier, within the margin
     router.queues = {"a": IMBALANCE + 1, "b": 0}
     assert choose() == [[a, b]]  # flooded: least loaded decides
+
+
+def test_replica_gpus_are_placed_per_node_and_per_gpu():
+    """A replica's GPUs come from one node, and fractions share a GPU floor(1 / g) to one: the
+    cluster's total would let 3 x 0.6 onto 2 GPUs, or 1 x 2 across two 1-GPU nodes, and both
+    would wait forever."""
+    from wick.server.ray_serve import check_gpus
+
+    check_gpus(Replicas(fixed=4, gpus=0.5), [2.0])
+    check_gpus(Replicas(fixed=2, gpus=2), [4.0, 1.0])
+    check_gpus(Replicas(fixed=8, gpus=0), [])
+    for scaling, nodes in [(Replicas(fixed=3, gpus=0.6), [2.0]),
+                           (Replicas(fixed=1, gpus=2), [1.0, 1.0]),
+                           (Replicas(low=3, high=5, gpus=1), [2.0])]:
+        with pytest.raises(ValueError, match="do not fit"):
+            check_gpus(scaling, nodes)
