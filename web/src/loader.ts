@@ -27,6 +27,7 @@ const PREFETCH_BYTES = 256 * 2 ** 20;
 const RETRIES = 4; // further attempts after a network failure, per file
 const BACKOFF_MS = 250;
 export const STALL_MS = 30_000; // default: a download that sends nothing this long is cut and resumed
+const LATE_MS = 250; // a stall timer this late was held up by a busy thread: look again first
 
 export class Failure extends Error {
   constructor(readonly p: ErrorPayload) {
@@ -278,7 +279,20 @@ export class ArtifactLoader {
       let timer = 0;
       const watch = () => {
         clearTimeout(timer);
-        timer = setTimeout(() => abort.abort(), this.stallMs) as unknown as number;
+        let due = performance.now() + this.stallMs;
+        const fire = () => {
+          // A timer that fires late found this thread busy (Python's first boot runs on it,
+          // seconds at a time), and data that came meanwhile may still be queued behind it:
+          // silence is only silence once the stream has had a free moment to deliver it.
+          const now = performance.now();
+          if (now - due > LATE_MS) {
+            due = now + LATE_MS;
+            timer = setTimeout(fire, LATE_MS) as unknown as number;
+            return;
+          }
+          abort.abort();
+        };
+        timer = setTimeout(fire, this.stallMs) as unknown as number;
       };
       const stalled = (e: unknown) => (abort.signal.aborted
         ? `no data for ${this.stallMs / 1000} s` : (e as Error).message);
