@@ -133,6 +133,9 @@ class _Child:
 
     def __init__(self, init: dict[str, Any]) -> None:
         self._stderr = tempfile.TemporaryFile()
+        # (the child's slot reads its stderr when it is lost while the pool's close kills it
+        # from another thread: one of them at a time, and a closed file is left alone)
+        self._stderr_lock = threading.Lock()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wick.native.grammar_worker"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, close_fds=True)
@@ -177,16 +180,20 @@ class _Child:
         except subprocess.TimeoutExpired:
             self.kill()
             code = self.proc.returncode
-        self._stderr.seek(max(0, self._stderr.seek(0, 2) - _STDERR_TAIL))
-        tail = self._stderr.read().decode(errors="replace")
-        self._stderr.close()
+        with self._stderr_lock:
+            tail = ""
+            if not self._stderr.closed:
+                self._stderr.seek(max(0, self._stderr.seek(0, 2) - _STDERR_TAIL))
+                tail = self._stderr.read().decode(errors="replace")
+                self._stderr.close()
         return _Lost(code, tail)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self._stderr.close()
+        with self._stderr_lock:
+            self._stderr.close()
 
 
 @dataclass(slots=True)
