@@ -550,47 +550,35 @@ def compile_model(
             _note_source(out, origin)
             report("cached", 1, 1)
             return out
-        return _build(out, quant, source, source_hash, key, origin, options, entry_name or model,
-                      context_window, prefill_chunk_size, max_batch_size, max_param_bytes,
-                      shard_max_bytes, progress, report)
+        with reading(source.path):
+            loaded = source.load(progress=progress)
+            hf = loaded.config
+            family = family_for(hf.get("model_type", "llama"))
+            cfg = family.Config.from_hf(hf)
+            _refuse_f16_overflow(family, quant)  # (a source family_of could not read ahead)
+            converted = family.convert_weights(cfg, loaded.weights)
+        window = min(context_window or cfg.context_window, cfg.context_window)
 
-
-def _build(out: Path, quant: Quantization, source, source_hash: str, key: str, origin: str,
-           options: dict, entry: str, context_window: int | None, prefill_chunk_size: int,
-           max_batch_size: int, max_param_bytes: int, shard_max_bytes: int, progress,
-           report) -> Path:
-    """Load, build, lower and write the artifact (compile_model, under its build lock)."""
-    from .sources import reading
-
-    with reading(source.path):
-        loaded = source.load(progress=progress)
-        hf = loaded.config
-        family = family_for(hf.get("model_type", "llama"))
-        cfg = family.Config.from_hf(hf)
-        _refuse_f16_overflow(family, quant)  # (a source family_of could not read ahead)
-        converted = family.convert_weights(cfg, loaded.weights)
-    window = min(context_window or cfg.context_window, cfg.context_window)
-
-    report("build model", 0, 1)
-    packing = mixed_plan(quant, loaded.source_dtypes) if quant.mixed else None
-    module, modules, named = build_module(family, cfg, quant, max_param_bytes, packing)
-    packing = packing or (lambda linear: quant)
-    with reading(source.path):
-        _check_weights(named, converted, packing, max_param_bytes)
-    report("build model", 1, 1)
-    lowered, libraries = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
-                                      max_batch_size, report)
-    names = [name for name, _ in named]
-    header = artifact_header(
-        model_id=source.name, quant=quant, key=key,
-        model=_model_section(family.NAME, cfg, hf, loaded.tokenizer_config,
-                             context_window=window, prefill_chunk=prefill_chunk_size,
-                             max_batch=max_batch_size, quant=quant, kv_window=module.kv_window(),
-                             kv_window_pool=module.window_pool(),
-                             embedding=_embedding_section(module, cfg, hf, loaded.tokenizer_json,
-                                                          prefill_chunk_size),
-                             sampling=_sampling_section(entry, hf)),
-        source={"model": origin, "sha256": source_hash}, options=options)
-    return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
-                          num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
-                          shard_max_bytes=shard_max_bytes, libraries=libraries)
+        report("build model", 0, 1)
+        packing = mixed_plan(quant, loaded.source_dtypes) if quant.mixed else None
+        module, modules, named = build_module(family, cfg, quant, max_param_bytes, packing)
+        packing = packing or (lambda linear: quant)
+        with reading(source.path):
+            _check_weights(named, converted, packing, max_param_bytes)
+        report("build model", 1, 1)
+        lowered, libraries = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
+                                          max_batch_size, report)
+        names = [name for name, _ in named]
+        header = artifact_header(
+            model_id=source.name, quant=quant, key=key,
+            model=_model_section(family.NAME, cfg, hf, loaded.tokenizer_config,
+                                 context_window=window, prefill_chunk=prefill_chunk_size,
+                                 max_batch=max_batch_size, quant=quant, kv_window=module.kv_window(),
+                                 kv_window_pool=module.window_pool(),
+                                 embedding=_embedding_section(module, cfg, hf, loaded.tokenizer_json,
+                                                              prefill_chunk_size),
+                                 sampling=_sampling_section(entry_name or model, hf)),
+            source={"model": origin, "sha256": source_hash}, options=options)
+        return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
+                              num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
+                              shard_max_bytes=shard_max_bytes, libraries=libraries)
