@@ -51,6 +51,16 @@ step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q -e
 # only), so it goes in without its dependencies.
 XGRAMMAR=$(.venv/bin/python -c "from wick.native.grammar import XGRAMMAR_VERSION as v; print(v)")
 step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-deps "xgrammar==${XGRAMMAR}"
+# The Ray Serve LLM test (tests/server/test_ray_llm.py) runs Ray's LLM application with wick as
+# its engine; Ray imports the OpenAI types of vLLM or SGLang. SGLang's, without SGLang's runtime,
+# go into a directory of their own, on that test's PYTHONPATH only (the file says why each).
+RAY_LLM_REQS=tests/server/ray_llm_requirements.txt
+if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt; then
+  rm -rf .venv/ray-llm
+  step "installing Ray Serve LLM's OpenAI types for its test (.venv/ray-llm)" \
+    .venv/bin/python -m pip install -q --no-deps --target .venv/ray-llm -r "$RAY_LLM_REQS"
+  cp "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt
+fi
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
 # with node and npm (Debian's, installed when missing); the server and the Python engine work
