@@ -95,7 +95,7 @@ def wick_run(core, prompt: list[int], tokens: int, batch: int) -> Run:
 
 def bench_wick(args, prompt_text: str):
     from wick import Engine
-    from wick.server.cli import ProgressBars
+    from wick.server.progress_bars import ProgressBars
 
     bars = ProgressBars()  # compile (first run only) and weight upload, on stderr
     engine = Engine(args.model, quantization=args.quantization, device=args.device,

@@ -71,7 +71,7 @@ def ensure_artifact(args, quant: str) -> Path:
     if (path / "wick-artifact.json").is_file():
         return path
     from wick.compiler.synthetic import compile_synthetic
-    from wick.server.cli import ProgressBars
+    from wick.server.progress_bars import ProgressBars
 
     bars = ProgressBars()
     try:

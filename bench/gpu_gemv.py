@@ -62,7 +62,8 @@ def decode_gemv_functions(config: Path, quant_name: str, max_batch: int):
     from tvm import tirx
 
     from wick.compiler.compile import build_module
-    from wick.compiler.lower import relax_passes, webgpu_target
+    from wick.compiler.lower import relax_passes
+    from wick.compiler.tir_lower import webgpu_target
     from wick.compiler.models import family_for
     from wick.compiler.models.layers import MAX_BINDING_BYTES
     from wick.compiler.quantization import get_quantization
@@ -89,9 +90,9 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
     from tvm.s_tir import dlight as dl
 
     from wick.compiler.cuda_kernels import CudaSet, build_cuda_source, cuda_target
-    from wick.compiler.lower import _host_launches, lower_split
+    from wick.compiler.tir_lower import _host_launches, lower_split
 
-    from wick.compiler.lower import webgpu_target
+    from wick.compiler.tir_lower import webgpu_target
 
     target = cuda_target()
     if name.startswith("warp"):

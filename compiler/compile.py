@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .. import __version__ as WICK_VERSION
+from .._version import __version__ as WICK_VERSION
 from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from ..engine.errors import InvalidRequestError
 from . import paths
@@ -34,7 +34,7 @@ from .wasm_kernels import build_wasm_libraries
 from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, requantize, row_splits
-from .models.paged_attention import PAGE_SIZE
+from .models.kv_layout import PAGE_SIZE
 from .quantization import Quantization, get_quantization, mixed_plan, quantize
 
 # Bump on a format change; the source digest below catches every other compiler change.

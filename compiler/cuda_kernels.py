@@ -25,7 +25,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
-from .lower import TirFunction, _host_launches, _scalar_dtype, lower_split, schedule_rules
+from .tir_lower import TirFunction, _host_launches, _scalar_dtype, lower_split, schedule_rules
 
 log = logging.getLogger("wick")
 

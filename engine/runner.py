@@ -138,7 +138,7 @@ class Runner:
 
         A step of generating sequences only (``Batch.decode_only``) runs ``decode1`` (b == 1)
         or ``decode``, any other step ``forward`` (tiled GEMM). The decode plans sum each
-        sequence's row in the same order (compiler/lower.py ``schedule_rules``), ``forward``
+        sequence's row in the same order (compiler/tir_lower.py ``schedule_rules``), ``forward``
         in another; in f16 variants the two round apart now and then. So a sequence's tokens
         do not depend on what runs beside it as long as the scheduler keeps prompt work out of
         decode steps (``Scheduler(separate_prefill=True)``, the engine's default).

@@ -50,7 +50,7 @@ class BrowserVariants:
         from ..compiler.hub import is_hub_uri
         from ..compiler.extra import require_compiler
         from ..compiler.sources import builtin_models
-        from .cli import ProgressBars
+        from .progress_bars import ProgressBars
 
         if not source or not (source in builtin_models() or is_hub_uri(source)
                               or Path(source).exists()):

@@ -19,16 +19,16 @@ import json
 import shutil
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..engine.errors import InvalidRequestError, WickError
 from ..native.devices import DEVICE_HELP, DEVICES
 from ..native.devices import device as device_arg
+from .progress_bars import ProgressBars, human_bytes
 
 QUANTIZATIONS = tuple(_SCHEMES)
 DEFAULT_QUANTIZATION = "q4f16_1"  # best; devices without shader-f16 (some browsers) use q4f32_1
@@ -40,81 +40,6 @@ class CLIError(WickError):
     default_status = 400
     default_type = "invalid_request_error"
     default_code = "cli_error"
-
-
-# ---------------------------------------------------------------------------------------------
-# Progress: one tqdm bar per stage, on stderr
-
-
-class ProgressBars:
-    """``progress(stage, done, total)`` callback: one bar per stage on a terminal, one plain
-    line per finished stage otherwise (logs, pipes, tests).
-
-    Stages counted in bytes (``extract``, ``upload weights``) get byte units. A bar left before
-    its stage completes (``resolve source`` wraps the download) is cleared, not left half-full;
-    it draws again when that stage reports again.
-    """
-
-    BYTE_STAGES = frozenset({"extract", "upload weights"})
-    UNITS = {"dequantize": "tensor", "read": "tensor", "write weights": "tensor"}
-
-    def __init__(self, file: TextIO | None = None, *, bars: bool | None = None,
-                 prefix: str = "") -> None:
-        self.file = file or sys.stderr
-        self.bars = self.file.isatty() if bars is None else bars
-        self.prefix = f"{prefix}: " if prefix else ""  # names the work when several run
-        self._stage: str | None = None
-        self._started = 0.0
-        self._bar = None  # tqdm, in bar mode
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage == "cached":
-            self.close()
-            print(f"{self.prefix}using the cached artifact (--force rebuilds it)", file=self.file,
-                  flush=True)
-            return
-        if stage != self._stage:
-            self._open(stage, total)
-        if self._bar is not None:
-            if self._bar.total != total:
-                self._bar.total = total
-            self._bar.update(done - self._bar.n)
-        if total and done >= total:
-            self._finish(stage, done, total)
-
-    def _open(self, stage: str, total: int) -> None:
-        self.close()
-        self._stage = stage
-        self._started = time.perf_counter()
-        if self.bars:
-            from tqdm import tqdm
-
-            in_bytes = stage in self.BYTE_STAGES
-            self._bar = tqdm(
-                total=total, desc=self.prefix + stage, file=self.file, leave=False,
-                dynamic_ncols=True,
-                unit="B" if in_bytes else self.UNITS.get(stage, "step"),
-                unit_scale=in_bytes, unit_divisor=1024 if in_bytes else 1000,
-            )
-
-    def _finish(self, stage: str, done: int, total: int) -> None:
-        if self._bar is not None:
-            self._bar.leave = True
-            self._bar.close()
-        else:
-            amount = _human(done) if stage in self.BYTE_STAGES else f"{done}/{total}"
-            seconds = time.perf_counter() - self._started
-            print(f"{self.prefix}{stage}: {amount} ({seconds:.1f} s)", file=self.file, flush=True)
-        self._bar = None
-        self._stage = None
-
-    def close(self) -> None:
-        """Clear an unfinished bar (call when the work is over or was interrupted)."""
-        if self._bar is not None:
-            self._bar.leave = False
-            self._bar.close()
-        self._bar = None
-        self._stage = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,14 +161,6 @@ def list_artifacts(root: Path | None = None) -> list[ArtifactEntry]:
     return entries
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     from ..compiler.paths import artifacts_dir
 
@@ -252,7 +169,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no compiled artifacts in {artifacts_dir()}", file=sys.stderr)
         return 0
     rows = [("MODEL", "QUANT", "SIZE", "SOURCE", "PATH")]
-    rows += [(e.model_id, e.quantization, _human(e.size), e.source or "-", str(e.path))
+    rows += [(e.model_id, e.quantization, human_bytes(e.size), e.source or "-", str(e.path))
              for e in entries]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
@@ -356,7 +273,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="wick", description="wick: compile and run LLMs on WebGPU / native wgpu.")

@@ -177,7 +177,7 @@ def export_site(out: Path, models: list[str], quantization: str | None = None,
 
 
 def cmd_export(args) -> int:
-    from .cli import ProgressBars
+    from .progress_bars import ProgressBars
 
     bars = ProgressBars()
     try:

@@ -124,7 +124,7 @@ def check_built(extra: list[Path], error: type[WickError], then: str) -> None:
 
 def build_extension(out: Path, host: str, allow_origins: list[str] | tuple[str, ...] = ()) -> dict:
     """Write the extension to ``out`` (a directory, or a .zip file); returns a summary."""
-    from .. import __version__
+    from .._version import __version__
 
     host_origin, host_path = _origin(host, "host URL", path_ok=True)
     allowed = sorted({_origin(o, "allow-origin", path_ok=False)[0] for o in allow_origins})

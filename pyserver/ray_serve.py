@@ -41,7 +41,7 @@ from ray import serve
 from ray.serve.request_router import RequestRouter
 
 from ..engine.errors import WickError
-from .app import ModelPool
+from .model_pool import ModelPool
 
 log = logging.getLogger("wick")
 
@@ -215,7 +215,7 @@ class EngineReplica:
     """One replica: the served models' engines, named as a single server names them."""
 
     def __init__(self, models: list[str], engine_options: dict, registry: str) -> None:
-        from .app import ModelPool
+        from .model_pool import ModelPool
         from .local import AsyncEngine
 
         self.pool = ModelPool.of(*[AsyncEngine(m, **engine_options) for m in models])
@@ -615,7 +615,7 @@ class ReplicaPool(ModelPool):
         return handle, handle.info.remote().result()
 
     async def load(self) -> None:
-        from .app import _in_daemon_thread
+        from .model_pool import _in_daemon_thread
 
         try:
             self.loading = ", ".join(self.models)
@@ -670,7 +670,7 @@ class ReplicaPool(ModelPool):
                 for replica, core in e.replicas.items()]
 
     def replicas(self) -> dict[str, Any]:  # type: ignore[override]
-        from .app import engine_health
+        from .model_pool import engine_health
 
         out: dict[str, Any] = {}
         for name, e in self.engines.items():

@@ -351,7 +351,7 @@ def serving_app(
     from .app import ModelPool, create_app
     from .artifact_host import ArtifactHost
     from .browser_variants import BrowserVariants
-    from .cli import ProgressBars
+    from .progress_bars import ProgressBars
     from .local import AsyncEngine
 
     host_artifacts = ArtifactHost()

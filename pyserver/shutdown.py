@@ -12,7 +12,7 @@ from ..engine.errors import WickError
 from .connection import HEADER_TIMEOUT_S, WRITE_TIMEOUT_S
 
 if TYPE_CHECKING:
-    from .app import ModelPool
+    from .model_pool import ModelPool
 
 log = logging.getLogger("wick.server")
 

@@ -1,6 +1,6 @@
 """wick: a browser-first LLM engine. ``from wick import Engine, AsyncEngine``."""
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["Engine", "AsyncEngine", "__version__"]
 

@@ -74,7 +74,7 @@ import math
 from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
-from .paged_attention import PAGE_SIZE
+from .kv_layout import PAGE_SIZE
 from .window_attention import kernel_name
 
 PAGED_NAME = "batch_prefill_paged_kv"

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 
-from . import gemma2
+# (Gemma 2's model, weight conversion and GGUF tensor reader, as they are)
+from .gemma2 import GGUF_LAYER_NAMES as GEMMA2_LAYER_NAMES
+from .gemma2 import Model, convert_weights, gguf_tensor, layer_types  # noqa: F401
 from .decoder import DecoderConfig, effective_window
 from ..hf_source import rope_settings
 from .paged_attention import AttentionSpec
@@ -27,11 +28,10 @@ GGUF_PERMUTED_QK = False
 # runs it in bf16 or f32): f16 variants would give inf/NaN, so compile refuses them
 FLOAT16_OVERFLOWS = True
 GGUF_LAYER_NAMES = {
-    **gemma2.GGUF_LAYER_NAMES,
+    **GEMMA2_LAYER_NAMES,
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
-gguf_tensor = gemma2.gguf_tensor
 
 
 def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
@@ -59,7 +59,7 @@ class Config(DecoderConfig):
         pattern = int(hf.get("sliding_window_pattern") or 6)
         c.extra.update(
             scale=float(hf.get("query_pre_attn_scalar") or c.head_dim) ** -0.5,
-            sliding=gemma2.layer_types(hf, lambda i: (i + 1) % pattern != 0),
+            sliding=layer_types(hf, lambda i: (i + 1) % pattern != 0),
             rope=_rope_by_kind(hf),
         )
         return c
@@ -70,10 +70,3 @@ class Config(DecoderConfig):
         window = effective_window(self.sliding_window, self.context_window) if sliding else None
         return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
                              dtype, theta, scaling, scale=self.extra["scale"], window=window)
-
-
-Model = gemma2.Model
-
-
-def convert_weights(c: DecoderConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return gemma2.convert_weights(c, weights)

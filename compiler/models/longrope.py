@@ -27,14 +27,14 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
+from ..model_config import UnsupportedConfig
+
 
 def longrope_settings(scaling: dict[str, Any], hf: dict[str, Any], rotary_dim: int
                       ) -> dict[str, Any]:
     """transformers' longrope parameters from a config: factors, the pretrained length (a
     top-level ``original_max_position_embeddings`` wins, as in transformers), and the attention
     factor (given, or sqrt(1 + ln(factor) / ln(pretrained length)))."""
-    from .decoder import UnsupportedConfig
-
     original = int(hf.get("original_max_position_embeddings")
                    or scaling.get("original_max_position_embeddings")
                    or hf.get("max_position_embeddings", 4096))

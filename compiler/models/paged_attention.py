@@ -25,7 +25,7 @@ from tvm.relax.frontend.nn.llm._page_kernels import _kv_cache_transpose_append
 from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill
 from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
 
-PAGE_SIZE = 16  # tokens per KV page; TVM's kernels are generated for this size
+from .kv_layout import PAGE_SIZE
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
-from .paged_attention import PAGE_SIZE
+from .kv_layout import PAGE_SIZE
 
 NT = 64  # threads per workgroup = keys per tile
 NEG_BIG = -3.0e38

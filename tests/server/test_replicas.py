@@ -210,7 +210,7 @@ def test_a_replicas_error_arrives_as_its_own_class():
     client to retry (Retry-After), a replica's shutdown included."""
     from wick.engine.errors import (ContextLengthExceededError, EngineAbortedError,
                                     WickError)
-    from wick.server.app import ServiceUnavailableError
+    from wick.server.model_pool import ServiceUnavailableError
     from wick.server.ray_serve import _error_data, _raise_if_error
 
     for err in (EngineAbortedError("the engine stopped"),
