@@ -22,6 +22,7 @@ kernels vs wllama in the same Chromium (bench/cpu_browser.py).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--browser-threads", type=int, default=None,
                         help="threads in the browser (default: --threads)")
     parser.add_argument("--skip-native", action="store_true", help="(with --browser)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the native table as JSON (e.g. bench/results/cpu.json)")
     args = parser.parse_args(argv)
     if args.browser:
         browser_half(args)
@@ -145,19 +148,34 @@ def main(argv: list[str] | None = None) -> None:
             (f"prefill tok/s (batch {b})", "prefill_tps", b),
             ("decode tok/s (batch 1)", "decode_tps", 1),
             (f"decode tok/s (batch {b})", "decode_tps", b)]
+    table = {}
     for name, attr, batch in rows:
         ours_v, theirs_v = getattr(ours[batch], attr), getattr(theirs[batch], attr)
         print(f"{name:<26}{ours_v:>10.1f}{theirs_v:>12.1f}{ours_v / theirs_v:>15.2f}x")
+        table[name] = {"wick": round(ours_v, 1), "llama.cpp": round(theirs_v, 1),
+                       "ratio": round(ours_v / theirs_v, 3)}
     same = matching_prefix(ours[1].first_ids, theirs[1].first_ids)
     print(f"\ngreedy tokens equal for the first {same}/{args.tokens} (batch 1; llama.cpp's "
           "own kernels round differently, so a late divergence is expected)")
+    if args.out is not None:
+        import platform
+        import subprocess
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        args.out.write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": engine.device_name,
+            "python": platform.python_version(), "model": info.model_id,
+            "quantization": info.quantization, "peer": gguf_path(args.model).name,
+            "threads": args.threads, "prompt_tokens": len(prompt), "new_tokens": args.tokens,
+            "rows": table, "greedy_tokens_equal": same}, indent=1) + "\n")
 
 
 def browser_half(args) -> None:
     from cpu_browser import bench_browser, print_table
 
     from wick.compiler.compile import compile_model
-    from wick.server.cli import ProgressBars
+    from wick.server.progress_bars import ProgressBars
 
     bars = ProgressBars()
     artifact = compile_model(args.model, args.quantization, progress=bars)

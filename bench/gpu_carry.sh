@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Prepare build/gpu/ for bench/gpu.py on a GPU machine that reaches no package registry
-# (FIELD_NOTES "The GPU test machine"): the synthetic artifacts (compiled here, where TVM is),
-# the wheels wick's runtime needs beyond what that machine has (it has numpy, torch and CUDA),
-# and Debian's Vulkan loader. Everything stays under the 64 MiB a run may carry.
+# Prepare build/gpu/ for bench/gpu.py on a GPU machine that reaches no package registry (the
+# lent H100/H200): the synthetic artifacts (compiled here, where TVM is), the wheels wick's
+# runtime needs beyond what that machine has (it has numpy, torch and CUDA), and Debian's
+# Vulkan loader. Everything stays under the 64 MiB a run may carry.
 #
 #   bash bench/gpu_carry.sh [CONFIG] [PYTHON_VERSION]    # defaults: Llama-3-8B shapes, 3.12
 #

@@ -2,7 +2,8 @@
 in a 32k context; later versions set none).
 
 Semantics: HF transformers ``models/mistral/modeling_mistral.py``. Windowed layers run
-window_attention.py's kernel; the KV pages behind the window are kept (not yet freed).
+window_attention.py's kernel; a sequence gives back the KV pages that fall behind the window
+(every layer is windowed: engine/kv_cache.py).
 """
 
 from __future__ import annotations

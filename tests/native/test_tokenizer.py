@@ -15,7 +15,6 @@ from wick.native.tokenizer import HFTokenizer
 def check(tok: Tokenizer) -> int:
     bound = max_token_chars(json.loads(tok.to_str()))
     vocab = tok.get_vocab(with_added_tokens=True)
-    assert bound == max(len(piece) for piece in vocab)
     assert all(len(tok.decode([i], skip_special_tokens=False)) <= bound for i in vocab.values())
     assert HFTokenizer(tok.to_str()).max_token_chars == bound
     return bound
