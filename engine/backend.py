@@ -24,7 +24,7 @@ followed by ``packGridDimX: u32``. The engine packs that uniform; the backend on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 BufferHandle = int
 
@@ -99,36 +99,56 @@ class Read:
     size: int
 
 
-class Backend(Protocol):
-    """What a device must do for the engine."""
+class Backend:
+    """What a device must do for the engine: the base of every backend (native wgpu, CPU and
+    CUDA; the browser's WebGPU and WebAssembly executors; the tests' fakes). The class
+    attributes are the defaults a backend overrides where it differs; the methods without one
+    raise ``NotImplementedError``.
 
-    name: str  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
-    # "webgpu" (load_kernels + Dispatch), or a library kind (load_library + Call): "cpu",
-    # "wasm" or "wasm_threads", the manifest's "<kind>_kernels"; absent means "webgpu"
-    kind: str
-    features: frozenset[str]  # WebGPU feature names, e.g. {"shader-f16", "subgroups"}
-    max_storage_binding: int  # bytes
-    max_buffer_size: int  # bytes
-    storage_offset_alignment: int  # bytes
+    Repeated steps: the runner passes a plan's dispatch list as the same list object (and the
+    same ``Dispatch``/``Call`` objects) every time it runs that plan with the same shapes, so a
+    backend may keep per-step work (encodings, address arrays, CUDA graphs) keyed by the list's
+    identity while it holds a reference to it."""
+
+    name: str = "backend"  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
+    # "webgpu" (load_kernels + Dispatch), or a kernel set of its own: a library kind
+    # (load_library + Call: "cpu", "wasm", "wasm_threads") or "cuda"; the manifest's
+    # "<kind>_kernels" entry
+    kind: str = "webgpu"
+    features: frozenset[str] = frozenset()  # WebGPU feature names, e.g. {"shader-f16"}
+    max_storage_binding: int = 128 << 20  # bytes
+    max_buffer_size: int = 256 << 20  # bytes
+    storage_offset_alignment: int = 256  # bytes
+    # its float32 variants are its default (a CPU: f32 is its native width)
+    prefers_f32: bool = False
+    # an emulated GPU (lavapipe, SwiftShader): expect a few tokens/s at most
+    is_software: bool = False
+    # a step's readback is a promise (WebGPU in a worker): the runner awaits ``run_async``
+    reads_async: bool = False
 
     def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
         """Compile every kernel into a pipeline, once, at model load. Returns the index of the
         first: ``Dispatch.kernel`` numbers kernels across all calls, so several models can share
         one device."""
+        raise NotImplementedError(f"{self.name} runs no WGSL kernels")
 
     def load_library(self, entry: dict, path: str, data: bytes) -> int:
         """(library kinds only) Load the kernel library the manifest's ``<kind>_kernels``
         ``entry`` describes (its ``functions``, what it was built for), stored at ``path``
         with the verified bytes ``data``; returns the index of the first function
         (``Call.function``)."""
+        raise NotImplementedError(f"{self.name} loads no kernel library")
 
     def alloc(self, nbytes: int) -> BufferHandle:
         """A zero-filled device buffer usable as storage, copy source and copy destination."""
+        raise NotImplementedError
 
-    def free(self, buffer: BufferHandle) -> None: ...
+    def free(self, buffer: BufferHandle) -> None:
+        raise NotImplementedError
 
     def write(self, buffer: BufferHandle, offset: int, data: bytes | memoryview) -> None:
         """Upload now (weights at load time)."""
+        raise NotImplementedError
 
     def run(
         self, writes: Sequence[Write], dispatches: Sequence[Dispatch | Call], reads: Sequence[Read]
@@ -136,7 +156,18 @@ class Backend(Protocol):
         """One step: apply writes, record all dispatches (a CPU backend: calls) in one pass,
         submit once, then read.
 
-        Returns the bytes of each read, in order. Blocks until they are available.
-        A backend whose readback is asynchronous (WebGPU in a browser) also offers
-        ``async def run_async(writes, dispatches, reads)`` with the same meaning.
-        """
+        Returns the bytes of each read, in order. Blocks until they are available."""
+        raise NotImplementedError
+
+    async def run_async(
+        self, writes: Sequence[Write], dispatches: Sequence[Dispatch | Call], reads: Sequence[Read]
+    ) -> list[bytes]:
+        """The same step where the readback is a promise (``reads_async``)."""
+        return self.run(writes, dispatches, reads)
+
+    def profile_json(self) -> str:
+        """Per-kernel timings so far, as JSON (a backend that keeps them)."""
+        return "{}"
+
+    def close(self) -> None:
+        """Give back the device (a backend that holds more than memory: a CUDA context)."""

@@ -223,7 +223,7 @@ class Runner:
         """The artifact's kernels for this backend's kind (engine/backend.py), loaded, and the
         TIR functions' launches that go with them (WebGPU's or CUDA's). The plan ``entries``
         and the TIR ``functions`` called directly say which WGSL kernels to compile."""
-        kind = getattr(backend, "kind", "webgpu")
+        kind = backend.kind
         manifest = artifact.manifest
         if kind == "webgpu":
             tir, plans = manifest["tir_functions"], manifest["plans"]
@@ -471,17 +471,16 @@ class Runner:
     @property
     def steps_async(self) -> bool:
         """Whether a step must be awaited: the backend reads back through a promise."""
-        return hasattr(self.backend, "run_async")
+        return self.backend.reads_async
 
     async def step_async(self, batch: Batch) -> list:
-        """The same step for an event loop: a backend with ``run_async`` (WebGPU in a worker,
-        whose readback is a promise) is awaited; otherwise the step runs inline."""
-        run_async = getattr(self.backend, "run_async", None)
-        if run_async is None:
+        """The same step for an event loop: a backend that ``reads_async`` (WebGPU in a
+        worker, whose readback is a promise) is awaited; otherwise the step runs inline."""
+        if not self.backend.reads_async:
             return self.step(batch)
         writes, dispatches, reads = self._step_call(batch)
         t0 = time.perf_counter()
-        raws = await run_async(writes, dispatches, reads)
+        raws = await self.backend.run_async(writes, dispatches, reads)
         self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
         return self._sampled(raws, batch)
 

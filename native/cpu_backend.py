@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..engine.artifact import cpu_kernels_misfit
-from ..engine.backend import DLPACK_DTYPES, BufferHandle, Call, Read, TensorRef, Write
+from ..engine.backend import DLPACK_DTYPES, Backend, BufferHandle, Call, Read, TensorRef, Write
 from ..engine.errors import ArtifactError, DeviceError
 
 ALIGN = 64  # bytes: what TVM's CPU code assumes of a tensor's data pointer
@@ -136,7 +136,7 @@ class _Library:
         return _Pool.owner.dll.wick_helper_tasks() if _Pool.owner else 0
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     """``wick.engine.backend.Backend`` on this machine's CPU cores."""
 
     kind = "cpu"

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..engine.backend import BufferHandle, Dispatch, Read, Write
+from ..engine.backend import Backend, BufferHandle, Dispatch, Read, Write
 from ..engine.errors import ArtifactError, DeviceError
 from ..engine.plan import scalar_format
 
@@ -67,7 +67,7 @@ def _arch_number(arch: str) -> int:
         raise ArtifactError(f"unknown CUDA architecture {arch!r} in the artifact") from None
 
 
-class CudaBackend:
+class CudaBackend(Backend):
     """``wick.engine.backend.Backend`` on an NVIDIA GPU through CUDA."""
 
     kind = "cuda"

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from wick.engine.backend import BufferHandle, Dispatch, KernelSpec, Read, Write
+from wick.engine.backend import Backend, BufferHandle, Dispatch, KernelSpec, Read, Write
 
 from wick.engine.errors import DeviceError, MissingFeatureError
 
@@ -188,7 +188,7 @@ def _quiet_wayland_probe() -> None:
         atexit.register(shutil.rmtree, path, True)
 
 
-class WgpuBackend:
+class WgpuBackend(Backend):
     """``wick.engine.backend.Backend`` on wgpu-native (Vulkan/Metal/D3D12, lavapipe on CPU)."""
 
     def __init__(

@@ -136,7 +136,7 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
     chosen = backend is None and (device or "auto").lower() == "auto"
     backend = backend or create_backend(device)
     art = load_artifact(model, quantization, backend.features, progress,
-                        getattr(backend, "prefers_f32", False))
+                        backend.prefers_f32)
     options = {"kv_cache_bytes": kv_cache_bytes, "progress": progress, **core_options}
     options["speculative"] = SpeculativeConfig.parse(core_options.get("speculative"))
     if options["speculative"] is not None and options["speculative"].method == "draft":
@@ -145,16 +145,14 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
     try:
         return _core_for(art, backend, **options), Path(art.location)
     except (ArtifactError, DeviceError) as err:
-        if chosen and getattr(backend, "kind", "") == "cuda" and (
+        if chosen and backend.kind == "cuda" and (
                 isinstance(err, DeviceError) or err.code == "artifact_stale"):
             # "auto" picked CUDA and it cannot run this model here (an older GPU, an NVRTC
             # without this GPU's architecture, an artifact without CUDA kernels): the next
             # device "auto" would pick does
             log.warning("CUDA cannot run %s here (%s); using the next device", model,
                         err.message)
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
+            backend.close()
             return load_local(model, quantization=quantization, device=AUTO_WITHOUT_CUDA,
                               kv_cache_bytes=kv_cache_bytes, progress=progress,
                               **core_options)
@@ -167,7 +165,7 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
             raise  # an artifact directory given by path: its source is not ours to rebuild
         log.warning("%s; rebuilding the artifact", err.message)
         art = load_artifact(model, quantization, backend.features, progress,
-                        getattr(backend, "prefers_f32", False))
+                        backend.prefers_f32)
         return _core_for(art, backend, **options), Path(art.location)
 
 
@@ -181,7 +179,7 @@ def _draft_artifact(model: str, spec: SpeculativeConfig, backend,
             "speculative={'method': 'draft', 'model': ...})", param="speculative")
     name, quantization = spec.draft_target(model)
     return load_artifact(name, quantization, backend.features, progress,
-                         getattr(backend, "prefers_f32", False))
+                         backend.prefers_f32)
 
 
 def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: Progress | None,
@@ -199,7 +197,7 @@ def _core_for(art: Artifact, backend, *, kv_cache_bytes: int | None, progress: P
 
 def software_adapter_notice(backend) -> str | None:
     """One line for a user whose native "GPU" is a CPU emulation, else None."""
-    if not getattr(backend, "is_software", False):
+    if not backend.is_software:
         return None
     return (f"{backend.adapter_name} is a software GPU (a CPU emulation): expect a few tokens/s "
             "at most, about 100x below a real GPU. The fast path is the browser engine on your "

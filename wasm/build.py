@@ -4,9 +4,10 @@
 
 Writes, each under a content-hashed name (immutable, cacheable forever):
 
-- ``wheels/<hash>/wick-0.1.0-py3-none-any.whl``: ``wick/__init__.py`` + ``wick/engine/*.py``
+- ``wheels/<hash>/wick-<version>-py3-none-any.whl``: ``wick/__init__.py``, ``wick/_version.py``
+  and ``wick/engine/*.py``
   (the engine, stdlib only) -- nothing else of wick;
-- ``wheels/<hash>/wick_web-0.1.0-py3-none-any.whl``: the Pyodide-side glue (``wasm/wick_web``);
+- ``wheels/<hash>/wick_web-<version>-py3-none-any.whl``: the Pyodide-side glue (``wasm/wick_web``);
 - ``wheels/<hash>/jinja2-*.whl``: from ``pip download jinja2 --no-deps`` (pure);
 - ``wheels/<hash>/markupsafe-*.whl``: MarkupSafe's sdist repackaged without the C speedups
   (it falls back to pure Python);
@@ -76,17 +77,25 @@ def make_wheel(dist: str, version: str, files: dict[str, bytes]) -> tuple[str, b
     return f"{dist}-{version}-py3-none-any.whl", buf.getvalue()
 
 
+def wick_version() -> str:
+    """wick's version, from the one file that says it."""
+    scope: dict = {}
+    exec((ROOT / "wick" / "_version.py").read_text(), scope)
+    return scope["__version__"]
+
+
 def engine_wheel() -> tuple[str, bytes]:
-    files = {"wick/__init__.py": (ROOT / "wick" / "__init__.py").read_bytes()}
+    files = {f"wick/{name}": (ROOT / "wick" / name).read_bytes()
+             for name in ("__init__.py", "_version.py")}
     for p in sorted((ROOT / "engine").glob("*.py")):
         files[f"wick/engine/{p.name}"] = p.read_bytes()
-    return make_wheel("wick", "0.1.0", files)
+    return make_wheel("wick", wick_version(), files)
 
 
 def glue_wheel() -> tuple[str, bytes]:
     files = {f"wick_web/{p.name}": p.read_bytes()
              for p in sorted((ROOT / "wasm" / "wick_web").glob("*.py"))}
-    return make_wheel("wick_web", "0.1.0", files)
+    return make_wheel("wick_web", wick_version(), files)
 
 
 def _pip_download(spec: str, dest: Path, *extra: str) -> Path:

@@ -18,8 +18,8 @@ import json
 from array import array
 from typing import Any, Sequence
 
-from wick.engine.backend import (DLPACK_DTYPES, BufferHandle, Call, Dispatch, KernelSpec, Read,
-                                 Write)
+from wick.engine.backend import (DLPACK_DTYPES, Backend, BufferHandle, Call, Dispatch,
+                                 KernelSpec, Read, Write)
 from wick.engine.errors import DeviceError
 
 
@@ -73,7 +73,7 @@ def encode_dispatches(dispatches: Sequence[Dispatch], cache: dict | None = None)
     return words, uniforms
 
 
-class _ExecutorBackend:
+class _ExecutorBackend(Backend):
     """What both executors share: the device description from ``infoJson()``, buffers by
     handle, step timings, and the packing of a step's writes and reads."""
 
@@ -133,9 +133,11 @@ class _ExecutorBackend:
 class WebGPUBackend(_ExecutorBackend):
     """The Backend contract, forwarded to a JS ``Executor`` (one JS call per step)."""
 
+    reads_async = True  # (a WebGPU readback is a promise)
+
     def __init__(self, executor: Any) -> None:
         super().__init__(executor)
-        self.software: bool = bool(self._info.get("fallback"))  # e.g. SwiftShader
+        self.is_software = bool(self._info.get("fallback"))  # e.g. SwiftShader
 
     def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
         payload = json.dumps([
@@ -184,7 +186,6 @@ class WasmBackend(_ExecutorBackend):
     artifact's WebAssembly kernel set, one synchronous JS call per step."""
 
     kind = "wasm"  # or "wasm_threads": the manifest's kernel set the executor runs
-    software = False  # (not an emulated GPU: batched decode runs its own kernels)
     prefers_f32 = True
 
     def __init__(self, executor: Any) -> None:

@@ -90,8 +90,7 @@ class Host:
                            "grammar": json.loads(self.grammar_json()),
                            "speculation": stats.speculation(),
                            # (the WebAssembly executor: its slowest kernels and its threads)
-                           **(json.loads(self.backend.profile_json())
-                              if hasattr(self.backend, "profile_json") else {})})
+                           **json.loads(self.backend.profile_json())})
 
     def start(self, rid: int, kind: str, body_json: str) -> None:
         task = asyncio.ensure_future(self._run(rid, kind, body_json))
@@ -232,7 +231,7 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
                          tokenizer=lambda tok_json: WebTokenizer(js_tokenizer, tok_json),
                          grammar=grammar, prefix_cache=prefix_cache, speculative=speculative,
                          draft_artifact=draft_art, draft_backend=draft_backend,
-                         batched_decode=not backend.software,
+                         batched_decode=not backend.is_software,
                          upload_weights=False)
     await backend.check()
     return Host(AsyncEngineAPI(core), backend, post)
