@@ -10,9 +10,10 @@ step runs, also when streaming.
 
 The sync facade drives ``core.step()`` from whichever call is waiting for output; outputs for
 other requests are kept for them, so several sync streams may be interleaved. The async facade
-runs ONE step loop task per event loop: concurrent requests share steps. It never uses threads
-(Pyodide has none): a runner's ``async def step_async(batch)`` is awaited when present, else its
-``step(batch)`` is called directly, and the loop yields to other tasks between steps.
+runs ONE step loop task per event loop (``core.step_async()``): concurrent requests share steps.
+It never uses threads (Pyodide has none): a runner's ``async def step_async(batch)`` is awaited
+when present, else its ``step(batch)`` is called directly, and the loop yields to other tasks
+between steps.
 
 A stream that is closed, dropped or cancelled before its end aborts its request; the core frees
 its pages at the next step.
@@ -329,23 +330,13 @@ class AsyncEngineAPI(_Frontend):
         """The one step loop: runs while any request is unfinished, sleeps otherwise."""
         assert self._wakeup is not None
         core = self.core
-        step_async = getattr(core.runner, "step_async", None)
         while True:
             if not core.has_unfinished():
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             try:
-                state = await core.begin_step_async()
-                tokens: list[int] = []
-                if core.needs_async_masks(state.batch):
-                    await core.fill_masks_async(state.batch)
-                if state.batch is not None:
-                    if step_async is not None:
-                        tokens = await step_async(state.batch)
-                    else:
-                        tokens = core.runner.step(state.batch)
-                outputs = core.finish_step(state, tokens)
+                outputs = await core.step_async()
             except Exception as e:  # the runner failed: fail every waiting request with it
                 core.abort_all()
                 for q in self._queues.values():

@@ -469,6 +469,20 @@ class EngineCore:
             tokens = self.runner.step(state.batch)
         return self.finish_step(state, tokens)
 
+    async def step_async(self) -> list[SequenceOutput]:
+        """The same step for an event loop (the async facade's loop): the draft model's steps,
+        grammar masks that answer asynchronously and the runner's ``step_async`` (where it
+        has one) are awaited."""
+        state = await self.begin_step_async()
+        tokens: list[int] = []
+        if self.needs_async_masks(state.batch):
+            await self.fill_masks_async(state.batch)
+        if state.batch is not None:
+            step_async = getattr(self.runner, "step_async", None)
+            tokens = (await step_async(state.batch) if step_async is not None
+                      else self.runner.step(state.batch))
+        return self.finish_step(state, tokens)
+
     def begin_step(self) -> StepState:
         """Apply pending aborts, draft (a draft model's steps run here), schedule, and fill
         the grammar masks of matchers that answer at once. Then (after ``fill_masks_async``
