@@ -43,8 +43,7 @@ class Endpoint:
 
     def check_model(self, model: str | None) -> None:
         info = self.core.info
-        if model is not None and model not in (info.model_id,
-                                               f"{info.model_id}-{info.quantization}"):
+        if model is not None and model not in info.names:
             raise ModelNotFoundError(model, [info.model_id])
 
     def prepare(self, kwargs: dict[str, Any]) -> Any:

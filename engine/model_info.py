@@ -15,6 +15,14 @@ from .errors import ArtifactError
 from .sampling_defaults import read_values
 
 
+def model_names(model_id: str, quantization: str) -> tuple[str, str]:
+    """The names a compiled model answers to: its model id (what /v1/models lists, as vLLM
+    does) and ``<model id>-<quantization>`` (one variant of several). A compiled artifact also
+    answers to its own id (its directory's name). web/src/model_names.ts is the browser's copy
+    (tests/browser/test_build_and_routes.py runs both on the same names)."""
+    return model_id, f"{model_id}-{quantization}"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
     model_id: str  # e.g. "SmolLM2-135M-Instruct"
@@ -40,6 +48,11 @@ class ModelInfo:
     # what a request that leaves sampling fields unset gets ({"values", "source"}: the
     # checkpoint's generation_config.json or the registry's model card; engine/sampling_defaults)
     sampling_defaults: dict[str, Any] | None = None
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """The names this model answers to (``model_names``)."""
+        return model_names(self.model_id, self.quantization)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_window", "page_size", "prefill_chunk_size",

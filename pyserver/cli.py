@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..engine.errors import InvalidRequestError, WickError
+from ..engine.model_info import model_names
 from ..native.devices import DEVICE_HELP, DEVICES
 from ..native.devices import device as device_arg
 from .progress_bars import ProgressBars, human_bytes
@@ -205,7 +206,7 @@ def find_artifact(name_or_path: str) -> Path:
             raise CLIError(f"{given} is not a wick artifact (no {MANIFEST_NAME})", param="name")
         return target
     matches = [e.path for e in list_artifacts(root)
-               if name_or_path in (e.path.name, e.model_id, f"{e.model_id}-{e.quantization}")]
+               if name_or_path in (e.path.name, *model_names(e.model_id, e.quantization))]
     if not matches:
         raise CLIError(f"no compiled artifact named '{name_or_path}' in {root}; `wick list` "
                        "shows them", param="name")

@@ -55,9 +55,8 @@ class ModelPool:
         return pool
 
     def add(self, engine: AsyncEngineAPI) -> str:
-        info = engine.core.info
-        full = f"{info.model_id}-{info.quantization}"
-        name = info.model_id if info.model_id not in self._aliases else full
+        model_id, full = engine.core.info.names
+        name = model_id if model_id not in self._aliases else full
         if name in self._aliases:
             raise ValueError(f"model {full} is served twice")
         self.engines[name] = engine

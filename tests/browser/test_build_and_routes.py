@@ -325,3 +325,43 @@ def test_an_app_using_tools_logprobs_and_streams_type_checks():
                          capture_output=True, text=True, timeout=300)
     errors = [line for line in bad.stdout.splitlines() if ": error TS" in line]
     assert [e.split("(")[1].split(",")[0] for e in errors] == ["8", "9", "10"], bad.stdout
+
+
+ESBUILD = ROOT / "web" / "node_modules" / ".bin" / "esbuild"
+# (run by Node on web/src/model_names.ts bundled: which of the names the entries answer to)
+ANSWERS = """
+import { answersTo, modelNames } from "./model_names.mjs";
+const { names, entries } = JSON.parse(process.argv[2]);
+console.log(JSON.stringify({
+  names: entries.map((e) => modelNames(e.model, e.quantization)),
+  answers: entries.map((e) => names.filter((n) => answersTo(n, e))),
+}));
+"""
+
+
+def test_the_browser_names_models_as_the_engine_does(tmp_path):
+    """web/src/model_names.ts against engine/model_info.py's model_names: the same names for the
+    same models, in the browser's model index (pickModel) and the engine (check_model)."""
+    import subprocess
+
+    from wick.engine.model_info import model_names
+
+    if not ESBUILD.exists():
+        pytest.skip("web/node_modules is not installed (bash web/build.sh)")
+    subprocess.run([str(ESBUILD), str(ROOT / "web" / "src" / "model_names.ts"), "--format=esm",
+                    f"--outfile={tmp_path / 'model_names.mjs'}", "--log-level=warning"],
+                   check=True)
+    (tmp_path / "run.mjs").write_text(ANSWERS)
+    entries = [{"model": "smollm2-135m-instruct", "quantization": "q4f32_1"},
+               {"model": "Qwen/Qwen2.5-0.5B", "quantization": "q4f16_m", "id": "qwen-q4f16_m-1a2b"},
+               {"model": "tiny", "quantization": "q0f32"}]
+    names = ["smollm2-135m-instruct", "smollm2-135m-instruct-q4f32_1", "smollm2-135m-instruct-q0f32",
+             "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-q4f16_m", "qwen-q4f16_m-1a2b", "tiny-q0f32",
+             "tiny", "tiny-q4f32_1", "q0f32"]
+    out = subprocess.run(["node", str(tmp_path / "run.mjs"), json.dumps(
+        {"names": names, "entries": entries})], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["names"] == [list(model_names(e["model"], e["quantization"])) for e in entries]
+    assert got["answers"] == [[n for n in names if n in model_names(e["model"], e["quantization"])
+                               or n == e.get("id")] for e in entries]
+    assert got["answers"][0] == ["smollm2-135m-instruct", "smollm2-135m-instruct-q4f32_1"]

@@ -14,6 +14,7 @@
 
 import { payload } from "./errors.js";
 import { newStats } from "./loader.js";
+import { answersTo } from "./model_names.js";
 import type { ErrorPayload } from "./errors.js";
 import { PROTOCOL, VERSION, protocolMismatch } from "./worker_protocol.js";
 import type { EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
@@ -171,7 +172,7 @@ export class Hub {
       return await this.serial(async () => {
         if (this.current) {
           const { info } = this.current;
-          if (this.current.base === base && [info.model, `${info.model}-${info.quantization}`, info.artifactId].includes(msg.model) &&
+          if (this.current.base === base && answersTo(msg.model, { ...info, id: info.artifactId }) &&
               (!msg.quantization || msg.quantization === info.quantization) &&
               (!msg.backend || msg.backend === "auto" || msg.backend === info.backend) &&
               JSON.stringify(msg.speculative ?? null) === this.current.speculative) {

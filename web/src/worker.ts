@@ -20,6 +20,7 @@ import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
 import type { FileSpec } from "./loader.js";
 import { Hub } from "./hub.js";
+import { answersTo, modelNames } from "./model_names.js";
 import type { Post } from "./hub.js";
 import { PROTOCOL, VERSION } from "./worker_protocol.js";
 import type { Backend, EngineInfo, FromWorker, Progress, ToWorker } from "./worker_protocol.js";
@@ -154,12 +155,11 @@ interface ModelEntry {
 
 function pickModel(models: ModelEntry[], model: string, quantization: string | undefined,
                    features: string[], preferF32 = false): ModelEntry {
-  const named = models.filter((m) => m.model === model || `${m.model}-${m.quantization}` === model ||
-    m.id === model);
+  const named = models.filter((m) => answersTo(model, m));
   const choices = quantization ? named.filter((m) => m.quantization === quantization) : named;
   if (!choices.length) {
-    const avail = [...new Set(models.map((m) => `${m.model}-${m.quantization}`))];
-    const what = quantization && named.length ? `${model}-${quantization}` : model;
+    const avail = [...new Set(models.map((m) => modelNames(m.model, m.quantization)[1]))];
+    const what = quantization && named.length ? modelNames(model, quantization)[1] : model;
     throw new Failure(modelNotFound(what, avail));
   }
   const runnable = choices.filter((m) => m.features.every((f) => features.includes(f)));
@@ -206,7 +206,7 @@ async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" 
       return pickModel(index.data, msg.model, msg.quantization, features, preferF32);
     } catch (e) {
       const wanted = (index.preparing ?? []).find((p) =>
-        (p.model === msg.model || `${p.model}-${p.quantization}` === msg.model) &&
+        modelNames(p.model, p.quantization).includes(msg.model) &&
         (!msg.quantization || p.quantization === msg.quantization) &&
         p.features.every((f) => features.includes(f)));
       if (!wanted) {
