@@ -411,7 +411,7 @@ def peer_batches(engine, sizes: list[int]) -> dict[int, list[list[int]]]:
     from wick.engine.embeddings import EmbeddingRequest, input_ids
 
     core = engine.core
-    most = min(core.info.embedding["max_input_tokens"], core.scheduler.token_budget)
+    most = min(core.info.embedding["max_input_tokens"], core.scheduler.prefill_chunk_size)
     return {n: input_ids(EmbeddingRequest(input=sentences(n)), core.tokenizer, core.info, most)
             for n in sizes}
 

@@ -214,7 +214,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.kv,
             max_batch_size=max_batch_size or info.max_batch_size,
-            token_budget=prefill_chunk_size or info.prefill_chunk_size,
+            prefill_chunk_size=prefill_chunk_size or info.prefill_chunk_size,
             separate_prefill=batch_invariant,
             vocab_size=info.vocab_size,
         )
@@ -245,7 +245,7 @@ class EngineCore:
     def max_total_tokens(self) -> int:
         """The most tokens (prompt + output) one sequence can have: the context window, or the
         whole KV pool when that is smaller (a sliding window frees pages as it goes)."""
-        limit = self.kv.sequence_tokens(self.scheduler.token_budget)
+        limit = self.kv.sequence_tokens(self.scheduler.prefill_chunk_size)
         return self.info.context_window if limit is None else min(self.info.context_window, limit)
 
     def chat_prompt_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
@@ -371,7 +371,7 @@ class EngineCore:
             raise InvalidRequestError(f"Token ids {bad[:5]} are outside the vocabulary "
                                       f"[0, {info.vocab_size}).", param=param,
                                       code="invalid_value")
-        most = min(info.embedding["max_input_tokens"], self.scheduler.token_budget)
+        most = min(info.embedding["max_input_tokens"], self.scheduler.prefill_chunk_size)
         if len(ids) > most:
             raise InvalidRequestError(f"An input has {len(ids)} tokens; this model takes at "
                                       f"most {most}.", param=param,
@@ -400,7 +400,7 @@ class EngineCore:
     def _check_length(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
         """The most output tokens a sequence may make; raises when the request cannot fit."""
         window = self.info.context_window
-        pool = self.kv.sequence_tokens(self.scheduler.token_budget)
+        pool = self.kv.sequence_tokens(self.scheduler.prefill_chunk_size)
         wanted = max_tokens if max_tokens is not None else 1  # at least one token
         if num_prompt + wanted > window:
             raise ContextLengthExceededError(window, num_prompt, wanted, param=param)
@@ -426,7 +426,7 @@ class EngineCore:
         each = num_prompt + (max_tokens if max_tokens is not None else 1)
         shared = 0
         if self.kv.window is not None:  # a windowed sequence holds a bounded number of pages
-            each = min(each, self.kv.window_pages(self.scheduler.token_budget)
+            each = min(each, self.kv.window_pages(self.scheduler.prefill_chunk_size)
                        * self.kv.page_size)
         elif self.kv.prefix_cache and params.prompt_logprobs < 0:
             # the choices share the prompt's full pages (not when reading its logprobs)

@@ -189,7 +189,7 @@ class EmbeddingsEndpoint(Endpoint):
             raise InvalidRequestError(f"{info.model_id} is not an embedding model: it makes "
                                       "text (use chat or completions)", param="model",
                                       code="model_not_embedding")
-        most = min(info.embedding["max_input_tokens"], self.core.scheduler.token_budget)
+        most = min(info.embedding["max_input_tokens"], self.core.scheduler.prefill_chunk_size)
         return EmbeddingJob(req, input_ids(req, self.core.tokenizer, info, most))
 
     def submit(self, job: EmbeddingJob) -> Submitted:

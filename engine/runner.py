@@ -154,7 +154,7 @@ class Runner:
         self.backend = backend
         self.page_size = m["page_size"]
         self.num_pages = num_pages
-        self.max_tokens = m["prefill_chunk_size"]
+        self.prefill_chunk_size = m["prefill_chunk_size"]
         self.max_batch = m["max_batch_size"]
         self.vocab_size = m["vocab_size"]
         self.timings = StepTimings()
@@ -178,7 +178,7 @@ class Runner:
                                                  backend.max_storage_binding)
         self.window_pool = m.get("kv_window_pool")  # the windowed layers' window, if a pool
         self.kv_pages = self._alloc_pages(artifact)
-        self.bounds = bounds = step_bounds(self.max_tokens, self.max_batch, num_pages,
+        self.bounds = bounds = step_bounds(self.prefill_chunk_size, self.max_batch, num_pages,
                                            self.num_window_pages)
         planned = {i["name"] for i in plans["forward"]["inputs"]}
         self.step_inputs = STEP_INPUTS + tuple(i for i in WINDOW_INPUTS if i.name in planned)
@@ -311,9 +311,9 @@ class Runner:
     def _forward_call(self, batch: Batch) -> tuple[list[Write], list, TensorRef]:
         """Uploads of the step's index arrays, the forward dispatches and the logits tensor."""
         b, n = len(batch.seq_ids), batch.num_tokens
-        if n > self.max_tokens or b > self.max_batch:
+        if n > self.prefill_chunk_size or b > self.max_batch:
             raise ArtifactError(f"step of {n} tokens / {b} sequences exceeds the compiled bounds "
-                                f"({self.max_tokens} / {self.max_batch})")
+                                f"({self.prefill_chunk_size} / {self.max_batch})")
         writes: list[Write] = []
         inputs: dict[str, TensorRef] = {}
         for name, values in step_values(batch, self.step_inputs, self.bounds).items():

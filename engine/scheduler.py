@@ -36,14 +36,15 @@ from .sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, kv: KVCache, *, max_batch_size: int, token_budget: int,
+    def __init__(self, kv: KVCache, *, max_batch_size: int, prefill_chunk_size: int,
                  separate_prefill: bool = False, vocab_size: int = 0) -> None:
-        if max_batch_size < 1 or token_budget < 1:
-            raise ValueError(f"max_batch_size={max_batch_size} and token_budget={token_budget} "
-                             "must be >= 1")
+        if max_batch_size < 1 or prefill_chunk_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size} and prefill_chunk_size="
+                             f"{prefill_chunk_size} must be >= 1")
         self.kv = kv
         self.max_batch_size = max_batch_size
-        self.token_budget = token_budget  # new tokens per step, all sequences together
+        # new tokens per step, all sequences together (the compiled prefill's bound, or less)
+        self.prefill_chunk_size = prefill_chunk_size
         self.separate_prefill = separate_prefill
         self.mask_words = (vocab_size + 31) // 32  # a grammar bitmask's words (prompt rows)
         self.waiting: deque[Sequence] = deque()
@@ -57,7 +58,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         most = len(seq.prompt_ids) + seq.max_output_tokens
-        limit = self.kv.sequence_tokens(self.token_budget)
+        limit = self.kv.sequence_tokens(self.prefill_chunk_size)
         if limit is not None and pages_for(most, self.kv.page_size) > self.kv.num_pages:
             # The core checks this first; a sequence that could never fit would hang forever.
             raise KVCacheFullError(
@@ -99,7 +100,7 @@ class Scheduler:
         decode_step = self._decode_step()
         if decode_step is not None:
             self._last_was_decode = decode_step
-        budget = self.token_budget
+        budget = self.prefill_chunk_size
         chunks: list[tuple[Sequence, int, list[int]]] = []  # (sequence, new tokens, drafts)
         rows = 0  # entries of the step so far (the compiled bound: max_batch_size)
         preempted = False

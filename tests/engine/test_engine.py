@@ -329,4 +329,4 @@ def test_step_limits_cannot_exceed_the_compiled_bounds():
         EngineCore(FakeRunner(8, 4), ByteTokenizer(), info, num_pages=8, prefill_chunk_size=64)
     core = EngineCore(FakeRunner(64, 4), ByteTokenizer(), info, num_pages=64,
                       prefill_chunk_size=8, max_batch_size=2)
-    assert (core.scheduler.token_budget, core.scheduler.max_batch_size) == (8, 2)
+    assert (core.scheduler.prefill_chunk_size, core.scheduler.max_batch_size) == (8, 2)

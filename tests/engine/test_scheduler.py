@@ -43,7 +43,7 @@ def chunk_sizes(batch) -> list[int]:
 
 
 def test_chunked_prefill_respects_the_budget_and_samples_only_at_the_end():
-    sched = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=8)
+    sched = Scheduler(KVCache(64, 4), max_batch_size=4, prefill_chunk_size=8)
     seq = make_seq(0, 20)
     sched.add(seq)
     sizes, samples = [], []
@@ -61,7 +61,7 @@ def test_chunked_prefill_respects_the_budget_and_samples_only_at_the_end():
 
 
 def test_decodes_and_a_new_prefill_share_a_step():
-    sched = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=8)
+    sched = Scheduler(KVCache(64, 4), max_batch_size=4, prefill_chunk_size=8)
     a, b = make_seq(0, 3), make_seq(1, 3)
     sched.add(a)
     sched.add(b)
@@ -80,7 +80,7 @@ def test_decodes_and_a_new_prefill_share_a_step():
 
 
 def test_max_batch_size_limits_sequences_per_step():
-    sched = Scheduler(KVCache(64, 4), max_batch_size=2, token_budget=100)
+    sched = Scheduler(KVCache(64, 4), max_batch_size=2, prefill_chunk_size=100)
     for i in range(3):
         sched.add(make_seq(i, 2))
     batch = run_step(sched)
@@ -93,7 +93,7 @@ def test_max_batch_size_limits_sequences_per_step():
 def test_preemption_frees_the_newest_and_requeues_it_first(prefix_cache):
     # 4 pages of 4 tokens = 16 slots. Two 7-token prompts take 2 pages each.
     kv = KVCache(4, 4, prefix_cache=prefix_cache)
-    sched = Scheduler(kv, max_batch_size=4, token_budget=32)
+    sched = Scheduler(kv, max_batch_size=4, prefill_chunk_size=32)
     a, b = make_seq(0, 7), make_seq(1, 7)
     sched.add(a)
     sched.add(b)
@@ -119,7 +119,7 @@ def test_preemption_frees_the_newest_and_requeues_it_first(prefix_cache):
 
 
 def test_a_sequence_that_can_never_fit_fails_at_add():
-    sched = Scheduler(KVCache(2, 4), max_batch_size=4, token_budget=32)
+    sched = Scheduler(KVCache(2, 4), max_batch_size=4, prefill_chunk_size=32)
     with pytest.raises(KVCacheFullError, match="may grow to 9 tokens but the KV cache holds 8"):
         sched.add(make_seq(0, 5, max_output=4))
     assert not sched.has_work
@@ -135,12 +135,12 @@ def blake2b_uniform(seed: int, choice: int, position: int) -> float:
 
 
 def test_each_sample_uses_the_uniform_of_its_seed_and_position_whatever_the_batch():
-    alone = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=64)
+    alone = Scheduler(KVCache(64, 4), max_batch_size=4, prefill_chunk_size=64)
     alone.add(make_seq(5, 3))
     draws = [run_step(alone).sampling[0].uniform for _ in range(3)]
     assert draws == [blake2b_uniform(5, 0, i) for i in range(3)]
     # beside other sequences, and after a step that was scheduled and then undone
-    mixed = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=64)
+    mixed = Scheduler(KVCache(64, 4), max_batch_size=4, prefill_chunk_size=64)
     for i in (1, 5, 9):
         mixed.add(make_seq(i, 3 + i))
     mixed.schedule()  # undone: nothing computed, nothing appended
@@ -170,7 +170,7 @@ def test_uniforms_are_uniform_and_differ_by_seed_and_choice():
 def test_separate_prefill_never_mixes_and_takes_turns():
     """Batch-invariant mode: a step is prompt work only or one token per generating sequence
     only (marked decode_only); with both pending they alternate, so neither starves."""
-    sched = Scheduler(KVCache(256, 4), max_batch_size=8, token_budget=16, separate_prefill=True)
+    sched = Scheduler(KVCache(256, 4), max_batch_size=8, prefill_chunk_size=16, separate_prefill=True)
     first = make_seq(0, 5, max_output=20)
     sched.add(first)
     batch = run_step(sched)
@@ -194,7 +194,7 @@ def test_separate_prefill_never_mixes_and_takes_turns():
     assert kinds[:4] == ["d", "p", "d", "p"], kinds  # turns while prompts wait
     assert "dd" in "".join(kinds)  # once every prompt is in, decode steps only
     # the mixed scheduler marks a step decode_only only when it happens to be one
-    mixed = Scheduler(KVCache(64, 4), max_batch_size=4, token_budget=16)
+    mixed = Scheduler(KVCache(64, 4), max_batch_size=4, prefill_chunk_size=16)
     mixed.add(make_seq(9, 3, max_output=8))
     assert not run_step(mixed).decode_only  # the prompt
     assert run_step(mixed).decode_only  # its first decode
