@@ -29,6 +29,10 @@ FAMILIES = {
                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                    "full_attention": {"rope_type": "default", "rope_theta": 50000.0}}},
 }
+# the tiny models with a sliding window: on every layer (the cache frees pages behind it), or on
+# some layers beside global ones (a second, sliding page pool); the window tests run on these
+EVERY_LAYER_WINDOWED = ("mistral", "phi3")
+WINDOWED_BESIDE_GLOBAL = ("gemma2", "gemma3")
 
 
 # GGUF architecture -> (tiny family, config changes): what llama.cpp's converter has to

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import TINY_OPTIONS
-from tests.e2e.family_models import FAMILIES, GGUF_CASES, HUB_REPOS, family_model, gguf_case
+from tests.e2e.family_models import (
+    EVERY_LAYER_WINDOWED,
+    FAMILIES,
+    GGUF_CASES,
+    HUB_REPOS,
+    WINDOWED_BESIDE_GLOBAL,
+    family_model,
+    gguf_case,
+)
 from tests.e2e.helpers import (
     ids_of,
     greedy,
@@ -173,6 +181,8 @@ def test_qwen3_reasoning_is_split_from_content(tmp_path_factory, compiled):
     assert core.tokenizer.decode(off["tokens"][on["count"]:]) == "<think>\n\n</think>\n\n"
 
 
+@pytest.mark.parametrize("family", sorted(EVERY_LAYER_WINDOWED + WINDOWED_BESIDE_GLOBAL),
+                         indirect=True)
 def test_the_window_matters_in_these_comparisons(family):
     """The windowed families' prompts are long enough that ignoring the window would give
     other logits (so the parity tests above prove the window, not just causal attention)."""
@@ -180,8 +190,7 @@ def test_the_window_matters_in_these_comparisons(family):
 
     name, _, hf, _, _ = family
     window = getattr(hf.config, "sliding_window", None)
-    if not window:
-        pytest.skip(f"{name}'s tiny model has no window")
+    assert window, f"{name}'s tiny model has no window"
     prompt = ids_of(40, 3)
     assert len(prompt) > window
     unwindowed = copy.deepcopy(hf)  # a window longer than the prompt: full attention
@@ -236,13 +245,12 @@ def test_gguf_architecture_matches_transformers(arch, request, tmp_path_factory,
     assert got == reference_greedy(name)(hf, prompt, 16)
 
 
+@pytest.mark.parametrize("family", sorted(EVERY_LAYER_WINDOWED), indirect=True)
 def test_a_windowed_model_runs_past_its_kv_pool(family):
     """Every layer windowed (Mistral, Phi-3): the cache frees pages behind the window, so a
     sequence longer than the whole pool runs, and gives transformers' tokens."""
     name, _, hf, art_dir, _ = family
-    window = load_artifact(art_dir).model.get("kv_window")
-    if not window:
-        pytest.skip(f"{name}: not every layer is windowed")
+    assert load_artifact(art_dir).model.get("kv_window"), f"{name}: not every layer is windowed"
     # 5 pages (80 token slots); steps of at most 16 tokens: 24-token window + 16 + alignment
     core = make_core(art_dir, num_pages=5, prefill_chunk_size=16)
     prompt = ids_of(50, 12)
@@ -252,12 +260,12 @@ def test_a_windowed_model_runs_past_its_kv_pool(family):
     assert core.kv.available_pages == core.kv.num_pages
 
 
+@pytest.mark.parametrize("family", sorted(WINDOWED_BESIDE_GLOBAL), indirect=True)
 def test_global_and_windowed_layers_have_a_pool_each(family):
     """Gemma: windowed layers keep their KV in a pool of their own whose pages slide with the
     window; a long generation gives transformers' tokens and leaves both pools whole."""
     name, _, hf, art_dir, _ = family
-    if not load_artifact(art_dir).model.get("kv_window_pool"):
-        pytest.skip(f"{name}: no windowed layers beside global ones")
+    assert load_artifact(art_dir).model.get("kv_window_pool"), f"{name}: no pool of its own"
     core = make_core(art_dir, num_pages=16, prefill_chunk_size=16)
     local = core.kv.local
     held = []
