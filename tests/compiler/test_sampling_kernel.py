@@ -3,8 +3,6 @@ wgpu (lavapipe here), compared token-for-token with an exact numpy (float64, sor
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -264,20 +262,3 @@ def test_float16_logits():
     got = run(l16, temp, top_p, top_k, uni)
     assert len(keep) >= 8
     np.testing.assert_array_equal(got[keep], np.array(expect)[keep])
-
-
-def test_timing_report(kernel, capsys):
-    """Not an assertion on speed: prints ms/row on this device for the report."""
-    V, run = kernel
-    rows = 32
-    logits, temp, top_p, top_k, uni, _ = make_batch(V, rows, seed=1, tol=0)
-    run(logits, temp, top_p, top_k, uni)  # warm
-    t0 = time.perf_counter()
-    run(logits, temp, top_p, top_k, uni, repeat=1)
-    t1 = time.perf_counter()
-    run(logits, temp, top_p, top_k, uni, repeat=3)
-    t2 = time.perf_counter()
-    per_row = ((t2 - t1) - (t1 - t0)) / 2 / rows * 1e3
-    with capsys.disabled():
-        print(f"\n[sample_token V={V}] {per_row:.3f} ms/row ({rows} rows/dispatch, "
-              f"{(t1 - t0) * 1e3:.1f} ms one dispatch incl. upload+readback)")
