@@ -2,18 +2,21 @@
 
 A backend knows nothing about models. It compiles kernels once, owns buffers, and runs one
 step = (small uploads, a list of dispatches, small readbacks) as ONE encoder and ONE submit.
-Implementations: ``wick.native.wgpu_backend.WgpuBackend`` (wgpu-native), ``web/src/executor.ts``
-(WebGPU in a worker), ``wick.native.cpu_backend.CpuBackend`` (the CPU kernel set),
-``web/src/wasm_executor.ts`` (the WebAssembly kernel set in a worker), and the pure-Python fakes
-in the tests.
+Implementations (subclasses of ``Backend``): ``wick.native.wgpu_backend.WgpuBackend``
+(wgpu-native), ``wick.native.cpu_backend.CpuBackend`` (the CPU kernel set),
+``wick.native.cuda_backend.CudaBackend`` (the CUDA kernel set), and in the browser
+``wasm/wick_web/backend.py``'s two, over ``web/src/executor.ts`` (WebGPU in a worker) and
+``web/src/wasm_executor.ts`` (the WebAssembly kernel set in a worker).
 
-Two kinds of kernel sets run the same plans (``Backend.kind``):
+The kernel sets run the same plans (``Backend.kind``):
 
 * ``"webgpu"``: WGSL kernels; a plan call becomes ``Dispatch``es (the ABI below).
 * ``"cpu"``: one native library holding each TIR function whole (compiler/cpu_kernels.py); a
   plan call becomes one ``Call`` with its tensors, and the function reads their shapes itself.
 * ``"wasm"`` / ``"wasm_threads"``: the same, as one WebAssembly module (compiler/wasm_kernels.py),
   on one thread or over a shared memory with helper threads.
+* ``"cuda"``: CUDA C the backend compiles with NVRTC (compiler/cuda_kernels.py), with launches
+  of its own; a plan call becomes ``Dispatch``es as for WebGPU.
 
 Kernel ABI (what TVM's WebGPU codegen emits, see docs/artifact.md): storage buffers at bindings
 ``0..B-1`` of group 0 in the kernel's own order, each ``read`` or ``read_write``; then, when the
@@ -125,6 +128,12 @@ class Backend:
     is_software: bool = False
     # a step's readback is a promise (WebGPU in a worker): the runner awaits ``run_async``
     reads_async: bool = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # (a backend with a run_async of its own but no reads_async would never be awaited)
+        if "run_async" in vars(cls) and not cls.reads_async:
+            raise TypeError(f"{cls.__name__} defines run_async: set reads_async = True")
 
     def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
         """Compile every kernel into a pipeline, once, at model load. Returns the index of the

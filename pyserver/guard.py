@@ -13,7 +13,7 @@ name re-pointed at 127.0.0.1), even read the answers. So:
 - While the server shuts down, new requests get a 503.
 
 Every refusal is an OpenAI-shaped JSON error. JSON routes additionally require
-``Content-Type: application/json`` (``app.py``), which a form or a no-CORS fetch cannot send.
+``Content-Type: application/json`` (``routes.py``), which a form or a no-CORS fetch cannot send.
 """
 
 from __future__ import annotations

@@ -16,10 +16,12 @@ directory or GGUF, an ``hf://`` repo. ``engine_kwargs`` are ``AsyncEngine``'s ke
 (``quantization``, ``device``, ``kv_cache_bytes``, ``prefix_cache``, ``speculative`` ...).
 
 Requests arrive as Ray's pydantic models (vLLM's or SGLang's OpenAI types, whichever is
-installed: Ray Serve LLM imports one of them); the fields the client set go to wick's own
-validation unchanged, so a request means what it means on ``wick serve``. Replies go back as
-Ray's response types; a wick error as Ray's ``ErrorResponse`` with its status (Ray's ingress
-keeps the message, type and status, not OpenAI's ``param``/``code``).
+installed: Ray Serve LLM imports one of them); their set fields go to wick's own validation, so
+a request means about what it means on ``wick serve`` (those types' validators may have set a
+field or two the client did not, e.g. SGLang's ``tool_choice``). Replies go back as Ray's
+response types; a wick error as Ray's ``ErrorResponse`` with its status (Ray's ingress keeps
+the message, type and status, not OpenAI's ``param``/``code``). Score, transcription and
+profiling routes answer with an error: wick has none of them.
 
 Importing this module imports ``ray.llm``, which needs ``ray[serve,llm]`` (it brings vLLM) or
 ``ray[serve]`` plus SGLang's protocol package.
@@ -183,7 +185,20 @@ class WickEngine(LLMEngine):
         except WickError as e:
             yield error_response(e)
             return
-        yield DetokenizeResponse.model_validate(reply)
+        # (wick's and vLLM's reply says "prompt", SGLang's "text")
+        key = "prompt" if "prompt" in DetokenizeResponse.model_fields else "text"
+        yield DetokenizeResponse.model_validate({key: reply["prompt"]})
+
+    async def score(self, request: Any, raw_request_info: Any = None,
+                    ) -> AsyncGenerator[Any, None]:
+        yield error_response(InvalidRequestError(
+            "wick has no scoring endpoint.", param="model", code="model_not_supported"))
+
+    async def start_profile(self) -> None:
+        raise InvalidRequestError("wick has no profiler to start.", code="not_supported")
+
+    async def stop_profile(self) -> None:
+        raise InvalidRequestError("wick has no profiler to stop.", code="not_supported")
 
     async def shutdown(self) -> None:
         if self.engine is not None:
@@ -199,9 +214,10 @@ class WickEngine(LLMEngine):
 class WickServer(LLMServer):
     """Ray Serve LLM's deployment with wick as its engine: ``LLMConfig(server_cls=WickServer)``.
 
-    Placement: one bundle per replica, ``ray_actor_options``' CPUs (default 1) and GPUs
-    (default 0: wick runs on the CPU; give ``num_gpus=1`` with ``device="cuda"`` or
-    ``"wgpu"``), unless ``placement_group_config`` gives the bundles."""
+    Placement: the engine runs in the replica itself, so a replica is one bundle of
+    ``ray_actor_options``' CPUs (default 1) and GPUs (default 0: wick runs on the CPU; give
+    ``num_gpus: 1`` with ``engine_kwargs={"device": "cuda"}``), added to the first of
+    ``placement_group_config``'s ``bundles`` where it gives them (as Ray's own server does)."""
 
     _default_engine_cls = WickEngine
 
@@ -212,17 +228,23 @@ class WickServer(LLMServer):
     @classmethod
     def get_deployment_options(cls, llm_config: Any) -> dict[str, Any]:
         options = copy.deepcopy(llm_config.deployment_config)
+        if "placement_group_bundles" in options or "placement_group_strategy" in options:
+            raise ValueError("give placement in the LLMConfig's placement_group_config "
+                             "(bundles, strategy), not in deployment_config")
         actor = options.get("ray_actor_options", {})
         pg = llm_config.placement_group_config or {}
-        if "bundles" in pg or "placement_group_bundles" in pg:
-            bundles = pg.get("bundles") or pg.get("placement_group_bundles")
-            strategy = pg.get("strategy") or pg.get("placement_group_strategy", "PACK")
-        else:
-            bundle = {"CPU": actor.get("num_cpus", 1), "GPU": actor.get("num_gpus", 0),
-                      **actor.get("resources", {})}
-            if "memory" in actor:
-                bundle["memory"] = actor["memory"]
-            bundles, strategy = [bundle], "STRICT_PACK"
+        if "bundle_per_worker" in pg:
+            raise ValueError("wick runs one engine per replica, in the replica: give "
+                             "placement_group_config 'bundles', not 'bundle_per_worker'")
+        replica = {"CPU": actor.get("num_cpus", 1), "GPU": actor.get("num_gpus", 0),
+                   **actor.get("resources", {})}
+        if "memory" in actor:
+            replica["memory"] = actor["memory"]
+        given = [dict(b) for b in pg.get("bundles", [])]
+        if given:  # (the replica takes the first bundle: its resources go there)
+            given[0] = {k: given[0].get(k, 0) + replica.get(k, 0) for k in {*given[0], *replica}}
+        bundles = given or [replica]
+        strategy = pg.get("strategy", "PACK" if given else "STRICT_PACK")
         options.update(placement_group_bundles=bundles, placement_group_strategy=strategy)
         if llm_config.runtime_env:
             actor["runtime_env"] = {**actor.get("runtime_env", {}), **llm_config.runtime_env}

@@ -1,8 +1,8 @@
 """``wick serve MODEL --replicas N``: the engines as replicas of a Ray Serve deployment (#32).
 
 The ``wick serve`` process keeps the HTTP side, the same app as a single server (OpenAI
-routes, chat page, artifact host, errors, ``--api-key``: pyserver/app.py), and reaches the
-engines through a Ray Serve deployment handle instead of in-process:
+routes, chat page, artifact host, errors, ``--api-key``: pyserver/app.py and routes.py), and
+reaches the engines through a Ray Serve deployment handle instead of in-process:
 
 * ``EngineReplica`` (the deployment, N replicas or autoscaled between bounds) loads the models
   like a single server does and answers ``create``/``embed``/``tokens`` calls; a streamed

@@ -27,6 +27,16 @@ RAY_LLM = ROOT / ".venv" / "ray-llm"  # (scripts/setup.sh --test)
 MESSAGES = [{"role": "user", "content": "count with me"}]
 
 
+def ray_llm_env() -> dict[str, str]:
+    """This process's environment with Ray Serve LLM's OpenAI types on the path."""
+    from tests.conftest import tool_missing
+
+    if not (RAY_LLM / "sglang").is_dir():
+        tool_missing("Ray Serve LLM's OpenAI types are not installed (.venv/ray-llm)")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(RAY_LLM), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -44,11 +54,8 @@ def bert(tmp_path_factory, compiled):
 
 @pytest.fixture(scope="module")
 def ray_llm(tiny_a, bert):
-    if not (RAY_LLM / "sglang").is_dir():
-        pytest.skip("Ray Serve LLM's OpenAI types are not installed: bash scripts/setup.sh --test")
+    env = ray_llm_env()
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(RAY_LLM), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("ray_llm_app.py")),
                              str(port), f"tiny={tiny_a}", f"bert={bert}"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -156,10 +163,54 @@ def test_embeddings_equal_wick_engine(ray_llm, bert):
         assert g.embedding == pytest.approx(w.embedding, abs=1e-6)
 
 
-def test_tokenize_is_wick_tokenization(ray_llm, engine):
+def test_tokenize_and_detokenize_are_wick_tokenization(ray_llm, engine):
     r = httpx.post(f"{ray_llm[0]}/tokenize", json={"model": "tiny", "prompt": "hello there"})
     assert r.status_code == 200, r.text
-    assert r.json()["tokens"] == engine.tokenize({"prompt": "hello there"})["tokens"]
+    ids = engine.tokenize({"prompt": "hello there"})["tokens"]
+    assert r.json()["tokens"] == ids
+    r = httpx.post(f"{ray_llm[0]}/detokenize", json={"model": "tiny", "tokens": ids})
+    assert r.status_code == 200, r.text
+    # (SGLang's reply type names the text "text"; vLLM's and wick's "prompt")
+    assert list(r.json().values()) == [engine.detokenize({"tokens": ids})["prompt"]]
+
+
+PLACEMENT = """
+import json
+from ray.serve.llm import LLMConfig
+from wick.ray import WickServer
+
+def placement(**config):
+    try:
+        o = WickServer.get_deployment_options(LLMConfig(
+            model_loading_config={"model_id": "m"}, server_cls=WickServer, **config))
+        return [o["placement_group_bundles"], o["placement_group_strategy"]]
+    except ValueError as e:
+        return str(e)
+
+print(json.dumps([
+    placement(),
+    placement(deployment_config={"ray_actor_options": {"num_cpus": 2, "num_gpus": 1}}),
+    placement(placement_group_config={"bundles": [{"GPU": 1}, {"CPU": 4}]}),
+    placement(placement_group_config={"bundle_per_worker": {"GPU": 1}}),
+    placement(deployment_config={"placement_group_bundles": [{"CPU": 1}]}),
+]))
+"""
+
+
+def test_placement_is_the_replicas_own_resources():
+    """The engine runs in the replica: its bundle is the replica's CPUs and GPUs, added to the
+    first of the bundles a config gives; what wick cannot honour is refused."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", PLACEMENT], env=ray_llm_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    default, gpu, given, per_worker, in_deployment = json.loads(out.stdout.splitlines()[-1])
+    assert default == [[{"CPU": 1, "GPU": 0}], "STRICT_PACK"]
+    assert gpu == [[{"CPU": 2, "GPU": 1}], "STRICT_PACK"]
+    assert given == [[{"CPU": 1, "GPU": 1}, {"CPU": 4}], "PACK"]
+    assert "bundle_per_worker" in per_worker
+    assert "placement_group_config" in in_deployment
 
 
 def test_sigterm_leaves_no_ray_behind(ray_llm):

@@ -1,0 +1,41 @@
+"""engine/backend.py's Backend base class: what a backend that says nothing gets, and the
+mistake it refuses (an asynchronous step the runner would never await)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from wick.engine.backend import Backend
+
+
+def test_the_defaults_are_a_synchronous_webgpu_device():
+    b = Backend()
+    assert (b.kind, b.prefers_f32, b.is_software, b.reads_async) == ("webgpu", False, False, False)
+    assert b.profile_json() == "{}" and b.close() is None
+    with pytest.raises(NotImplementedError):
+        b.load_library({}, "lib.so", b"")
+
+
+def test_run_async_runs_the_step_of_a_synchronous_backend():
+    class Echo(Backend):
+        def run(self, writes, dispatches, reads):
+            return [bytes(r) for r in reads]
+
+    assert asyncio.run(Echo().run_async([], [], [b"ab"])) == [b"ab"]
+
+
+def test_a_backend_with_its_own_run_async_must_say_it_reads_async():
+    with pytest.raises(TypeError, match="reads_async"):
+        class Forgot(Backend):
+            async def run_async(self, writes, dispatches, reads):
+                return []
+
+    class Said(Backend):
+        reads_async = True
+
+        async def run_async(self, writes, dispatches, reads):
+            return []
+
+    assert Said.reads_async
