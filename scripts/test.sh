@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--quick" ]; then
   shift
   [ -x .venv/bin/python ] || bash scripts/setup.sh --test
-  exec .venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow" \
-    tests/engine tests/test_import_cycles.py tests/compiler tests/browser/test_build_and_routes.py \
-    "tests/browser/test_chat_page.py::test_chat_page_browser_engine_screenshot" "$@"
+  .venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow" \
+    tests/engine tests/test_import_cycles.py tests/compiler tests/browser/test_build_and_routes.py "$@"
+  exec .venv/bin/python -m pytest -q -p no:cacheprovider \
+    "tests/browser/test_chat_page.py::test_chat_page_browser_engine_screenshot"
 fi
 bash scripts/setup.sh --test
 # every tool the suite drives is installed now: a test missing one fails instead of skipping
