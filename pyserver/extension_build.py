@@ -2,8 +2,8 @@
 
 Everything the engine runs is packaged (MV3 allows no remote code): the browser engine's
 bundles (wick.js, wick-worker.js), Pyodide with wick's wheels and the tokenizer/grammar
-libraries (wasm/), the extension's own scripts (web/src/extension, built into static/ext/), its
-pages (extension/*.html) and the chat page's chat.js/chat.css for the side panel. Only model
+libraries (wasm/), the extension's own scripts and pages (web/src/extension, built and copied
+into static/ext/) and the chat page's chat.js/chat.css for the side panel. Only model
 files come from the network: from ``--host`` (a ``wick serve``), cached in the extension's
 Cache API. One of them is compiled: a model's WebAssembly kernels (its own shapes, one module
 per model variant, so a build cannot hold those of every model its host may serve later),
@@ -26,8 +26,8 @@ from ..engine.errors import InvalidRequestError, WickError
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
-PAGES = HERE / "extension"
 SCRIPTS = ("background.js", "offscreen.js", "sidepanel.js", "options.js")
+PAGES = ("offscreen.html", "options.html")  # (sidepanel.html is the chat page, side_panel_html)
 CSP = "script-src 'self' 'wasm-unsafe-eval'; object-src 'self'"
 
 
@@ -128,7 +128,7 @@ def build_extension(out: Path, host: str, allow_origins: list[str] | tuple[str, 
 
     host_origin, host_path = _origin(host, "host URL", path_ok=True)
     allowed = sorted({_origin(o, "allow-origin", path_ok=False)[0] for o in allow_origins})
-    check_built([STATIC / "ext" / s for s in SCRIPTS], ExtensionBuildError,
+    check_built([STATIC / "ext" / s for s in SCRIPTS + PAGES], ExtensionBuildError,
                 "build the extension again")
     man = manifest(host_origin, allowed, _chrome_version(__version__))
     config = {"host": host_origin + host_path, "allowedOrigins": allowed,
@@ -147,10 +147,8 @@ def build_extension(out: Path, host: str, allow_origins: list[str] | tuple[str, 
         for name in ("wick.js", "wick-worker.js"):
             shutil.copy2(STATIC / "web" / name, root / name)
         shutil.copytree(STATIC / "wasm", root / "wasm")
-        for name in SCRIPTS:
+        for name in SCRIPTS + PAGES:
             shutil.copy2(STATIC / "ext" / name, root / name)
-        for page in PAGES.glob("*.html"):
-            shutil.copy2(page, root / page.name)
         (root / "sidepanel.html").write_text(side_panel_html())
         for name in ("chat.js", "chat.css"):
             shutil.copy2(STATIC / name, root / name)

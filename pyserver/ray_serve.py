@@ -76,7 +76,7 @@ def prompt_digests(body: Any) -> list[bytes]:
 
 
 def _request_body(pending_request) -> Any:
-    """The body of a ``create(model, kind, body)`` call (None for other calls)."""
+    """The body of a ``create(model, api, body)`` call (None for other calls)."""
     if pending_request is None or len(pending_request.args) < 3 or \
             getattr(pending_request.metadata, "call_method", "create") != "create":
         return None
@@ -241,11 +241,11 @@ class EngineReplica:
     async def info(self) -> dict:
         return {name: engine_snapshot(e) for name, e in self.pool.engines.items()}
 
-    async def create(self, model: str, kind: str, body: dict) -> AsyncIterator[dict]:
+    async def create(self, model: str, api: str, body: dict) -> AsyncIterator[dict]:
         """A completion's chunks (stream) or its one reply, as dicts; an error as data."""
         try:
             engine = self.pool.select(model)
-            endpoint = engine.chat.completions if kind == "chat" else engine.completions
+            endpoint = engine.chat.completions if api == "chat" else engine.completions
             result = await endpoint.create(**body)
         except WickError as e:
             yield _error_data(e)
@@ -388,11 +388,11 @@ class ReplicaCore:
 
 
 class _Endpoint:
-    def __init__(self, engine: RemoteEngine, kind: str) -> None:
-        self._engine, self._kind = engine, kind
+    def __init__(self, engine: RemoteEngine, api: str) -> None:
+        self._engine, self._api = engine, api  # the request's API: "chat" | "completion"
 
     async def create(self, **body: Any) -> Any:
-        return await self._engine.create(self._kind, body)
+        return await self._engine.create(self._api, body)
 
 
 @dataclass
@@ -420,8 +420,8 @@ class RemoteEngine:
             return self.last.idle()
         return ReplicaCore.combined(list(self.replicas.values()))
 
-    async def create(self, kind: str, body: dict) -> Any:
-        stream = self.handle.options(stream=True).create.remote(self.name, kind, body)
+    async def create(self, api: str, body: dict) -> Any:
+        stream = self.handle.options(stream=True).create.remote(self.name, api, body)
         try:
             first = await stream.__anext__()
             _raise_if_error(first)

@@ -1,13 +1,13 @@
 // Bundle web/src into ES modules: wick.js (the client API) and wick-worker.js (the engine's
 // worker), plus the API's type declarations, into pyserver/static/web/ (served at
-// /static/web/); and the Chrome extension's scripts (web/src/extension) into
-// pyserver/static/ext/ (`wick extension build` packs them). `node build.mjs [outdir]`.
+// /static/web/); and the Chrome extension's scripts and pages (web/src/extension, its one
+// folder) into pyserver/static/ext/ (`wick extension build` packs them). `node build.mjs [outdir]`.
 // `node build.mjs --package`: the npm package's dist/ (wick.js, wick-worker.js, the types), no
 // extension (npm pack runs it).
 import { build } from "esbuild";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { readFileSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
@@ -34,6 +34,8 @@ if (!forPackage) {
   rmSync(extdir, { recursive: true, force: true });
   await build({ ...common, sourcemap: false, outdir: extdir, entryPoints: Object.fromEntries(
     ["background", "offscreen", "sidepanel", "options"].map((n) => [n, path.join(here, "src", "extension", `${n}.ts`)])) });
+  for (const page of readdirSync(path.join(here, "src", "extension")).filter((f) => f.endsWith(".html")))
+    copyFileSync(path.join(here, "src", "extension", page), path.join(extdir, page));
 }
 // the public API's types beside the bundle: wick.d.ts -> types/client.d.ts
 rmSync(path.join(outdir, "types"), { recursive: true, force: true });
@@ -41,4 +43,4 @@ execFileSync(path.join(here, "node_modules", ".bin", "tsc"), ["-p", here, "--noE
   "--declaration", "--emitDeclarationOnly", "--outDir", path.join(outdir, "types")], { stdio: "inherit" });
 writeFileSync(path.join(outdir, "wick.d.ts"), 'export * from "./types/client.js";\n');
 console.error(`web: wick.js, wick-worker.js, wick.d.ts -> ${outdir}` +
-  (forPackage ? "" : `; extension scripts -> ${extdir}`));
+  (forPackage ? "" : `; extension scripts and pages -> ${extdir}`));

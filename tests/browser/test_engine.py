@@ -2,7 +2,7 @@
 for the WebAssembly kernels, tested in test_wasm.py) equals the native engine on the same
 artifact (tiny random Llama, q0f32):
 greedy chat and completion, streaming, errors across the worker boundary, concurrency,
-interrupt, the Cache API and a corrupted cached shard."""
+abortAll, the Cache API and a corrupted cached shard."""
 
 from __future__ import annotations
 
@@ -207,14 +207,14 @@ def test_concurrent_creates_share_steps_and_equal_solo(page, loaded, native):
     assert out["steps"] < 2 * N, out["steps"]
 
 
-def test_interrupt_ends_with_abort_and_engine_stays_usable(page, loaded, native):
+def test_abort_all_ends_with_abort_and_engine_stays_usable(page, loaded, native):
     out = page.run("""async ([prompt, n]) => {
         const chunks = [];
         const stream = await engine.completions.create(
             {prompt, max_tokens: 100, temperature: 0, ignore_eos: true, stream: true});
         for await (const c of stream) {
             chunks.push(c);
-            if (chunks.length === 2) engine.interrupt();
+            if (chunks.length === 2) engine.abortAll();
         }
         const after = await engine.completions.create({prompt, max_tokens: n, temperature: 0});
         const ctl = new AbortController();

@@ -2,9 +2,10 @@
 executor (WebGPU, or the WebAssembly kernels) and answer create requests, posting results and
 stream chunks back to JavaScript as JSON.
 
-JS calls ``load(...)`` once, then ``host.start(rid, kind, body_json)`` per request (a task;
-concurrent requests share engine steps), ``host.cancel(rid)`` (AbortSignal) and
-``host.interrupt()`` (every request ends with finish_reason "abort"; the engine stays usable).
+JS calls ``load(...)`` once, then ``host.start(rid, api, body_json)`` per request (api: "chat" |
+"completion" | "embeddings"; a task; concurrent requests share engine steps), ``host.abort(rid)``
+(its AbortSignal) and ``host.abort_all()`` (every request ends with finish_reason "abort"; the
+engine stays usable).
 Everything comes back through ``post(rid, kind, json)`` with kind "result" | "chunk" | "done" |
 "error"; errors carry the engine's own ``to_dict()`` plus status and class name.
 """
@@ -92,8 +93,8 @@ class Host:
                            # (the WebAssembly executor: its slowest kernels and its threads)
                            **json.loads(self.backend.profile_json())})
 
-    def start(self, rid: int, kind: str, body_json: str) -> None:
-        task = asyncio.ensure_future(self._run(rid, kind, body_json))
+    def start(self, rid: int, api: str, body_json: str) -> None:
+        task = asyncio.ensure_future(self._run(rid, api, body_json))
         self._tasks[rid] = task
         task.add_done_callback(lambda t: self._ended(rid, t))
 
@@ -104,15 +105,15 @@ class Host:
         if task.cancelled():
             self._post(rid, "error", error_payload(EngineAbortedError("the request was aborted")))
 
-    async def _run(self, rid: int, kind: str, body_json: str) -> None:
+    async def _run(self, rid: int, api: str, body_json: str) -> None:
         stream = None
         try:
             body = json.loads(body_json)
             ns = {"chat": self.api.chat.completions, "completion": self.api.completions,
-                  "embeddings": self.api.embeddings}[kind]
+                  "embeddings": self.api.embeddings}[api]
             if not isinstance(body, dict):  # as the server: the engine's own error for it
                 {"chat": ChatCompletionRequest, "completion": CompletionRequest,
-                 "embeddings": EmbeddingRequest}[kind].from_dict(body)
+                 "embeddings": EmbeddingRequest}[api].from_dict(body)
                 raise InvalidRequestError("The request body must be a JSON object.")
             result = await ns.create(**body)
             if body.get("stream") is True:
@@ -130,12 +131,12 @@ class Host:
             if stream is not None:
                 await stream.aclose()
 
-    def cancel(self, rid: int) -> None:
+    def abort(self, rid: int) -> None:
         task = self._tasks.get(rid)
         if task is not None:
             task.cancel()
 
-    def interrupt(self) -> None:
+    def abort_all(self) -> None:
         """Abort every running request: streams end with finish_reason "abort"."""
         self.api.abort_all()
 

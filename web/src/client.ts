@@ -8,7 +8,7 @@
  *   for await (const chunk of await engine.chat.completions.create({ messages, stream: true })) {}
  *   await engine.completions.create({ prompt, max_tokens: 16 });
  *   await embedder.embeddings.create({ input: ["a text", "another"] });  // an embedding model
- *   engine.interrupt(); await engine.unload();
+ *   engine.abortAll(); await engine.unload();
  *
  * The engine runs in a dedicated Worker (wick-worker.js): the same Python engine as the
  * server, in Pyodide, on WebGPU. Errors are typed (errors.ts) with the Python engine's messages.
@@ -259,11 +259,11 @@ export class Engine {
     }
     const channel = await this.live();
     const id = this.nextId();
-    const cancel = () => channel.post({ kind: "cancel", id });
+    const abort = () => channel.post({ kind: "abort", id });
     return new Promise((resolve, reject) => {
       let chunks: ChunkStream<unknown> | null = null;
       const onAbort = () => {
-        cancel();
+        abort();
         const err = aborted(signal!);
         if (chunks) chunks.end(err); else reject(err);
         cleanup();
@@ -281,7 +281,7 @@ export class Engine {
             break;
           case "chunk":
             if (!chunks) {
-              chunks = new ChunkStream(() => { cancel(); cleanup(); });
+              chunks = new ChunkStream(() => { abort(); cleanup(); });
               resolve(chunks);
             }
             chunks.push(JSON.parse(m.data));
@@ -305,8 +305,13 @@ export class Engine {
 
   /** Stop this engine's running requests: each ends with finish_reason "abort" (on an engine
    * shared with other clients, they end as aborted requests; others' requests go on). */
+  abortAll(): void {
+    this.channel?.post({ kind: "abortAll", id: this.nextId() });
+  }
+
+  /** @deprecated the earlier name of {@link abortAll} (WebLLM's is interruptGenerate). */
   interrupt(): void {
-    this.channel?.post({ kind: "interrupt", id: this.nextId() });
+    this.abortAll();
   }
 
   /** Engine statistics from the host: model, device, steps run so far, and host-side

@@ -27,8 +27,8 @@ export type Post = (rid: number, kind: string, data: string) => void;
 export interface EngineOps {
   load(msg: LoadMessage, progress: (p: Progress) => void, post: Post): Promise<EngineInfo>;
   start(rid: number, api: string, body: string): void;
-  cancel(rid: number): void;
-  interrupt(): void;
+  abort(rid: number): void;
+  abortAll(): void;
   stats(): string;
   unload(): Promise<void>;
   toPayload(e: unknown): ErrorPayload;
@@ -122,16 +122,16 @@ export class Hub {
           }
           break;
         }
-        case "cancel": {
+        case "abort": {
           const rid = client.requests.get(msg.id);
-          if (rid !== undefined) this.engine.cancel(rid);
+          if (rid !== undefined) this.engine.abort(rid);
           break;
         }
-        case "interrupt":
+        case "abortAll":
           // alone on the engine: every request ends with finish_reason "abort"; shared: only
           // this client's requests stop (as aborted ones), never another client's
-          if (this.attachedClients().every((c) => c === client)) this.engine.interrupt();
-          else for (const rid of client.requests.values()) this.engine.cancel(rid);
+          if (this.attachedClients().every((c) => c === client)) this.engine.abortAll();
+          else for (const rid of client.requests.values()) this.engine.abort(rid);
           client.send({ kind: "ok", id: msg.id });
           break;
         case "stats":
@@ -204,9 +204,9 @@ export class Hub {
   }
 
   /** The client stopped using the engine (unload) or is gone (detach, its lock released):
-   * its running requests are cancelled; the last one out frees the model unless keepLoaded. */
+   * its running requests are aborted; the last one out frees the model unless keepLoaded. */
   private async leave(client: Client, gone = true): Promise<void> {
-    for (const rid of client.requests.values()) this.engine.cancel(rid);
+    for (const rid of client.requests.values()) this.engine.abort(rid);
     client.attached = false;
     if (gone) {
       client.gone = true;

@@ -151,6 +151,7 @@ interface ModelEntry {
   model: string;
   quantization: string;
   features: string[];
+  fallback?: string[]; // variants of the same weights that need none of `features` (compiler)
 }
 
 function pickModel(models: ModelEntry[], model: string, quantization: string | undefined,
@@ -171,7 +172,7 @@ function pickModel(models: ModelEntry[], model: string, quantization: string | u
     const bits = (q: string) => Number(q.match(/^q(\d+)/)?.[1] ?? 0) || 32;
     const variants = [...new Set(named.filter((n) => !n.features.length).map((n) => n.quantization))]
       .sort((a, b) => bits(a) - bits(b));
-    throw new Failure(missingFeature(missing, variants.length ? variants : ["q4f32_1", "q0f32"],
+    throw new Failure(missingFeature(missing, variants.length ? variants : m.fallback ?? [],
       `${m.model} ${m.quantization}`));
   }
   // prefer f16 variants when the device has shader-f16 (a GPU), f32 ones on the CPU (wasm:
@@ -478,8 +479,8 @@ const engine = {
     if (!host) throw new Failure(payload("WickError", "no model is loaded", "engine_error", "not_loaded", 500));
     host.start(rid, api, body);
   },
-  cancel: (rid: number) => host?.cancel(rid),
-  interrupt: () => host?.interrupt(),
+  abort: (rid: number) => host?.abort(rid),
+  abortAll: () => host?.abort_all(),
   stats: (): string => (host ? host.info_json() : "{}"),
   async unload(): Promise<void> {
     try {

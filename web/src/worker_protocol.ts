@@ -81,8 +81,8 @@ export type ToWorker =
       backend?: Backend;
       clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
   | { kind: "create"; id: number; api: Api; body: string }
-  | { kind: "cancel"; id: number } // the AbortSignal of request `id` fired
-  | { kind: "interrupt"; id: number }
+  | { kind: "abort"; id: number } // the AbortSignal of request `id` fired
+  | { kind: "abortAll"; id: number } // engine.abortAll()
   | { kind: "stats"; id: number }
   | { kind: "unload"; id: number } // this client is done; a shared engine stays loaded
   | { kind: "detach"; id: number }; // the client is gone (no answer)
