@@ -19,6 +19,7 @@ import numpy as np
 from ..engine.artifact import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    kernel_files,
     PARAM_ALIGN,
     SHARD_MAX_BYTES,
     VERIFY_MARKER,
@@ -27,12 +28,14 @@ from ..engine.artifact import (
 if TYPE_CHECKING:  # (TVM: the compile extra; this module's checks run without it)
     from .lower import Lowered
 
-# the kernel sets kept as one file each: native CPU (compiler/cpu_kernels.py), WebAssembly, one
-# thread or shared memory (compiler/wasm_kernels.py), and CUDA C source (compiler/cuda_kernels.py);
-# the manifest names each as ``<kind>_kernels``
-LIBRARY_FILES = {"cpu": "kernels/cpu/kernels.so", "wasm": "kernels/wasm/kernels.wasm",
-                 "wasm_threads": "kernels/wasm/kernels-threads.wasm",
-                 "cuda": "kernels/cuda/kernels.cu"}
+# the kernel sets kept as one file each, with their form (engine/artifact.py FORMS): native CPU
+# (compiler/cpu_kernels.py), WebAssembly, one thread or shared memory (compiler/wasm_kernels.py),
+# and CUDA C source (compiler/cuda_kernels.py); the manifest's ``kernel_sets`` holds each under
+# its kind, beside "webgpu" (one WGSL file per kernel)
+LIBRARY_FILES = {"cpu": ("library", "kernels/cpu/kernels.so"),
+                 "wasm": ("library", "kernels/wasm/kernels.wasm"),
+                 "wasm_threads": ("library", "kernels/wasm/kernels-threads.wasm"),
+                 "cuda": ("source", "kernels/cuda/kernels.cu")}
 
 Progress = Callable[[str, int, int], None]
 
@@ -124,13 +127,15 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         (tmp / rel).write_bytes(src)
         kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
                         "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
-    library_entries = {}
+    kernel_sets = {"webgpu": {"form": "shaders", "kernels": kernels,
+                              "tir_functions": {n: {"params": f.params, "launches": f.launches}
+                                                for n, f in lowered.tir_functions.items()}}}
     for kind, (data, entry) in libraries.items():
-        path = tmp / LIBRARY_FILES[kind]
+        form, rel = LIBRARY_FILES[kind]
+        path = tmp / rel
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(data)
-        library_entries[f"{kind}_kernels"] = {"file": LIBRARY_FILES[kind], **entry,
-                                              "sha256": _sha256(data)}
+        kernel_sets[kind] = {"form": form, "file": rel, **entry, "sha256": _sha256(data)}
     shards = _ShardWriter(tmp, shard_max_bytes)
     index = []
     for i, (name, array) in enumerate(params):
@@ -160,11 +165,8 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
         "format": FORMAT_VERSION,
         **header,
         "tokenizer": {"file": "tokenizer.json", "sha256": _sha256(tok)},
-        "kernels": kernels,
-        "tir_functions": {n: {"params": f.params, "launches": f.launches}
-                          for n, f in lowered.tir_functions.items()},
+        "kernel_sets": kernel_sets,
         "plans": lowered.plans,
-        **library_entries,
         "params": index,
         "shards": shards.shards,
     }
@@ -255,9 +257,8 @@ def artifact_problems(out_dir: Path, *, hashes: bool = False,
     hashes = hashes or (out_dir / VERIFY_MARKER).exists()
     try:
         manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
-        small = [manifest["tokenizer"], *manifest["kernels"],
-                 *(manifest[f"{kind}_kernels"] for kind in LIBRARY_FILES
-                   if f"{kind}_kernels" in manifest)]
+        small = [manifest["tokenizer"],
+                 *(f for entry in manifest["kernel_sets"].values() for f in kernel_files(entry))]
         shards = list(manifest["shards"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         return [f"{MANIFEST_NAME}: unreadable ({err})"]

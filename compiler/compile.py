@@ -35,7 +35,7 @@ from .lower import lower, merge, webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, requantize, row_splits
 from .models.kv_layout import PAGE_SIZE
-from .quantization import Quantization, get_quantization, mixed_plan, quantize
+from .quantization import Quantization, f32_twin, get_quantization, mixed_plan, quantize
 
 # Bump on a format change; the source digest below catches every other compiler change.
 COMPILER_REVISION = 3
@@ -356,7 +356,6 @@ def default_quantization(model: str, family=_UNREAD) -> str:
     or for a GGUF that mixes widths (Q4_K_M) q4f16_m, which keeps its wide tensors wide; each
     in its float32 activation twin for a family whose activations overflow float16 (Gemma).
     ``family``: what ``family_of(model)`` gave, when the caller already read it."""
-    from .quantization import f32_twin
     from .sources import builtin_models
 
     registry = builtin_models()
@@ -467,7 +466,10 @@ def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict
         "quantization": quant.name,
         "cache_key": key,
         "model": model,
-        "requires": {"features": ["shader-f16"] if quant.needs_f16 else []},
+        # what a device needs to run it, and the variants of the same weights that need less
+        # (the engines name them in MissingFeatureError)
+        "requires": {"features": ["shader-f16"] if quant.needs_f16 else [],
+                     "fallback": [f32_twin(quant.name)] if quant.needs_f16 else []},
         "source": source,
         "compile_options": options,  # what `wick serve` reuses to build a sibling variant
         "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION,

@@ -18,7 +18,7 @@ may share memory). Each holds, besides the kernels:
 
 Each kernel is exported as ``__tvm_ffi_<name>`` with TVM's packed calling convention:
 ``int f(void* self, TVMFFIAny* args, int num_args, TVMFFIAny* result)``, each argument a
-DLTensor pointer (docs/artifact.md, "wasm_kernels").
+DLTensor pointer (docs/artifact.md, "Kernel sets").
 """
 
 from __future__ import annotations

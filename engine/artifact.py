@@ -2,9 +2,10 @@
 
 An artifact is a directory (docs/artifact.md):
 
-    wick-artifact.json        manifest: model config, quantization, tokenizer, kernels, plans,
-                              parameter index, shards with sha256
-    kernels/webgpu/*.wgsl     one WGSL module per kernel
+    wick-artifact.json        manifest: model config, quantization, tokenizer, kernel sets,
+                              plans, parameter index, shards with sha256
+    kernels/webgpu/*.wgsl     one WGSL module per kernel (the "webgpu" kernel set)
+    kernels/<kind>/...        the other kernel sets, one file each (cpu, wasm, cuda)
     params/shard-NNNNN.bin    raw little-endian tensors, <= 32 MiB per shard
     tokenizer.json            HF tokenizers format
 
@@ -22,7 +23,7 @@ from typing import Callable, Collection, Iterator
 
 from .errors import ArtifactError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the kernel sets in one shape (``kernel_sets``)
 MANIFEST_NAME = "wick-artifact.json"
 SHARD_MAX_BYTES = 32 << 20
 PARAM_ALIGN = 256  # parameter offsets inside a shard
@@ -88,11 +89,29 @@ class Artifact:
     def required_features(self) -> list[str]:
         return list(self.manifest.get("requires", {}).get("features", []))
 
+    @property
+    def fallback_variants(self) -> list[str]:
+        """Variants of the same weights that run without ``required_features`` (the compiler
+        names them)."""
+        return list(self.manifest.get("requires", {}).get("fallback", []))
+
+    def kernel_set(self, kind: str) -> dict:
+        """The manifest's kernel set for a backend kind (engine/backend.py), or an error naming
+        what to do when the artifact was compiled without it."""
+        entry = self.manifest["kernel_sets"].get(kind)
+        if entry is None:
+            what = {"cpu": "CPU", "cuda": "CUDA", "webgpu": "WebGPU", "wasm": "WebAssembly",
+                    "wasm_threads": "WebAssembly"}.get(kind, kind)
+            raise ArtifactError(f"artifact {self.location or self.model_id} has no {what} kernels "
+                                "(compiled by an older wick, or without them): recompile it with "
+                                "`wick compile --force`", code="artifact_stale")
+        return entry
+
     def kernels(self, names: Collection[str] | None = None) -> list[dict]:
-        """Kernel metadata with the WGSL source filled in (``wgsl``), verified by sha256;
-        only those in ``names`` when given."""
+        """The WebGPU set's kernel metadata with the WGSL source filled in (``wgsl``), verified
+        by sha256; only those in ``names`` when given."""
         out = []
-        for k in self.manifest["kernels"]:
+        for k in self.kernel_set("webgpu")["kernels"]:
             if names is not None and k["name"] not in names:
                 continue
             src = self.read_verified(k["file"], k["sha256"])
@@ -114,6 +133,21 @@ class Artifact:
     def tokenizer_json(self) -> str:
         tok = self.manifest["tokenizer"]
         return self.read_verified(tok["file"], tok["sha256"]).decode("utf-8")
+
+
+# ------------------------------------------------------------------ kernel sets
+
+# How a kernel set is kept (its entry's "form"); engine/plan.py has a table class per form:
+#   "shaders": one file per kernel (``kernels``: WGSL modules), launched per ``tir_functions``
+#   "source":  one source file the backend compiles at load (CUDA C), launched the same way
+#   "library": one compiled library (native CPU, WebAssembly) holding each TIR function whole
+FORMS = ("shaders", "source", "library")
+
+
+def kernel_files(entry: dict) -> list[dict]:
+    """The files of one kernel set (``{"file", "sha256", ...}`` each): what a host serves, an
+    export copies, a reuse check hashes, and the browser fetches for its backend."""
+    return [entry] if "file" in entry else list(entry["kernels"])
 
 
 # ------------------------------------------------------------------ the CPU kernel set's host
@@ -147,7 +181,7 @@ KERNEL_RUNTIME_ABI = 1
 
 
 def cpu_kernels_misfit(entry: dict) -> str | None:
-    """Why this machine cannot run a CPU kernel set (manifest ``cpu_kernels``), or None.
+    """Why this machine cannot run a CPU kernel set (manifest ``kernel_sets.cpu``), or None.
 
     The compiler records the features of the CPU it compiled for (``cpu_flags``): LLVM may use
     any of them, so a machine lacking one could stop on an illegal instruction. A machine with

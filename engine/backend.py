@@ -108,15 +108,19 @@ class Backend:
     attributes are the defaults a backend overrides where it differs; the methods without one
     raise ``NotImplementedError``.
 
-    Repeated steps: the runner passes a plan's dispatch list as the same list object (and the
-    same ``Dispatch``/``Call`` objects) every time it runs that plan with the same shapes, so a
-    backend may keep per-step work (encodings, address arrays, CUDA graphs) keyed by the list's
-    identity while it holds a reference to it."""
+    Repeated steps: a plan caches its dispatch list per input-shape signature
+    (engine/plan.py ``PlanFunction``), so every run of a plan with the same shapes brings the
+    same ``Dispatch``/``Call`` objects (they are immutable), and a step of the same plans and
+    shapes brings an equal list of them (the runner concatenates the plans' lists into a new
+    list each step). A backend may keep per-dispatch work (encodings, launch records) keyed by
+    a dispatch's identity while it holds a reference to it, and per-step work (CUDA graphs)
+    keyed by the list's elements (native/cuda_backend.py: its length and ends' identities,
+    then confirmed element by element)."""
 
     name: str = "backend"  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
-    # "webgpu" (load_kernels + Dispatch), or a kernel set of its own: a library kind
-    # (load_library + Call: "cpu", "wasm", "wasm_threads") or "cuda"; the manifest's
-    # "<kind>_kernels" entry
+    # the manifest's kernel set it runs (``kernel_sets[kind]``): "webgpu" (load_kernels +
+    # Dispatch), a library ("cpu", "wasm", "wasm_threads": load_library + Call) or "cuda"
+    # (load_library + Dispatch)
     kind: str = "webgpu"
     features: frozenset[str] = frozenset()  # WebGPU feature names, e.g. {"shader-f16"}
     max_storage_binding: int = 128 << 20  # bytes

@@ -12,11 +12,14 @@ dispatch list depends only on the input shapes, so it is cached per shape signat
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from .artifact import FORMS
 from .backend import DTYPE_BYTES, Backend, BufferSlice, Call, Dispatch, KernelSpec, TensorRef
 from .errors import ArtifactError
+
+if TYPE_CHECKING:
+    from .artifact import Artifact
 
 def evaluate(expr: Any, env: Mapping[str, int]) -> Any:
     """Evaluate a JSON expression from the compiler (ints, {"v": name}, [op, *args])."""
@@ -110,7 +113,8 @@ class LibraryTable:
     function), loaded once."""
 
     def __init__(self, entry: dict, directory: str, data: bytes, backend: Backend) -> None:
-        """``entry``: the manifest's ``<kind>_kernels``; ``data``: its file's verified bytes."""
+        """``entry``: the manifest's kernel set (form "library"); ``data``: its file's verified
+        bytes."""
         self.index = {n: i for i, n in enumerate(entry["functions"])}
         self.base = backend.load_library(entry, f"{directory}/{entry['file']}", data)
 
@@ -122,10 +126,34 @@ class SourceKernelTable:
     grid_word = False
 
     def __init__(self, entry: dict, directory: str, data: bytes, backend: Backend) -> None:
-        """``entry``: the manifest's ``<kind>_kernels``; ``data``: its file's verified bytes."""
+        """``entry``: the manifest's kernel set (form "source"); ``data``: its file's verified
+        bytes."""
         self.index = {k["name"]: i for i, k in enumerate(entry["kernels"])}
         self.scalar_formats = [scalar_format(k["scalar_dtypes"]) for k in entry["kernels"]]
         self.base = backend.load_library(entry, f"{directory}/{entry['file']}", data)
+
+
+KernelTables = KernelTable | LibraryTable | SourceKernelTable
+
+
+def load_kernel_set(artifact: "Artifact", backend: Backend,
+                    called: set[str]) -> tuple[KernelTables, dict]:
+    """The artifact's kernel set for ``backend.kind``, loaded by its form (engine/artifact.py
+    ``FORMS``), and its TIR functions' launches (none for a library: it runs each function
+    whole). ``called``: the TIR functions the engine will call (a "shaders" set compiles only
+    their kernels)."""
+    entry = artifact.kernel_set(backend.kind)
+    form = entry.get("form")
+    tir = entry.get("tir_functions", {})
+    if form == "shaders":
+        used = {launch["kernel"] for f in called for launch in tir[f]["launches"]}
+        return KernelTable(artifact.kernels(used), backend), tir
+    if form not in FORMS:
+        raise ArtifactError(f"artifact {artifact.location or artifact.model_id}: kernel set "
+                            f"{backend.kind!r} has the unknown form {form!r} (a newer wick's?)")
+    data = artifact.read_verified(entry["file"], entry["sha256"])  # a corrupt file is named
+    table = SourceKernelTable if form == "source" else LibraryTable
+    return table(entry, artifact.location, data, backend), tir
 
 
 class PlanFunction:

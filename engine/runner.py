@@ -18,8 +18,8 @@ from .backend import Backend, Read, Write
 from .batch import Batch, SampledToken
 from .errors import ArtifactError, MissingFeatureError
 from .kv_cache import pages_for, window_pages
-from .plan import (DTYPE_BYTES, KernelTable, LibraryTable, PlanFunction, SourceKernelTable,
-                   TensorRef, evaluate, tir_call)
+from .plan import (DTYPE_BYTES, KernelTables, PlanFunction, TensorRef, evaluate,
+                   load_kernel_set, tir_call)
 from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
 KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
@@ -148,7 +148,7 @@ class Runner:
         straight into them, so weights never pass through Python)."""
         missing = [f for f in artifact.required_features if f not in backend.features]
         if missing:
-            raise MissingFeatureError(missing[0], ["q4f32_1", "q0f32"],
+            raise MissingFeatureError(missing[0], artifact.fallback_variants,
                                       requested=f"{artifact.model_id} {artifact.quantization}")
         m = artifact.model
         self.backend = backend
@@ -219,29 +219,14 @@ class Runner:
 
     @staticmethod
     def _kernel_set(artifact: Artifact, backend: Backend, entries: list[str],
-                    functions: set[str]) -> tuple[KernelTable | LibraryTable | SourceKernelTable, dict]:
-        """The artifact's kernels for this backend's kind (engine/backend.py), loaded, and the
-        TIR functions' launches that go with them (WebGPU's or CUDA's). The plan ``entries``
-        and the TIR ``functions`` called directly say which WGSL kernels to compile."""
-        kind = backend.kind
-        manifest = artifact.manifest
-        if kind == "webgpu":
-            tir, plans = manifest["tir_functions"], manifest["plans"]
-            called = functions | {ins["func"] for e in entries for ins in plans[e]["instrs"]
-                                  if ins["op"] == "call"}
-            used = {launch["kernel"] for f in called for launch in tir[f]["launches"]}
-            return KernelTable(artifact.kernels(used), backend), tir
-        entry = manifest.get(f"{kind}_kernels")
-        if entry is None:
-            what = {"cpu": "CPU", "cuda": "CUDA"}.get(kind, "WebAssembly")
-            raise ArtifactError(f"artifact {artifact.location or artifact.model_id} has no {what} "
-                                "kernels (compiled by an older wick): recompile it with "
-                                "`wick compile --force`", code="artifact_stale")
-        data = artifact.read_verified(entry["file"], entry["sha256"])  # a corrupt file is named
-        if "tir_functions" in entry:  # a GPU kernel set of its own launches (CUDA)
-            return (SourceKernelTable(entry, artifact.location, data, backend),
-                    entry["tir_functions"])
-        return LibraryTable(entry, artifact.location, data, backend), manifest["tir_functions"]
+                    functions: set[str]) -> tuple[KernelTables, dict]:
+        """The artifact's kernel set for this backend's kind (engine/backend.py), loaded. The
+        plan ``entries`` and the TIR ``functions`` called directly say which of a "shaders"
+        set's kernels to compile."""
+        plans = artifact.manifest["plans"]
+        called = functions | {ins["func"] for e in entries for ins in plans[e]["instrs"]
+                              if ins["op"] == "call"}
+        return load_kernel_set(artifact, backend, called)
 
     def _alloc_params(self, artifact: Artifact) -> tuple[dict[str, TensorRef], list[WeightPlacement]]:
         """One zero-filled device buffer per parameter, and where its bytes come from."""

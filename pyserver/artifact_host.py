@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.artifact import MANIFEST_NAME
+from ..engine.artifact import MANIFEST_NAME, kernel_files
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 REVALIDATE = "no-cache"
@@ -119,6 +119,7 @@ class ArtifactHost:
                 m = json.loads((d / MANIFEST_NAME).read_text())
                 out.append({"id": name, "model": m["model_id"], "quantization": m["quantization"],
                             "features": list(m.get("requires", {}).get("features", [])),
+                            "fallback": list(m.get("requires", {}).get("fallback", [])),
                             # "generate" or "embed" (the chat page lists the former)
                             "task": m.get("model", {}).get("task", "generate")})
             except (OSError, ValueError, KeyError, TypeError):
@@ -193,10 +194,15 @@ class ArtifactHost:
         hashes: dict[str, str] = {}
         entries = []
         if isinstance(data, dict):
-            for key in ("kernels", "shards"):
-                if isinstance(data.get(key), list):
-                    entries += data[key]
+            if isinstance(data.get("shards"), list):
+                entries += data["shards"]
             entries.append(data.get("tokenizer"))
+            sets = data.get("kernel_sets")
+            for entry in (sets.values() if isinstance(sets, dict) else ()):
+                try:
+                    entries += kernel_files(entry)
+                except (KeyError, TypeError):  # (a malformed set: its files get no ETag)
+                    continue
         for e in entries:
             if isinstance(e, dict) and isinstance(e.get("file"), str) \
                     and isinstance(e.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", e["sha256"]):

@@ -27,14 +27,14 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..engine.artifact import MANIFEST_NAME
+from ..engine.artifact import MANIFEST_NAME, kernel_files
 from ..engine.errors import InvalidRequestError, WickError
 from .artifact_host import ArtifactHost, scrub_manifest
 from .extension_build import STATIC, chat_page_with, check_built
 
 MARKER = "wick-export.json"  # what says a directory is an export this command may replace
-# the artifact files a browser reads: the manifest's entries of these kinds
-BROWSER_KERNELS = ("wasm_kernels", "wasm_threads_kernels")
+# the kernel sets a browser runs (the manifest's ``kernel_sets``)
+BROWSER_KERNELS = ("webgpu", "wasm", "wasm_threads")
 # what `wick serve` sends with its pages, and a static host must send for threads
 ISOLATION_HEADERS = ("Cross-Origin-Opener-Policy: same-origin",
                      "Cross-Origin-Embedder-Policy: require-corp")
@@ -68,8 +68,8 @@ def chat_page_html() -> str:
 def browser_files(manifest: dict) -> list[str]:
     """The files of an artifact the browser engine reads (relative paths), manifest first."""
     files = [MANIFEST_NAME, manifest["tokenizer"]["file"]]
-    files += [k["file"] for k in manifest.get("kernels", [])]
-    files += [manifest[kind]["file"] for kind in BROWSER_KERNELS if manifest.get(kind)]
+    sets = manifest["kernel_sets"]
+    files += [f["file"] for kind in BROWSER_KERNELS if kind in sets for f in kernel_files(sets[kind])]
     files += [s["file"] for s in manifest["shards"]]
     return files
 

@@ -78,12 +78,12 @@ def test_the_export_is_a_static_site_with_relative_references(exported, tiny_q4_
     art = site / "artifacts" / entry["id"]
     manifest = json.loads((art / "wick-artifact.json").read_text())
     # what a browser reads, byte for byte, and nothing only native engines read
-    for kind in ("tokenizer", "wasm_kernels", "wasm_threads_kernels"):
-        f = manifest[kind]["file"]
+    sets = manifest["kernel_sets"]
+    for f in [manifest["tokenizer"]["file"], sets["wasm"]["file"], sets["wasm_threads"]["file"]]:
         assert (art / f).read_bytes() == (tiny_q4_artifact / f).read_bytes()
     assert all((art / s["file"]).is_file() for s in manifest["shards"])
-    assert all((art / k["file"]).is_file() for k in manifest["kernels"])
-    assert not (art / manifest["cpu_kernels"]["file"]).exists()
+    assert all((art / k["file"]).is_file() for k in sets["webgpu"]["kernels"])
+    assert not (art / sets["cpu"]["file"]).exists()
     assert "/" not in manifest["source"]["model"]  # (a local path is cut, as the host does)
     html = (site / "index.html").read_text()
     assert not re.search(r'(src|href)="/', html), html  # relative references only

@@ -61,7 +61,8 @@ def fake_artifact(root: Path) -> Path:
     sha = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
     (art / MANIFEST_NAME).write_text(json.dumps({
         "tokenizer": {"file": "tokenizer.json", "sha256": sha(tok)},
-        "kernels": [{"file": "kernels/k.wgsl", "sha256": sha(kernel)}],
+        "kernel_sets": {"webgpu": {"form": "shaders",
+                                   "kernels": [{"file": "kernels/k.wgsl", "sha256": sha(kernel)}]}},
         "shards": [{"file": "params/shard-00000.bin", "nbytes": len(shard), "sha256": sha(shard)}],
     }))
     return art

@@ -191,7 +191,7 @@ def test_the_library_needs_only_libc_and_its_pool_splits_loops(tiny_llama_dir, c
     from wick.native.cpu_backend import CpuBackend
 
     art = compiled(tiny_llama_dir, "q0f32", **TINY_OPTIONS)
-    entry = json.loads((art / MANIFEST_NAME).read_text())["cpu_kernels"]
+    entry = json.loads((art / MANIFEST_NAME).read_text())["kernel_sets"]["cpu"]
     assert entry["runtime"] == 1 and set(entry["cpu_flags"]) <= host_cpu_flags()
     dynamic = subprocess.run(["readelf", "-d", str(art / entry["file"])], capture_output=True,
                              text=True, check=True).stdout

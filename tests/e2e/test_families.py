@@ -75,7 +75,7 @@ def test_cuda_kernels_compile_with_nvrtc(family):
     from wick.native import nvrtc
 
     _, _, _, art_dir, _ = family
-    entry = load_artifact(art_dir).manifest["cuda_kernels"]
+    entry = load_artifact(art_dir).kernel_set("cuda")
     source = (art_dir / entry["file"]).read_text()
     assert {k["name"] for k in entry["kernels"]} == set(kernel_signatures(source))
     assert nvrtc.compile_cuda(source, "sm_90")[:4] == b"\x7fELF"

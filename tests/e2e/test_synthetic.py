@@ -103,7 +103,7 @@ def test_fill_kernels_launch_on_the_cuda_backend(synthetic):
     from wick.native.cuda_backend import CudaBackend
 
     manifest = json.loads((synthetic / "wick-artifact.json").read_text())
-    drv = FakeDriver((synthetic / manifest["cuda_kernels"]["file"]).read_text())
+    drv = FakeDriver((synthetic / manifest["kernel_sets"]["cuda"]["file"]).read_text())
     make_core(synthetic, CudaBackend(drv), num_pages=16)
     filled = [args for name, _, _, _, args in drv.launches if name.startswith("synthetic_fill_")]
     assert len(filled) == len(manifest["params"])

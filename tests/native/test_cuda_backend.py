@@ -147,7 +147,7 @@ class FakeDriver:
 
 def _source(art_dir: Path) -> tuple[str, dict]:
     manifest = json.loads((Path(art_dir) / "wick-artifact.json").read_text())
-    entry = manifest["cuda_kernels"]
+    entry = manifest["kernel_sets"]["cuda"]
     return (Path(art_dir) / entry["file"]).read_text(), entry
 
 
@@ -262,9 +262,10 @@ def test_decode_plans_share_their_cuda_attention(tiny_f16_artifact):
     assert calls == {"forward": {"batch_prefill_paged_kv"},
                      "decode": {"decode_batch_prefill_paged_kv"},
                      "decode1": {"decode_batch_prefill_paged_kv"}}
-    for functions in (m["tir_functions"], m["cuda_kernels"]["tir_functions"]):
+    for functions in (m["kernel_sets"]["webgpu"]["tir_functions"],
+                      m["kernel_sets"]["cuda"]["tir_functions"]):
         assert {f for f in functions if "paged_kv" in f} == set(calls["forward"] | calls["decode"])
-    cuda = {k["name"] for k in m["cuda_kernels"]["kernels"] if "paged_kv" in k["name"]}
+    cuda = {k["name"] for k in m["kernel_sets"]["cuda"]["kernels"] if "paged_kv" in k["name"]}
     assert cuda == {"batch_prefill_paged_kv_kernel", "decode_batch_prefill_paged_kv_kernel"}
     source, _ = _source(tiny_f16_artifact)
     assert "__launch_bounds__(64) decode_batch_prefill_paged_kv_kernel" in source
@@ -295,7 +296,7 @@ def test_cuda_set_is_scheduled_for_cuda(tiny_f16_artifact):
     m = json.loads((tiny_f16_artifact / "wick-artifact.json").read_text())
     webgpu_dir = tiny_f16_artifact / "kernels" / "webgpu"
     differs = {}
-    for k in m["cuda_kernels"]["kernels"]:
+    for k in m["kernel_sets"]["cuda"]["kernels"]:
         if "matmul" not in k["name"]:
             continue
         wgsl = (webgpu_dir / f"{k['name']}.wgsl").read_text()

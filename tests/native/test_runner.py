@@ -33,10 +33,52 @@ class _NoF16Backend:
 def test_f16_artifact_on_device_without_shader_f16_names_working_variants(tiny_f16_artifact):
     art = _artifact(tiny_f16_artifact)
     assert art.required_features == ["shader-f16"]
+    # the compiler names the variant of the same weights that runs without it
+    assert art.fallback_variants == ["q4f32_1"]
     with pytest.raises(MissingFeatureError) as err:
         Runner(art, _NoF16Backend(), num_pages=4)
     assert err.value.feature == "shader-f16"
-    assert "q4f32_1" in err.value.message and "q0f32" in err.value.message
+    assert err.value.working_variants == ["q4f32_1"]
+    assert err.value.message.endswith("which this device lacks; use q4f32_1 instead.")
+
+
+def test_kernel_sets_have_one_shape_and_one_loader(tiny_artifact):
+    """Every kernel set is ``kernel_sets[kind]`` with a form the loader knows, and its files
+    (``kernel_files``) are all there; a set the artifact lacks, a form this wick does not know
+    and an artifact of another format are refused with what to do."""
+    import json
+
+    from wick.engine.artifact import FORMS, kernel_files
+    from wick.engine.errors import ArtifactError
+    from wick.engine.plan import load_kernel_set
+
+    art = _artifact(tiny_artifact)
+    sets = art.manifest["kernel_sets"]
+    assert {"webgpu", "cpu", "wasm", "wasm_threads"} <= set(sets)
+    assert {kind: s["form"] for kind, s in sets.items() if kind != "cuda"} == {
+        "webgpu": "shaders", "cpu": "library", "wasm": "library", "wasm_threads": "library"}
+    assert all(s["form"] in FORMS for s in sets.values())
+    for s in sets.values():
+        for f in kernel_files(s):
+            assert (tiny_artifact / f["file"]).is_file() and len(f["sha256"]) == 64
+    assert len(kernel_files(sets["webgpu"])) == len(sets["webgpu"]["kernels"]) > 1
+    assert not {"kernels", "tir_functions", "cpu_kernels", "wasm_kernels"} & set(art.manifest)
+
+    class Kind:  # a backend of a kind the artifact has no set for
+        kind = "metal"
+
+    with pytest.raises(ArtifactError, match="has no metal kernels.*wick compile --force") as e:
+        art.kernel_set("metal")
+    assert e.value.code == "artifact_stale"
+    with pytest.raises(ArtifactError, match="has no metal kernels"):
+        load_kernel_set(art, Kind(), set())
+    odd = json.loads(json.dumps(art.manifest))
+    odd["kernel_sets"]["metal"] = {"form": "bitcode", "file": "k.bc", "sha256": "0" * 64}
+    with pytest.raises(ArtifactError, match="unknown form 'bitcode'"):
+        load_kernel_set(Artifact(odd, art.read, "x"), Kind(), set())
+    older = {**art.manifest, "format": 1}
+    with pytest.raises(ArtifactError, match="has format 1, this wick reads format 2: recompile"):
+        Artifact(older, art.read, "old")
 
 
 def test_engine_picks_f32_variant_and_rejects_f16_without_feature():

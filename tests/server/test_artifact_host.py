@@ -47,8 +47,9 @@ def tree(tmp_path_factory) -> dict[str, Path]:
     (art / "tokenizer.json").write_bytes(TOKENIZER)
     (art / "notes.txt").write_bytes(b"not in the manifest")
     manifest = {
-        "format": 1, "model_id": "demo", "quantization": "q0f32",
-        "kernels": [{"name": "main", "file": "kernels/webgpu/main.wgsl", "sha256": sha(KERNEL)}],
+        "format": 2, "model_id": "demo", "quantization": "q0f32",
+        "kernel_sets": {"webgpu": {"form": "shaders", "kernels": [
+            {"name": "main", "file": "kernels/webgpu/main.wgsl", "sha256": sha(KERNEL)}]}},
         "shards": [{"file": "params/shard-00000.bin", "nbytes": len(SHARD),
                     "sha256": sha(SHARD)}],
         "tokenizer": {"file": "tokenizer.json", "sha256": sha(TOKENIZER)},

@@ -288,11 +288,13 @@ async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | Wa
   const manifest = JSON.parse(new TextDecoder().decode(manBytes));
   const loader = new ArtifactLoader(root, msg.cache !== false, stats, progress, msg.stallTimeoutMs, auth);
   loader.prefetch(shardSpecs(manifest)); // the weights come meanwhile too (Python may be booting)
-  // the kernels of this executor: WGSL files, or the one WebAssembly module (an artifact
-  // compiled before wick had one is refused by the engine, with a "recompile" message)
+  // the kernel set of this executor (the manifest's kernel_sets[kind]: WGSL files, or the one
+  // WebAssembly module); an artifact without it, or of another format, is refused by the
+  // engine with a "recompile" message
   const wasm = exe instanceof WasmExecutor;
-  const library = wasm ? manifest[`${exe.library}_kernels`] : null;
-  const kernelFiles = wasm ? (library ? [library] : []) : manifest.kernels;
+  const set = manifest.kernel_sets?.[wasm ? exe.library : "webgpu"];
+  const kernelFiles: Any[] = set ? kernelSetFiles(set) : [];
+  const library = wasm && set ? set : null;
   const files = await loader.files([
     ...(withTokenizer ? [{ file: manifest.tokenizer.file, sha256: manifest.tokenizer.sha256 }] : []),
     ...kernelFiles.map((k: Any) => ({ file: k.file, sha256: k.sha256 })),
@@ -302,6 +304,9 @@ async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | Wa
   files.set(MANIFEST, manBytes);
   return { entry, manifest, files, loader, kernels: kernelFiles.length };
 }
+
+/** A kernel set's files (engine/artifact.py ``kernel_files``: the one form-neutral rule). */
+const kernelSetFiles = (set: Any): Any[] => ("file" in set ? [set] : set.kernels);
 
 const shardSpecs = (manifest: Any): FileSpec[] =>
   manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes }));
