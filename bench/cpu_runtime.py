@@ -54,7 +54,7 @@ def tvm_runtime_backend(threads: int):
                 v = self._views[t] = tvm_ffi.from_dlpack(typed, require_alignment=0)
             return v
 
-        def run(self, writes, dispatches, reads):
+        def run(self, writes, dispatches, reads, step=None):
             for w in writes:
                 self.write(w.buffer, w.offset, w.data)
             for call in dispatches:

@@ -27,7 +27,7 @@ followed by ``packGridDimX: u32``. The engine packs that uniform; the backend on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
 BufferHandle = int
 
@@ -108,14 +108,13 @@ class Backend:
     attributes are the defaults a backend overrides where it differs; the methods without one
     raise ``NotImplementedError``.
 
-    Repeated steps: a plan caches its dispatch list per input-shape signature
-    (engine/plan.py ``PlanFunction``), so every run of a plan with the same shapes brings the
-    same ``Dispatch``/``Call`` objects (they are immutable), and a step of the same plans and
-    shapes brings an equal list of them (the runner concatenates the plans' lists into a new
-    list each step). A backend may keep per-dispatch work (encodings, launch records) keyed by
-    a dispatch's identity while it holds a reference to it, and per-step work (CUDA graphs)
-    keyed by the list's elements (native/cuda_backend.py: its length and ends' identities,
-    then confirmed element by element)."""
+    Repeated steps: a plan caches its dispatch list per input signature (engine/plan.py
+    ``PlanFunction.signature``), so every run of a plan with the same inputs' buffers and
+    shapes brings the same ``Dispatch``/``Call`` objects (they are immutable): a backend may
+    keep per-dispatch work (encodings, launch records) keyed by a dispatch's identity while it
+    holds a reference to it. A step the runner may repeat comes with its ``step`` key (the
+    plans it runs and their signatures): the same key always brings the same dispatches, so a
+    backend may keep per-step work (CUDA graphs) under it."""
 
     name: str = "backend"  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
     # the manifest's kernel set it runs (``kernel_sets[kind]``): "webgpu" (load_kernels +
@@ -164,19 +163,22 @@ class Backend:
         raise NotImplementedError
 
     def run(
-        self, writes: Sequence[Write], dispatches: Sequence[Dispatch | Call], reads: Sequence[Read]
+        self, writes: Sequence[Write], dispatches: Sequence[Dispatch | Call], reads: Sequence[Read],
+        step: Hashable | None = None,
     ) -> list[bytes]:
         """One step: apply writes, record all dispatches (a CPU backend: calls) in one pass,
-        submit once, then read.
+        submit once, then read. ``step``: the key of a step that may repeat (see the class
+        docstring), None for a one-off.
 
         Returns the bytes of each read, in order. Blocks until they are available."""
         raise NotImplementedError
 
     async def run_async(
-        self, writes: Sequence[Write], dispatches: Sequence[Dispatch | Call], reads: Sequence[Read]
+        self, writes: Sequence[Write], dispatches: Sequence[Dispatch | Call], reads: Sequence[Read],
+        step: Hashable | None = None,
     ) -> list[bytes]:
         """The same step where the readback is a promise (``reads_async``)."""
-        return self.run(writes, dispatches, reads)
+        return self.run(writes, dispatches, reads, step)
 
     def profile_json(self) -> str:
         """Per-kernel timings so far, as JSON (a backend that keeps them)."""

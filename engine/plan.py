@@ -183,9 +183,15 @@ class PlanFunction:
                 self.storages[ins["dst"]] = backend.alloc(max(int(nbytes), 4))
         self._cache: dict[tuple, tuple[list[Dispatch], list[TensorRef]]] = {}
 
+    def signature(self, inputs: Mapping[str, TensorRef]) -> tuple:
+        """What this function's dispatches depend on: each input's buffer, offset and shape
+        (the same signature always brings the same, cached, dispatch list)."""
+        return tuple((inputs[n].buffer, inputs[n].offset, inputs[n].shape)
+                     for n in self.input_names)
+
     def __call__(self, inputs: Mapping[str, TensorRef]) -> tuple[list[Dispatch], list[TensorRef]]:
         """Dispatches computing this function on ``inputs``, and the output tensors."""
-        key = tuple((inputs[n].buffer, inputs[n].offset, inputs[n].shape) for n in self.input_names)
+        key = self.signature(inputs)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._build(inputs)

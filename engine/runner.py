@@ -22,6 +22,13 @@ from .plan import (DTYPE_BYTES, KernelTables, PlanFunction, TensorRef, evaluate,
                    load_kernel_set, tir_call)
 from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
+
+def _keyed(plan: PlanFunction, inputs: dict, key: list) -> tuple[list, list]:
+    """``plan(inputs)``, its name and signature appended to the step's ``key``."""
+    key.append((plan.name, plan.signature(inputs)))
+    return plan(inputs)
+
+
 KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
 _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
                   ("top_k", "int32", "i"), ("min_p", "float32", "f"), ("uniform", "float32", "f"))
@@ -293,8 +300,9 @@ class Runner:
 
     # ------------------------------------------------------------------ stepping
 
-    def _forward_call(self, batch: Batch) -> tuple[list[Write], list, TensorRef]:
-        """Uploads of the step's index arrays, the forward dispatches and the logits tensor."""
+    def _forward_call(self, batch: Batch, key: list) -> tuple[list[Write], list, TensorRef]:
+        """Uploads of the step's index arrays, the forward dispatches and the logits tensor;
+        appends the plan's name and signature to the step's ``key``."""
         b, n = len(batch.seq_ids), batch.num_tokens
         if n > self.prefill_chunk_size or b > self.max_batch:
             raise ArtifactError(f"step of {n} tokens / {b} sequences exceeds the compiled bounds "
@@ -312,19 +320,22 @@ class Runner:
             plan = self.decode1 if b == 1 else self.decode
         else:
             plan = self.forward
-        dispatches, (logits,) = plan(inputs)
+        dispatches, (logits,) = _keyed(plan, inputs, key)
         return writes, dispatches, logits
 
-    def _step_call(self, batch: Batch) -> tuple[list[Write], list, list[Read]]:
+    def _step_call(self, batch: Batch) -> tuple[list[Write], list, list[Read], tuple]:
         """Everything one step sends to the device: uploads, forward (+ process_logits) +
-        sample (+ logprobs) dispatches, and the reads of one sampled token per sequence (and
-        of the logprobs when a row asked for them)."""
+        sample (+ logprobs) dispatches, the reads of one sampled token per sequence (and of
+        the logprobs when a row asked for them), and the step's key (the backend's ``step``:
+        the plans run and their signatures, which fix the dispatches)."""
         t0 = time.perf_counter()
         b = len(batch.seq_ids)
-        writes, dispatches, logits = self._forward_call(batch)
+        key: list = []
+        writes, dispatches, logits = self._forward_call(batch, key)
         if self.embedding is not None:  # the rows are the vectors: read them back
             self._plan_ms = (time.perf_counter() - t0) * 1e3
-            return writes, dispatches, [Read(logits.buffer, logits.offset, logits.nbytes)]
+            return (writes, dispatches, [Read(logits.buffer, logits.offset, logits.nbytes)],
+                    tuple(key))
         if self.sample is None:
             raise ArtifactError("this artifact has no sampling plan")
         dispatches = list(dispatches)  # the plan's cached list: never extend it in place
@@ -333,7 +344,7 @@ class Runner:
             rows[row] = s
         sampled_logits = logits
         if any(s is not None and s.needs_processing for s in rows):
-            sampled_logits = self._process_call(rows, logits, writes, dispatches)
+            sampled_logits = self._process_call(rows, logits, writes, dispatches, key)
         columns: dict[str, list] = {"temperature": [], "top_p": [], "top_k": [], "min_p": [],
                                     "uniform": []}
         for s in rows:  # rows that sample nothing still get a (cheap, greedy) token
@@ -347,7 +358,7 @@ class Runner:
             handle = self.sample_inputs[name]
             writes.append(Write(handle, 0, array(code, columns[name]).tobytes()))
             sample_inputs[name] = TensorRef(handle, 0, (b,), dtype)
-        sample_dispatches, (tokens,) = self.sample(sample_inputs)
+        sample_dispatches, (tokens,) = _keyed(self.sample, sample_inputs, key)
         dispatches += sample_dispatches
         reads = [Read(tokens.buffer, tokens.offset, 4 * b)]
         if any(s is not None and s.num_top_logprobs >= 0 for s in rows):
@@ -357,17 +368,17 @@ class Runner:
             handle = self.process_inputs["num_top"]
             writes.append(Write(handle, 0, array("i", [
                 s.num_top_logprobs if s is not None else -1 for s in rows]).tobytes()))
-            lp_dispatches, (lp, ids) = self.logprobs(
-                {"logits": logits, "token": tokens,
-                 "num_top": TensorRef(handle, 0, (b,), "int32")})
+            lp_dispatches, (lp, ids) = _keyed(self.logprobs, {
+                "logits": logits, "token": tokens,
+                "num_top": TensorRef(handle, 0, (b,), "int32")}, key)
             dispatches += lp_dispatches
             reads += [Read(lp.buffer, lp.offset, lp.nbytes), Read(ids.buffer, ids.offset, ids.nbytes)]
             self._top_k_compiled = ids.shape[1]
         self._plan_ms = (time.perf_counter() - t0) * 1e3
-        return writes, dispatches, reads
+        return writes, dispatches, reads, tuple(key)
 
     def _process_call(self, rows: list, logits: TensorRef, writes: list[Write],
-                      dispatches: list) -> TensorRef:
+                      dispatches: list, key: list) -> TensorRef:
         """Upload the rows' bitmasks and sparse adjustments, dispatch ``process_logits``;
         returns the processed logits."""
         if self.process_logits is None:
@@ -405,7 +416,7 @@ class Runner:
                 writes.append(Write(self._sparse[name], 0, array(code, values).tobytes()))
             # the whole capacity as the shape: one cached dispatch list per capacity, not per nnz
             inputs[name] = TensorRef(self._sparse[name], 0, (cap,), dtype)
-        process_dispatches, (processed,) = self.process_logits(inputs)
+        process_dispatches, (processed,) = _keyed(self.process_logits, inputs, key)
         dispatches += process_dispatches
         return processed
 
@@ -447,9 +458,9 @@ class Runner:
         return out
 
     def step(self, batch: Batch) -> list:
-        writes, dispatches, reads = self._step_call(batch)
+        writes, dispatches, reads, key = self._step_call(batch)
         t0 = time.perf_counter()
-        raws = self.backend.run(writes, dispatches, reads)
+        raws = self.backend.run(writes, dispatches, reads, key)
         self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
         return self._sampled(raws, batch)
 
@@ -463,16 +474,18 @@ class Runner:
         worker, whose readback is a promise) is awaited; otherwise the step runs inline."""
         if not self.backend.reads_async:
             return self.step(batch)
-        writes, dispatches, reads = self._step_call(batch)
+        writes, dispatches, reads, key = self._step_call(batch)
         t0 = time.perf_counter()
-        raws = await self.backend.run_async(writes, dispatches, reads)
+        raws = await self.backend.run_async(writes, dispatches, reads, key)
         self.timings.record(self._plan_ms, (time.perf_counter() - t0) * 1e3)
         return self._sampled(raws, batch)
 
     def read_logits(self, batch: Batch) -> list[list[float]]:
         """Run ``forward`` only and return the logits rows (tests and perplexity; slow path)."""
-        writes, dispatches, logits = self._forward_call(batch)
-        (raw,) = self.backend.run(writes, dispatches, [Read(logits.buffer, logits.offset, logits.nbytes)])
+        key: list = []
+        writes, dispatches, logits = self._forward_call(batch, key)
+        (raw,) = self.backend.run(writes, dispatches,
+                                  [Read(logits.buffer, logits.offset, logits.nbytes)], tuple(key))
         flat = array("f")
         flat.frombytes(bytes(raw))
         v = logits.shape[1]

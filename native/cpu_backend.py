@@ -22,7 +22,7 @@ import functools
 import os
 import platform
 import struct
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -251,15 +251,17 @@ class CpuBackend(Backend):
         return packed
 
     def run(self, writes: Sequence[Write], dispatches: Sequence[Call],
-            reads: Sequence[Read]) -> list[bytes]:
+            reads: Sequence[Read], step: Hashable | None = None) -> list[bytes]:
         for w in writes:
             self.write(w.buffer, w.offset, w.data)
         _Pool.use_threads(self.threads)  # (another backend may have set another count)
         result = ctypes.addressof(self._result)
         if self._run_calls is not None:
-            key = tuple(map(id, dispatches))
-            step = self._steps.get(key) or self._prepare(key, dispatches)
-            failed = self._run_calls(len(key), step[2], step[3], step[4], result)
+            # a step the runner may repeat is known by its key; a one-off by its calls
+            key = step if step is not None else tuple(map(id, dispatches))
+            prepared = self._steps.get(key) or self._prepare(key, dispatches)
+            failed = self._run_calls(len(prepared[0]), prepared[2], prepared[3], prepared[4],
+                                     result)
             if failed >= 0:
                 self._raise_failed(dispatches[failed])
         else:
@@ -270,7 +272,7 @@ class CpuBackend(Backend):
                     self._raise_failed(call)  # (a kernel's own check: shape, dtype)
         return [self._arrays[r.buffer][r.offset:r.offset + r.size].tobytes() for r in reads]
 
-    def _prepare(self, key: tuple[int, ...], dispatches: Sequence[Call]) -> tuple:
+    def _prepare(self, key: Hashable, dispatches: Sequence[Call]) -> tuple:
         """The address arrays of a sequence of calls for wick_run_calls, kept for its next step."""
         calls = list(dispatches)
         blocks = [self._packed.get(c.args) or self._pack(c.args) for c in calls]

@@ -24,7 +24,7 @@ import ctypes
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 from ..engine.backend import Backend, BufferHandle, Dispatch, Read, Write
 from ..engine.errors import ArtifactError, DeviceError
@@ -75,7 +75,7 @@ class CudaBackend(Backend):
     prefers_f32 = False
     is_software = False
     storage_offset_alignment = 256
-    GRAPH_AFTER = 2  # runs of one launch list before it is captured as a graph
+    GRAPH_AFTER = 2  # runs of one step (its key) before it is captured as a graph
     MAX_GRAPHS = 64
 
     def __init__(self, driver=None, *, graphs: bool = True) -> None:
@@ -95,9 +95,9 @@ class CudaBackend(Backend):
         self._kernels: list[_Kernel] = []
         self._modules: list = []
         self._launches: dict[int, _Launch] = {}  # id(dispatch) -> its launch record
-        # (length, first, last dispatch ids) -> (graph, the dispatches it runs)
-        self._graphs: OrderedDict[tuple, tuple[int, list[Dispatch]]] = OrderedDict()
-        self._runs: dict[tuple, tuple[int, list[Dispatch]]] = {}  # not yet captured: runs so far
+        # a step's key (Backend.run's ``step``) -> (graph, the dispatches it runs)
+        self._graphs: OrderedDict[Hashable, tuple[int, list[Dispatch]]] = OrderedDict()
+        self._runs: dict[Hashable, int] = {}  # steps not yet captured: runs so far
         self.graph_launches = 0  # steps replayed from a graph (benchmarks report it)
 
     @classmethod
@@ -215,41 +215,42 @@ class CudaBackend(Backend):
             drv.launch(l.function, l.grid, l.block, l.shared, l.params)
 
     def run(self, writes: Sequence[Write], dispatches: Sequence[Dispatch],
-            reads: Sequence[Read]) -> list[bytes]:
+            reads: Sequence[Read], step: Hashable | None = None) -> list[bytes]:
         drv = self.driver
         drv.make_current()
         for w in writes:
             drv.upload(self._address(w.buffer, w.offset, len(w.data)), w.data)
         if dispatches:
-            self._dispatch(list(dispatches))
+            self._dispatch(list(dispatches), step)
         outs = [drv.download(self._address(r.buffer, r.offset, r.size), r.size) for r in reads]
         drv.synchronize()
         return [bytes(o) for o in outs]
 
-    def _dispatch(self, dispatches: list[Dispatch]) -> None:
-        """Launch a step's dispatches: its graph when this list ran before, else one by one
-        (capturing a graph on the GRAPH_AFTER-th run). The plan caches its dispatch lists, so
-        a repeated step brings the same Dispatch objects: a list is known by its length and
-        its ends' identities, then confirmed element by element (identity first, in C)."""
-        key = (len(dispatches), id(dispatches[0]), id(dispatches[-1]))
-        known = self._graphs.get(key)
-        if known is not None and known[1] == dispatches:
-            self._graphs.move_to_end(key)
+    def _dispatch(self, dispatches: list[Dispatch], step: Hashable | None) -> None:
+        """Launch a step's dispatches: the graph of its ``step`` key when that step ran
+        before, else one by one (capturing a graph on the GRAPH_AFTER-th run of a step). The
+        same key always brings the same dispatches (Backend's docstring); a one-off step
+        (no key) is never captured."""
+        known = self._graphs.get(step) if step is not None else None
+        if known is not None:
+            self._graphs.move_to_end(step)
             self.driver.launch_graph(known[0])
             self.graph_launches += 1
             return
         launches = [self._launch(d) for d in dispatches]
-        runs, seen = self._runs.get(key, (0, None))
-        runs = runs + 1 if seen == dispatches else 1
-        if self.use_graphs and runs >= self.GRAPH_AFTER:
-            self._capture(key, dispatches, launches)
+        if step is None or not self.use_graphs:
+            self._run_launches(launches)
+            return
+        runs = self._runs.get(step, 0) + 1
+        if runs >= self.GRAPH_AFTER:
+            self._capture(step, dispatches, launches)
             return
         if len(self._runs) > 4096:  # (prefill steps of many lengths: forget them)
             self._runs.clear()
-        self._runs[key] = (runs, dispatches)  # (holding the dispatches keeps their ids theirs)
+        self._runs[step] = runs
         self._run_launches(launches)
 
-    def _capture(self, key: tuple, dispatches: list[Dispatch], launches: list[_Launch]) -> None:
+    def _capture(self, key: Hashable, dispatches: list[Dispatch], launches: list[_Launch]) -> None:
         drv = self.driver
         drv.begin_capture()
         try:

@@ -19,7 +19,7 @@ import functools
 import re
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Hashable, Iterable, Sequence
 
 from wick.engine.backend import Backend, BufferHandle, Dispatch, KernelSpec, Read, Write
 
@@ -417,7 +417,8 @@ class WgpuBackend(Backend):
     # -------------------------------------------------------------- device
 
     def run(
-        self, writes: Sequence[Write], dispatches: Sequence[Dispatch], reads: Sequence[Read]
+        self, writes: Sequence[Write], dispatches: Sequence[Dispatch], reads: Sequence[Read],
+        step: Hashable | None = None,
     ) -> list[bytes]:
         """Apply writes, record every dispatch in one encoder, submit once, read back.
 

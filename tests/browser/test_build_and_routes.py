@@ -135,7 +135,8 @@ def test_model_index_and_bundle_routes(tmp_path):
         d = tmp_path / name
         d.mkdir()
         (d / "wick-artifact.json").write_text(json.dumps(
-            {"model_id": model, "quantization": quant, "requires": {"features": feats}}))
+            {"model_id": model, "quantization": quant,
+             "requires": {"features": feats, "fallback": ["q4f32_1"] if feats else []}}))
         os.utime(d / "wick-artifact.json", (mtime, mtime))
     (tmp_path / "not-an-artifact").mkdir()
     client = TestClient(create_app(ModelPool(state="ready"), artifacts=ArtifactHost(tmp_path)),
@@ -144,7 +145,8 @@ def test_model_index_and_bundle_routes(tmp_path):
     assert r.status_code == 200
     assert [a["id"] for a in r.json()["data"]] == ["m-new", "m-f16", "m-old"]  # newest first
     assert r.json()["data"][1] == {"id": "m-f16", "model": "m", "quantization": "q4f16_1",
-                                   "features": ["shader-f16"], "task": "generate"}
+                                   "features": ["shader-f16"], "fallback": ["q4f32_1"],
+                                   "task": "generate"}
     built = (ROOT / "pyserver" / "static" / "web" / "wick.js").is_file()
     r = client.get("/static/wick.js")
     assert r.status_code == (200 if built else 404)

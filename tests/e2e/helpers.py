@@ -98,11 +98,14 @@ def record(runner: Runner) -> Iterator[Recorder]:
                                     [getattr(t, "token", t) for t in out]))  # SampledToken
         return out
 
-    def spy(name, plan):
-        def call(inputs):
-            rec.plans.append(name)
-            return plan(inputs)
-        return call
+    class spy:  # the plan, noting each call under ``name`` (the runner keys steps by it too)
+        def __init__(self, name, plan):
+            self.label, self.plan = name, plan
+            self.name, self.signature = plan.name, plan.signature
+
+        def __call__(self, inputs):
+            rec.plans.append(self.label)
+            return self.plan(inputs)
 
     runner.step = recording_step
     for name in ("forward", "decode", "decode1"):

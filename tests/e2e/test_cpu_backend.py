@@ -55,9 +55,9 @@ def test_a_step_is_calls_of_the_kernel_library(tiny_core):
     seen = []
     run = backend.run
 
-    def spy(writes, dispatches, reads):
+    def spy(writes, dispatches, reads, step=None):
         seen.extend(dispatches)
-        return run(writes, dispatches, reads)
+        return run(writes, dispatches, reads, step)
 
     backend.run = spy
     try:

@@ -20,22 +20,24 @@ def test_the_defaults_are_a_synchronous_webgpu_device():
 
 def test_run_async_runs_the_step_of_a_synchronous_backend():
     class Echo(Backend):
-        def run(self, writes, dispatches, reads):
-            return [bytes(r) for r in reads]
+        def run(self, writes, dispatches, reads, step=None):
+            return [bytes(r) for r in reads] + [repr(step).encode()]
 
-    assert asyncio.run(Echo().run_async([], [], [b"ab"])) == [b"ab"]
+    assert asyncio.run(Echo().run_async([], [], [b"ab"])) == [b"ab", b"None"]
+    assert asyncio.run(Echo().run_async([], [], [b"ab"], ("forward", ()))) == [
+        b"ab", b"('forward', ())"]  # (the step's key reaches run)
 
 
 def test_a_backend_with_its_own_run_async_must_say_it_reads_async():
     with pytest.raises(TypeError, match="reads_async"):
         class Forgot(Backend):
-            async def run_async(self, writes, dispatches, reads):
+            async def run_async(self, writes, dispatches, reads, step=None):
                 return []
 
     class Said(Backend):
         reads_async = True
 
-        async def run_async(self, writes, dispatches, reads):
+        async def run_async(self, writes, dispatches, reads, step=None):
             return []
 
     assert Said.reads_async

@@ -197,8 +197,8 @@ def test_nvrtc_compile_error_is_named():
 
 def test_launch_records_pointers_scalars_and_graphs():
     """A hand-made kernel entry: the backend passes buffer + offset, each scalar at its width,
-    the kernel's block; the second run of one launch list is captured, the third replayed;
-    freeing a buffer drops the graphs."""
+    the kernel's block; the second run of one step (its key) is captured, the third replayed;
+    a step without a key is never captured; freeing a buffer drops the graphs."""
     source = ('typedef long long int64_t;\n'
               'extern "C" __global__ void __launch_bounds__(128) scale(float* __restrict__ x, '
               'int64_t n, float s) { }')
@@ -210,14 +210,17 @@ def test_launch_records_pointers_scalars_and_graphs():
     assert drv.images and drv.images[0][:4] == b"\x7fELF"  # compiled by NVRTC for sm_90
     buf = be.alloc(4096)
     d = Dispatch(base, (BufferSlice(buf, 512, 1024),), struct.pack("<qf", 1 << 33, 2.5), (3, 2, 1))
-    out = be.run([Write(buf, 0, b"\x01\x02\x03\x04")], [d], [Read(buf, 0, 4)])
+    out = be.run([Write(buf, 0, b"\x01\x02\x03\x04")], [d], [Read(buf, 0, 4)], "step")
     assert out == [b"\x01\x02\x03\x04"]
     address = be._buffers[buf][0]
     assert drv.launches == [("scale", (3, 2, 1), (128, 1, 1), 0, (address + 512, 1 << 33, 2.5))]
-    be.run([], [d], [])  # second time: captured, then replayed
-    be.run([], [d], [])  # third: replayed
+    for _ in range(3):  # one-offs: launched, never captured
+        be.run([], [d], [])
+    assert be.graph_launches == 0 and not drv.graphs
+    be.run([], [d], [], "step")  # second time: captured, then replayed
+    be.run([], [d], [], "step")  # third: replayed
     assert be.graph_launches == 2 and len(drv.graphs) == 1
-    assert drv.launches == [drv.launches[0]] * 3
+    assert drv.launches == [drv.launches[0]] * 6
     be.free(buf)
     assert not drv.graphs
 

@@ -104,9 +104,9 @@ def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_artifact,
     runs = []
     real_run = backend.run
 
-    def counting_run(writes, dispatches, reads):
-        runs.append(len(dispatches))
-        return real_run(writes, dispatches, reads)
+    def counting_run(writes, dispatches, reads, step=None):
+        runs.append((len(dispatches), step, [id(d) for d in dispatches]))
+        return real_run(writes, dispatches, reads, step)
 
     backend.run = counting_run
     try:
@@ -121,9 +121,16 @@ def test_one_submit_per_engine_step_and_dispatch_lists_are_reused(tiny_artifact,
         backend.run = real_run
     # one backend call per engine step, each with the whole model's kernels in it
     assert len(runs) == len(steps) == 6
-    assert all(n > 10 for n in runs)
+    assert all(n > 10 for n, _, _ in runs)
     # steps of the same shape reuse the dispatch list built the first time
     assert len(runner.decode._cache) <= 2 and len(runner.forward._cache) == 1
+    # each step names itself: the plans it ran (prefill, then decode1) and their signatures;
+    # the same key brought the same dispatch objects, another key other dispatches
+    keys = [step for _, step, _ in runs]
+    assert [[name for name, _ in k] for k in keys] == [["forward", "sample"]] + [
+        ["decode1", "sample"]] * 5
+    assert len(set(keys[1:])) == 1 and keys[0] != keys[1]
+    assert all(ids == runs[1][2] for _, _, ids in runs[1:]) and runs[0][2] != runs[1][2]
 
 
 def test_deferred_weights_filled_from_placements_equal_uploaded(tiny_artifact, backend):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 from wick.engine.backend import (DLPACK_DTYPES, Backend, BufferHandle, Call, Dispatch,
                                  KernelSpec, Read, Write)
@@ -154,11 +154,11 @@ class WebGPUBackend(_ExecutorBackend):
             raise DeviceError(f"{self.name}: {err}")
 
     def run(self, writes: Sequence[Write], dispatches: Sequence[Dispatch],
-            reads: Sequence[Read]) -> list[bytes]:
+            reads: Sequence[Read], step: Hashable | None = None) -> list[bytes]:
         raise DeviceError("the WebGPU backend reads back asynchronously: use run_async")
 
     async def run_async(self, writes: Sequence[Write], dispatches: Sequence[Dispatch],
-                        reads: Sequence[Read]) -> list[bytes]:
+                        reads: Sequence[Read], step: Hashable | None = None) -> list[bytes]:
         meta, data, rmeta = self._pack(writes, reads)
         words, uniforms = encode_dispatches(dispatches, self._encoded)
         raw = await self._x.runStep(meta, data, _i32(words), _u8(uniforms), rmeta)
@@ -205,7 +205,7 @@ class WasmBackend(_ExecutorBackend):
         return str(self._x.profileJson())
 
     def run(self, writes: Sequence[Write], dispatches: Sequence[Call],
-            reads: Sequence[Read]) -> list[bytes]:
+            reads: Sequence[Read], step: Hashable | None = None) -> list[bytes]:
         meta, data, rmeta = self._pack(writes, reads)
         try:
             raw = self._x.runCalls(meta, data, _i32(encode_calls(dispatches, self._encoded)), rmeta)
