@@ -38,15 +38,14 @@ extern "C" __global__ void wick_spin(long long cycles) {
 def decode_launch_list(core, batch: int, prompt: list[int]):
     """The dispatch list of a decode step at ``batch``: the list launched most often."""
     backend = core.runner.backend
-    seen: dict[tuple, list] = {}
-    counts: dict[tuple, int] = defaultdict(int)
+    seen: dict = {}
+    counts: dict = defaultdict(int)
     dispatch = backend._dispatch
 
-    def spy(dispatches):
-        key = (len(dispatches), id(dispatches[0]), id(dispatches[-1]))
-        seen[key] = dispatches
-        counts[key] += 1
-        return dispatch(dispatches)
+    def spy(dispatches, step=None):  # (by the runner's step key: the decode step runs most)
+        seen[step] = dispatches
+        counts[step] += 1
+        return dispatch(dispatches, step)
 
     backend._dispatch = spy
     try:

@@ -8,7 +8,7 @@ CUDA backend (native/cuda_backend.py) compiles with NVRTC once, at load, for the
 So the artifact holds source, not a binary: one file serves every NVIDIA GPU from ``CUDA_ARCH``
 on, and nothing here needs a GPU or a CUDA toolkit.
 
-The manifest's ``cuda_kernels`` entry holds what the engine needs to launch them: each kernel's
+The manifest's ``kernel_sets.cuda`` entry holds what the engine needs to launch them: each kernel's
 scalar parameters, thread block and dynamic shared memory, and the TIR functions' launches
 (the WebGPU set's format, docs/artifact.md). Kernels whose GPU form differs by target
 (attention's tiles) are rebuilt for CUDA (``DecoderForCausalLM.gpu_twins``); the decode plans'

@@ -145,10 +145,11 @@ class Backend:
         raise NotImplementedError(f"{self.name} runs no WGSL kernels")
 
     def load_library(self, entry: dict, path: str, data: bytes) -> int:
-        """(library kinds only) Load the kernel library the manifest's ``<kind>_kernels``
-        ``entry`` describes (its ``functions``, what it was built for), stored at ``path``
-        with the verified bytes ``data``; returns the index of the first function
-        (``Call.function``)."""
+        """(a kernel set of one file: forms "library" and "source") Load the set the
+        manifest's ``kernel_sets[kind]`` ``entry`` describes (a library's ``functions``, a
+        source's ``kernels``, what it was built for), stored at ``path`` with the verified
+        bytes ``data``; returns the index of the first function (``Call.function``) or kernel
+        (``Dispatch.kernel``)."""
         raise NotImplementedError(f"{self.name} loads no kernel library")
 
     def alloc(self, nbytes: int) -> BufferHandle:

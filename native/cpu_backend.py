@@ -160,9 +160,10 @@ class CpuBackend(Backend):
         self._libraries: list[_Library] = []
         # argument list -> (packed block, its address, count): packed once, reused
         self._packed: dict[tuple[TensorRef, ...], tuple[object, int, int]] = {}
-        # a step's calls (their ids, the calls kept alive so that no id is reused) -> the
-        # arrays wick_run_calls takes, and the packed blocks they point into (kept alive too)
-        self._steps: dict[tuple[int, ...], tuple] = {}
+        # a step (its ``step`` key; a keyless one by its calls' ids, the calls kept alive so
+        # that no id is reused) -> the arrays wick_run_calls takes, and the packed blocks they
+        # point into (kept alive too)
+        self._steps: dict[Hashable, tuple] = {}
         self._run_calls = None  # a library's wick_run_calls, when every library has one
         self._result = ctypes.create_string_buffer(_ANY.size)  # (kernels return nothing)
 

@@ -10,9 +10,9 @@ them in order on one stream. Its own work is small:
   architecture, once per load, and looks up every kernel;
 * each ``Dispatch`` becomes a launch record once (device addresses and scalars in the
   kernel's parameter order, as cuLaunchKernel takes them) and is reused every step after;
-* a list of launches run before (a decode step of a given batch size is the same list every
-  step) is captured as a CUDA graph the second time and replayed after that: one driver call
-  per step instead of one per kernel, which at a few microseconds each would otherwise cost
+* a step the runner names (``Backend.run``'s ``step`` key: a decode step of a given batch
+  size has the same key, and so the same launches, every step) is captured as a CUDA graph
+  the second time and replayed after that: one driver call per step instead of one per kernel, which at a few microseconds each would otherwise cost
   more than an 8B model's whole decode step on an H100.
 
 The driver calls go through ``driver`` (native/cuda_driver.py), which the tests replace.

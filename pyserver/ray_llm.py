@@ -126,20 +126,20 @@ class WickEngine(LLMEngine):
         async for item in self._generate("completion", request):
             yield item
 
-    async def _generate(self, kind: str, request: Any) -> AsyncGenerator[Any, None]:
+    async def _generate(self, api: str, request: Any) -> AsyncGenerator[Any, None]:
         """A stream's chunks as events, else the one reply; a wick error as Ray's error (or,
         once streaming, as an error event). Leaving the generator early (the client left)
         closes the engine's stream, which aborts the request."""
-        api = self.engine.chat.completions if kind == "chat" else self.engine.completions
+        endpoint = self.engine.chat.completions if api == "chat" else self.engine.completions
         body = request_body(request)
         try:
-            result = await api.create(**body)
+            result = await endpoint.create(**body)
         except WickError as e:
             yield error_response(e)
             return
         if body.get("stream") is not True:
             reply = self._named(result.to_dict(), request)
-            cls = ray_types.ChatCompletionResponse if kind == "chat" else \
+            cls = ray_types.ChatCompletionResponse if api == "chat" else \
                 ray_types.CompletionResponse
             yield cls.model_validate(reply)
             return

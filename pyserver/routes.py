@@ -86,11 +86,11 @@ async def json_body(request: Request) -> Any:
 # The OpenAI API and the token routes
 
 
-async def complete(request: Request, kind: str) -> Response:
+async def complete(request: Request, api: str) -> Response:
     body = await json_body(request)
     model = body.get("model") if isinstance(body, dict) else None
     engine = pool_of(request).select(model)
-    request_cls = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    request_cls = ChatCompletionRequest if api == "chat" else CompletionRequest
     if not isinstance(body, dict) or "self" in body:
         request_cls.from_dict(body)  # raises the engine's own error for it
         raise InvalidRequestError("The request body must be a JSON object.")
@@ -98,8 +98,8 @@ async def complete(request: Request, kind: str) -> Response:
     drop_usage = stream and body.get("stream_options") is None
     if drop_usage:  # ask for usage anyway, for the log line; the client never sees it
         body = {**body, "stream_options": {"include_usage": True}}
-    record = RequestLog(kind, engine.core.info.model_id, stream)
-    create = engine.chat.completions.create if kind == "chat" else engine.completions.create
+    record = RequestLog(api, engine.core.info.model_id, stream)
+    create = engine.chat.completions.create if api == "chat" else engine.completions.create
     # the engine validates, compiles the request's grammar (a client that leaves
     # meanwhile abandons it), then returns the stream at once or runs to the end
     result = await unless_disconnected(request, create(**body))

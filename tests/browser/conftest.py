@@ -47,12 +47,14 @@ def _built() -> bool:
 @pytest.fixture(scope="session")
 def web_bundle() -> Path:
     """The built bundle, never stale: the wheels are rebuilt from engine/ and wasm/wick_web/
-    every session (a second), the JS when web/src is newer than it."""
+    every session (a second), the JS (and the extension's pages) when web/src is newer."""
     web, static = ROOT / "web", ROOT / "pyserver" / "static"
     if (web / "node_modules" / "pyodide").is_dir():
         bundle = static / "web" / "wick.js"
-        newest = max(p.stat().st_mtime for p in (web / "src").rglob("*.ts"))
-        if not bundle.is_file() or bundle.stat().st_mtime < newest or not (static / "ext").is_dir():
+        newest = max(p.stat().st_mtime for pattern in ("*.ts", "*.html")
+                     for p in (web / "src").rglob(pattern))
+        if not bundle.is_file() or bundle.stat().st_mtime < newest or \
+                not (static / "ext" / "options.html").is_file():  # (pages beside the scripts)
             subprocess.run(["node", str(web / "build.mjs")], check=True)
         subprocess.run([sys.executable, str(ROOT / "wasm" / "build.py")], check=True)
     elif not _built():

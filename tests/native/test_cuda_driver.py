@@ -46,15 +46,15 @@ def test_backend_runs_a_kernel_through_the_driver_api(fake_libcuda):
     values = [1.0, 2.0, 3.0, 4.0, 5.0]
     # x = the 3 floats at byte 8 of the buffer: x[i] * 2 + 1
     d = Dispatch(base, (BufferSlice(buf, 8, 12),), struct.pack("<qf", 3, 2.0), (1, 1, 1))
-    (raw,) = be.run([Write(buf, 0, struct.pack("<5f", *values))], [d], [Read(buf, 0, 20)])
+    (raw,) = be.run([Write(buf, 0, struct.pack("<5f", *values))], [d], [Read(buf, 0, 20)], "s")
     assert struct.unpack("<5f", raw) == (1.0, 2.0, 7.0, 9.0, 11.0)
     lib = drv.lib
     launches = ctypes.c_int.in_dll(lib, "fake_launches")
     graph_launches = ctypes.c_int.in_dll(lib, "fake_graph_launches")
     assert (launches.value, graph_launches.value) == (1, 0)
     # the second run of the same step is captured then launched as a graph, the third replayed
-    be.run([], [d], [])
-    (raw,) = be.run([], [d], [Read(buf, 8, 12)])
+    be.run([], [d], [], "s")
+    (raw,) = be.run([], [d], [Read(buf, 8, 12)], "s")
     assert struct.unpack("<3f", raw) == (31.0, 39.0, 47.0)  # (x * 2 + 1) twice more
     assert (launches.value, graph_launches.value, be.graph_launches) == (3, 2, 2)
     # device-to-device copies (bench/gpu.py's bandwidth) and frees
@@ -84,7 +84,7 @@ def test_steps_run_from_other_threads(fake_libcuda):
     def step():
         try:
             results.append(be.run([Write(buf, 0, struct.pack("<2f", 1.0, 2.0))], [d],
-                                  [Read(buf, 0, 8)]))
+                                  [Read(buf, 0, 8)], "step"))
         except Exception as e:  # (reported below)
             errors.append(e)
 
