@@ -367,3 +367,34 @@ def test_the_browser_names_models_as_the_engine_does(tmp_path):
     assert got["answers"] == [[n for n in names if n in model_names(e["model"], e["quantization"])
                                or n == e.get("id")] for e in entries]
     assert got["answers"][0] == ["smollm2-135m-instruct", "smollm2-135m-instruct-q4f32_1"]
+
+
+KERNEL_FILES = """
+import { readFileSync } from "node:fs";
+import { kernelSetFiles } from "./kernel_sets.mjs";
+const manifest = JSON.parse(readFileSync(process.argv[2], "utf8"));
+console.log(JSON.stringify(Object.fromEntries(Object.entries(manifest.kernel_sets).map(
+  ([kind, set]) => [kind, kernelSetFiles(set).map((f) => [f.file, f.sha256])]))));
+"""
+
+
+def test_the_browser_lists_a_kernel_sets_files_as_the_engine_does(tmp_path, tiny_artifact):
+    """web/src/kernel_sets.ts against engine/artifact.py's kernel_files, on every kernel set of
+    a compiled artifact: the files the worker fetches for its backend are the engine's."""
+    import subprocess
+
+    from wick.engine.artifact import MANIFEST_NAME, kernel_files
+
+    if not ESBUILD.exists():
+        pytest.skip("web/node_modules is not installed (bash web/build.sh)")
+    subprocess.run([str(ESBUILD), str(ROOT / "web" / "src" / "kernel_sets.ts"), "--format=esm",
+                    f"--outfile={tmp_path / 'kernel_sets.mjs'}", "--log-level=warning"],
+                   check=True)
+    (tmp_path / "run.mjs").write_text(KERNEL_FILES)
+    out = subprocess.run(["node", str(tmp_path / "run.mjs"), str(tiny_artifact / MANIFEST_NAME)],
+                         capture_output=True, text=True, check=True)
+    sets = json.loads((tiny_artifact / MANIFEST_NAME).read_text())["kernel_sets"]
+    want = {kind: [[f["file"], f["sha256"]] for f in kernel_files(s)] for kind, s in sets.items()}
+    assert json.loads(out.stdout) == want
+    assert len(want["webgpu"]) > 1 and want["wasm"] == [[sets["wasm"]["file"], sets["wasm"]["sha256"]]]
+

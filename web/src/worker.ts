@@ -20,6 +20,7 @@ import { createGrammar } from "./grammar.js";
 import { ArtifactLoader, Failure, fetchOk, newStats, sha256Hex } from "./loader.js";
 import type { FileSpec } from "./loader.js";
 import { Hub } from "./hub.js";
+import { kernelSetFiles } from "./kernel_sets.js";
 import { answersTo, modelNames } from "./model_names.js";
 import type { Post } from "./hub.js";
 import { PROTOCOL, VERSION } from "./worker_protocol.js";
@@ -304,9 +305,6 @@ async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | Wa
   files.set(MANIFEST, manBytes);
   return { entry, manifest, files, loader, kernels: kernelFiles.length };
 }
-
-/** A kernel set's files (engine/artifact.py ``kernel_files``: the one form-neutral rule). */
-const kernelSetFiles = (set: Any): Any[] => ("file" in set ? [set] : set.kernels);
 
 const shardSpecs = (manifest: Any): FileSpec[] =>
   manifest.shards.map((s: Any) => ({ file: s.file, sha256: s.sha256, nbytes: s.nbytes }));
