@@ -74,6 +74,20 @@ class KernelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelSet:
+    """A kernel set to load (``Backend.load``): the manifest's ``kernel_sets[kind]`` ``entry``,
+    with what its form needs: "shaders", the WGSL ``kernels`` to compile (those the plans
+    call); "library" and "source", the ``path`` of its one file and that file's verified
+    ``data``."""
+
+    form: str  # engine/artifact.py FORMS
+    entry: dict
+    kernels: tuple[KernelSpec, ...] = ()
+    path: str = ""
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
 class BufferSlice:
     buffer: BufferHandle
     offset: int  # bytes; a multiple of the device's minStorageBufferOffsetAlignment
@@ -138,14 +152,23 @@ class Backend:
         if "run_async" in vars(cls) and not cls.reads_async:
             raise TypeError(f"{cls.__name__} defines run_async: set reads_async = True")
 
+    def load(self, kernel_set: KernelSet) -> int:
+        """Load a kernel set once, at model load (what the engine calls); returns the index of
+        its first kernel (``Dispatch.kernel``) or function (``Call.function``): indexes count
+        across loads, so several models can share one device. A backend implements the hook of
+        the forms it runs: ``load_kernels`` ("shaders") or ``load_library`` ("library",
+        "source")."""
+        if kernel_set.form == "shaders":
+            return self.load_kernels(kernel_set.kernels)
+        return self.load_library(kernel_set.entry, kernel_set.path, kernel_set.data)
+
     def load_kernels(self, kernels: Sequence[KernelSpec]) -> int:
-        """Compile every kernel into a pipeline, once, at model load. Returns the index of the
-        first: ``Dispatch.kernel`` numbers kernels across all calls, so several models can share
-        one device."""
+        """(``load``'s hook for "shaders") Compile every kernel into a pipeline; returns the
+        index of the first."""
         raise NotImplementedError(f"{self.name} runs no WGSL kernels")
 
     def load_library(self, entry: dict, path: str, data: bytes) -> int:
-        """(a kernel set of one file: forms "library" and "source") Load the set the
+        """(``load``'s hook for a set of one file: "library" and "source") Load the set the
         manifest's ``kernel_sets[kind]`` ``entry`` describes (a library's ``functions``, a
         source's ``kernels``, what it was built for), stored at ``path`` with the verified
         bytes ``data``; returns the index of the first function (``Call.function``) or kernel

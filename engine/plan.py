@@ -15,7 +15,8 @@ import struct
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .artifact import FORMS
-from .backend import DTYPE_BYTES, Backend, BufferSlice, Call, Dispatch, KernelSpec, TensorRef
+from .backend import (DTYPE_BYTES, Backend, BufferSlice, Call, Dispatch, KernelSet, KernelSpec,
+                      TensorRef)
 from .errors import ArtifactError
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ class KernelTable:
                        tuple(k["storage_access"]), True)
             for k in kernels
         ]
-        self.base = backend.load_kernels(specs)  # our kernels' first index on the device
+        # our kernels' first index on the device
+        self.base = backend.load(KernelSet("shaders", {}, tuple(specs)))
 
 
 class LibraryTable:
@@ -116,7 +118,7 @@ class LibraryTable:
         """``entry``: the manifest's kernel set (form "library"); ``data``: its file's verified
         bytes."""
         self.index = {n: i for i, n in enumerate(entry["functions"])}
-        self.base = backend.load_library(entry, f"{directory}/{entry['file']}", data)
+        self.base = backend.load(KernelSet("library", entry, (), f"{directory}/{entry['file']}", data))
 
 
 class SourceKernelTable:
@@ -130,7 +132,7 @@ class SourceKernelTable:
         bytes."""
         self.index = {k["name"]: i for i, k in enumerate(entry["kernels"])}
         self.scalar_formats = [scalar_format(k["scalar_dtypes"]) for k in entry["kernels"]]
-        self.base = backend.load_library(entry, f"{directory}/{entry['file']}", data)
+        self.base = backend.load(KernelSet("source", entry, (), f"{directory}/{entry['file']}", data))
 
 
 KernelTables = KernelTable | LibraryTable | SourceKernelTable

@@ -7,15 +7,36 @@ import asyncio
 
 import pytest
 
-from wick.engine.backend import Backend
+from wick.engine.backend import Backend, KernelSet, KernelSpec
 
 
 def test_the_defaults_are_a_synchronous_webgpu_device():
     b = Backend()
     assert (b.kind, b.prefers_f32, b.is_software, b.reads_async) == ("webgpu", False, False, False)
     assert b.profile_json() == "{}" and b.close() is None
-    with pytest.raises(NotImplementedError):
-        b.load_library({}, "lib.so", b"")
+    with pytest.raises(NotImplementedError, match="loads no kernel library"):
+        b.load(KernelSet("library", {}, (), "lib.so", b""))
+    with pytest.raises(NotImplementedError, match="runs no WGSL kernels"):
+        b.load(KernelSet("shaders", {}, ()))
+
+
+def test_load_hands_each_form_to_its_hook():
+    """One ``load(kernel_set)`` for the engine; a backend implements its forms' hooks."""
+    spec = KernelSpec("k", "@compute fn k() {}", "k", ("read",), False)
+
+    class Both(Backend):
+        def load_kernels(self, kernels):
+            return ("shaders", tuple(kernels))
+
+        def load_library(self, entry, path, data):
+            return (entry["form"], path, data)
+
+    b = Both()
+    assert b.load(KernelSet("shaders", {}, (spec,))) == ("shaders", (spec,))
+    assert b.load(KernelSet("library", {"form": "library"}, (), "a/k.so", b"lib")) == (
+        "library", "a/k.so", b"lib")
+    assert b.load(KernelSet("source", {"form": "source"}, (), "a/k.cu", b"src")) == (
+        "source", "a/k.cu", b"src")
 
 
 def test_run_async_runs_the_step_of_a_synchronous_backend():
