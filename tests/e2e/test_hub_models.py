@@ -140,10 +140,11 @@ def test_a_served_model_answers_to_the_name_it_was_served_by():
     import asyncio
     from types import SimpleNamespace
 
+    from wick.engine.model_info import model_names
     from wick.server.app import ModelPool
 
     engine = SimpleNamespace(core=SimpleNamespace(info=SimpleNamespace(
-        model_id="org/tiny", quantization="q4f16_1")))
+        model_id="org/tiny", quantization="q4f16_1", names=model_names("org/tiny", "q4f16_1"))))
     pool = ModelPool(loaders=[("hf://org/tiny", lambda: engine)])
     asyncio.run(pool.load())
     assert pool.state == "ready" and list(pool.engines) == ["org/tiny"]
