@@ -191,9 +191,14 @@ class PlanFunction:
         return tuple((inputs[n].buffer, inputs[n].offset, inputs[n].shape)
                      for n in self.input_names)
 
-    def __call__(self, inputs: Mapping[str, TensorRef]) -> tuple[list[Dispatch], list[TensorRef]]:
-        """Dispatches computing this function on ``inputs``, and the output tensors."""
+    def __call__(self, inputs: Mapping[str, TensorRef],
+                 step: list | None = None) -> tuple[list[Dispatch], list[TensorRef]]:
+        """Dispatches computing this function on ``inputs``, and the output tensors. ``step``:
+        a step's key being built (engine/runner.py), to which this call adds its name and
+        signature."""
         key = self.signature(inputs)
+        if step is not None:
+            step.append((self.name, key))
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._build(inputs)

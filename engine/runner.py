@@ -23,12 +23,6 @@ from .plan import (DTYPE_BYTES, KernelTables, PlanFunction, TensorRef, evaluate,
 from .step_inputs import STEP_INPUTS, WINDOW_INPUTS, step_bounds, step_values
 
 
-def _keyed(plan: PlanFunction, inputs: dict, key: list) -> tuple[list, list]:
-    """``plan(inputs)``, its name and signature appended to the step's ``key``."""
-    key.append((plan.name, plan.signature(inputs)))
-    return plan(inputs)
-
-
 KV_INPUT_PREFIX = "kv_pages."  # forward's per-layer KV page tensors: kv_pages.0, kv_pages.1, ...
 _SAMPLE_INPUTS = (("temperature", "float32", "f"), ("top_p", "float32", "f"),
                   ("top_k", "int32", "i"), ("min_p", "float32", "f"), ("uniform", "float32", "f"))
@@ -320,7 +314,7 @@ class Runner:
             plan = self.decode1 if b == 1 else self.decode
         else:
             plan = self.forward
-        dispatches, (logits,) = _keyed(plan, inputs, key)
+        dispatches, (logits,) = plan(inputs, key)
         return writes, dispatches, logits
 
     def _step_call(self, batch: Batch) -> tuple[list[Write], list, list[Read], tuple]:
@@ -358,7 +352,7 @@ class Runner:
             handle = self.sample_inputs[name]
             writes.append(Write(handle, 0, array(code, columns[name]).tobytes()))
             sample_inputs[name] = TensorRef(handle, 0, (b,), dtype)
-        sample_dispatches, (tokens,) = _keyed(self.sample, sample_inputs, key)
+        sample_dispatches, (tokens,) = self.sample(sample_inputs, key)
         dispatches += sample_dispatches
         reads = [Read(tokens.buffer, tokens.offset, 4 * b)]
         if any(s is not None and s.num_top_logprobs >= 0 for s in rows):
@@ -368,7 +362,7 @@ class Runner:
             handle = self.process_inputs["num_top"]
             writes.append(Write(handle, 0, array("i", [
                 s.num_top_logprobs if s is not None else -1 for s in rows]).tobytes()))
-            lp_dispatches, (lp, ids) = _keyed(self.logprobs, {
+            lp_dispatches, (lp, ids) = self.logprobs({
                 "logits": logits, "token": tokens,
                 "num_top": TensorRef(handle, 0, (b,), "int32")}, key)
             dispatches += lp_dispatches
@@ -416,7 +410,7 @@ class Runner:
                 writes.append(Write(self._sparse[name], 0, array(code, values).tobytes()))
             # the whole capacity as the shape: one cached dispatch list per capacity, not per nnz
             inputs[name] = TensorRef(self._sparse[name], 0, (cap,), dtype)
-        process_dispatches, (processed,) = _keyed(self.process_logits, inputs, key)
+        process_dispatches, (processed,) = self.process_logits(inputs, key)
         dispatches += process_dispatches
         return processed
 

@@ -12,7 +12,8 @@ them in order on one stream. Its own work is small:
   kernel's parameter order, as cuLaunchKernel takes them) and is reused every step after;
 * a step the runner names (``Backend.run``'s ``step`` key: a decode step of a given batch
   size has the same key, and so the same launches, every step) is captured as a CUDA graph
-  the second time and replayed after that: one driver call per step instead of one per kernel, which at a few microseconds each would otherwise cost
+  the second time and replayed after that: one driver call per step instead of one per
+  kernel, which at a few microseconds each would otherwise cost
   more than an 8B model's whole decode step on an H100.
 
 The driver calls go through ``driver`` (native/cuda_driver.py), which the tests replace.

@@ -341,28 +341,34 @@ console.log(JSON.stringify({
 """
 
 
-def test_the_browser_names_models_as_the_engine_does(tmp_path):
-    """web/src/model_names.ts against engine/model_info.py's model_names: the same names for the
-    same models, in the browser's model index (pickModel) and the engine (check_model)."""
+def run_ts(tmp_path: Path, module: str, script: str, *args: str) -> str:
+    """Node's stdout running ``script`` beside web/src/``module``.ts bundled as ./``module``.mjs
+    (how a TS copy of an engine rule is run on the engine's own inputs)."""
     import subprocess
-
-    from wick.engine.model_info import model_names
 
     if not ESBUILD.exists():
         pytest.skip("web/node_modules is not installed (bash web/build.sh)")
-    subprocess.run([str(ESBUILD), str(ROOT / "web" / "src" / "model_names.ts"), "--format=esm",
-                    f"--outfile={tmp_path / 'model_names.mjs'}", "--log-level=warning"],
+    subprocess.run([str(ESBUILD), str(ROOT / "web" / "src" / f"{module}.ts"), "--format=esm",
+                    f"--outfile={tmp_path / f'{module}.mjs'}", "--log-level=warning"],
                    check=True)
-    (tmp_path / "run.mjs").write_text(ANSWERS)
+    (tmp_path / "run.mjs").write_text(script)
+    return subprocess.run(["node", str(tmp_path / "run.mjs"), *args], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_the_browser_names_models_as_the_engine_does(tmp_path):
+    """web/src/model_names.ts against engine/model_info.py's model_names: the same names for the
+    same models, in the browser's model index (pickModel) and the engine (check_model)."""
+    from wick.engine.model_info import model_names
+
     entries = [{"model": "smollm2-135m-instruct", "quantization": "q4f32_1"},
                {"model": "Qwen/Qwen2.5-0.5B", "quantization": "q4f16_m", "id": "qwen-q4f16_m-1a2b"},
                {"model": "tiny", "quantization": "q0f32"}]
     names = ["smollm2-135m-instruct", "smollm2-135m-instruct-q4f32_1", "smollm2-135m-instruct-q0f32",
              "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-q4f16_m", "qwen-q4f16_m-1a2b", "tiny-q0f32",
              "tiny", "tiny-q4f32_1", "q0f32"]
-    out = subprocess.run(["node", str(tmp_path / "run.mjs"), json.dumps(
-        {"names": names, "entries": entries})], capture_output=True, text=True, check=True)
-    got = json.loads(out.stdout)
+    got = json.loads(run_ts(tmp_path, "model_names", ANSWERS,
+                            json.dumps({"names": names, "entries": entries})))
     assert got["names"] == [list(model_names(e["model"], e["quantization"])) for e in entries]
     assert got["answers"] == [[n for n in names if n in model_names(e["model"], e["quantization"])
                                or n == e.get("id")] for e in entries]
@@ -381,20 +387,11 @@ console.log(JSON.stringify(Object.fromEntries(Object.entries(manifest.kernel_set
 def test_the_browser_lists_a_kernel_sets_files_as_the_engine_does(tmp_path, tiny_artifact):
     """web/src/kernel_sets.ts against engine/artifact.py's kernel_files, on every kernel set of
     a compiled artifact: the files the worker fetches for its backend are the engine's."""
-    import subprocess
-
     from wick.engine.artifact import MANIFEST_NAME, kernel_files
 
-    if not ESBUILD.exists():
-        pytest.skip("web/node_modules is not installed (bash web/build.sh)")
-    subprocess.run([str(ESBUILD), str(ROOT / "web" / "src" / "kernel_sets.ts"), "--format=esm",
-                    f"--outfile={tmp_path / 'kernel_sets.mjs'}", "--log-level=warning"],
-                   check=True)
-    (tmp_path / "run.mjs").write_text(KERNEL_FILES)
-    out = subprocess.run(["node", str(tmp_path / "run.mjs"), str(tiny_artifact / MANIFEST_NAME)],
-                         capture_output=True, text=True, check=True)
+    out = run_ts(tmp_path, "kernel_sets", KERNEL_FILES, str(tiny_artifact / MANIFEST_NAME))
     sets = json.loads((tiny_artifact / MANIFEST_NAME).read_text())["kernel_sets"]
     want = {kind: [[f["file"], f["sha256"]] for f in kernel_files(s)] for kind, s in sets.items()}
-    assert json.loads(out.stdout) == want
+    assert json.loads(out) == want
     assert len(want["webgpu"]) > 1 and want["wasm"] == [[sets["wasm"]["file"], sets["wasm"]["sha256"]]]
 

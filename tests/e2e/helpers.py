@@ -103,9 +103,9 @@ def record(runner: Runner) -> Iterator[Recorder]:
             self.label, self.plan = name, plan
             self.name, self.signature = plan.name, plan.signature
 
-        def __call__(self, inputs):
+        def __call__(self, inputs, step=None):
             rec.plans.append(self.label)
-            return self.plan(inputs)
+            return self.plan(inputs, step)
 
     runner.step = recording_step
     for name in ("forward", "decode", "decode1"):
