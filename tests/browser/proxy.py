@@ -21,7 +21,9 @@ class CuttingProxy:
         self.cut: dict[str, int] = {}  # path suffix -> responses still to cut off midway
         self.stall_s = 0.0  # > 0: a cut response first goes silent for this long
         self.fail: set[str] = set()  # path suffixes answered with 503
-        self.log: list[tuple[str, str | None, int, float]] = []  # (path, Range, status, when)
+        # (path, Range, status, when the request arrived: time.time(), which a page's Date.now()
+        # can be set against)
+        self.log: list[tuple[str, str | None, int, float]] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,9 +33,10 @@ class CuttingProxy:
                 pass
 
             def do_GET(self) -> None:
+                arrived = time.time()
                 rng = self.headers.get("Range")
                 if any(self.path.endswith(f) for f in proxy.fail):
-                    proxy.log.append((self.path, rng, 503, time.monotonic()))
+                    proxy.log.append((self.path, rng, 503, arrived))
                     self.send_response(503)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -47,7 +50,7 @@ class CuttingProxy:
                 except urllib.error.HTTPError as e:
                     status, headers, body = e.code, e.headers, e.read()
                 cut = next((f for f in proxy.cut if self.path.endswith(f) and proxy.cut[f] > 0), None)
-                proxy.log.append((self.path, rng, status, time.monotonic()))
+                proxy.log.append((self.path, rng, status, arrived))
                 self.send_response(status)
                 for k, v in headers.items():
                     if k.lower() not in _HOP:
@@ -74,7 +77,7 @@ class CuttingProxy:
         return [(rng, status) for path, rng, status, _ in self.log if path.endswith(suffix)]
 
     def request_times(self, suffix: str) -> list[float]:
-        """When each request for `suffix` arrived (time.monotonic)."""
+        """When each request for `suffix` arrived (time.time())."""
         return [when for path, _, _, when in self.log if path.endswith(suffix)]
 
     def stop(self) -> None:
