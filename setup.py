@@ -35,7 +35,7 @@ class BuildPyWithBrowserEngine(build_py):
         super().run()
 
 
-CODE_PACKAGES = ["wick", "wick.compiler", "wick.compiler.models", "wick.engine", "wick.native",
+CODE_PACKAGES = ["wick", "wick.compiler", "wick.compiler.models", "wick.compiler.targets", "wick.engine", "wick.native",
                  "wick.server"]
 
 

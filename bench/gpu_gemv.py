@@ -11,7 +11,7 @@ shapes, one layer is enough, every shape is there) are scheduled for CUDA by eac
 (``CANDIDATES``: dlight's LowBatchGEMV padded to 1..16 rows a block, dlight's tiled Matmul, and
 compiler/cuda_gemv.py's warp GEMV with 1..16 rows a pass, which the decode plans use)
 and written as one CUDA source per candidate with its launches (the artifact's format:
-compiler/cuda_kernels.py). On the GPU each function runs at each batch size on random inputs,
+compiler/targets/cuda.py). On the GPU each function runs at each batch size on random inputs,
 timed with CUDA events (best of a few reps of 20 launches), and its output is compared with
 dlight's LowBatchGEMV(4)'s (``lowbatch4``, which passed the parity run). Printed per function and batch
 size: microseconds, the weights' GB/s (every weight byte read once: the roofline a batched GEMV
@@ -41,7 +41,7 @@ BASELINE = "lowbatch4"  # the reference outputs: dlight's rule, the decode plans
 def candidate_rules(name: str) -> list:
     from tvm.s_tir import dlight as dl
 
-    from wick.compiler.cuda_kernels import SimtMatmul
+    from wick.compiler.targets.cuda import SimtMatmul
 
     tail = [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     if name == "webgpu4":
@@ -58,12 +58,11 @@ def candidate_rules(name: str) -> list:
 
 def decode_gemv_functions(config: Path, quant_name: str, max_batch: int):
     """The decode plan's dequantize-matmul TIR functions (unscheduled), by name."""
-    import tvm
     from tvm import tirx
 
     from wick.compiler.compile import build_module
     from wick.compiler.lower import relax_passes
-    from wick.compiler.tir_lower import webgpu_target
+    from wick.compiler.targets.webgpu import webgpu_target
     from wick.compiler.models import family_for
     from wick.compiler.models.layers import MAX_BINDING_BYTES
     from wick.compiler.quantization import get_quantization
@@ -89,14 +88,13 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from wick.compiler.cuda_kernels import CudaSet, build_cuda_source, cuda_target
-    from wick.compiler.tir_lower import _host_launches, lower_split
-
-    from wick.compiler.tir_lower import webgpu_target
+    from wick.compiler.targets.cuda import CudaSet, build_cuda_source, cuda_target
+    from wick.compiler.targets.webgpu import webgpu_target
+    from wick.compiler.tir_lower import host_launches, lower_split
 
     target = cuda_target()
     if name.startswith("warp"):
-        from wick.compiler.cuda_kernels import batched_gemv
+        from wick.compiler.targets.cuda import batched_gemv
 
         rows, outputs = (int(v) for v in name.removeprefix("warp").split("x"))
         funcs = {n: batched_gemv(f, rows, outputs) for n, f in funcs.items()}
@@ -107,7 +105,7 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
     devices, dmod, hosts = lower_split(scheduled, target)
     out = CudaSet()
     for f in hosts:
-        tf = _host_launches(f, devices, block=True)
+        tf = host_launches(f, devices, block=True)
         out.tir_functions[tf.name] = tf
     out.kernels = {gv.name_hint: f for gv, f in dmod.functions.items()}
     return build_cuda_source(out)

@@ -25,23 +25,13 @@ from ..engine.artifact import (
     VERIFY_MARKER,
 )
 
+from .targets.built import digest
+
 if TYPE_CHECKING:  # (TVM: the compile extra; this module's checks run without it)
     from .lower import Lowered
-
-# the kernel sets kept as one file each, with their form (engine/artifact.py FORMS): native CPU
-# (compiler/cpu_kernels.py), WebAssembly, one thread or shared memory (compiler/wasm_kernels.py),
-# and CUDA C source (compiler/cuda_kernels.py); the manifest's ``kernel_sets`` holds each under
-# its kind, beside "webgpu" (one WGSL file per kernel)
-LIBRARY_FILES = {"cpu": ("library", "kernels/cpu/kernels.so"),
-                 "wasm": ("library", "kernels/wasm/kernels.wasm"),
-                 "wasm_threads": ("library", "kernels/wasm/kernels-threads.wasm"),
-                 "cuda": ("source", "kernels/cuda/kernels.cu")}
+    from .targets.built import BuiltSet
 
 Progress = Callable[[str, int, int], None]
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class _ShardWriter:
@@ -68,7 +58,7 @@ class _ShardWriter:
         name = f"params/shard-{len(self.shards):05d}.bin"
         data = bytes(self.current)
         (self.root / name).write_bytes(data)
-        self.shards.append({"file": name, "nbytes": len(data), "sha256": _sha256(data)})
+        self.shards.append({"file": name, "nbytes": len(data), "sha256": digest(data)})
         self.current = bytearray()
 
 
@@ -82,22 +72,22 @@ def write_artifact(
     tokenizer_json: str,
     progress: Progress | None = None,
     shard_max_bytes: int = SHARD_MAX_BYTES,
-    libraries: dict[str, tuple[bytes, dict]] | None = None,
+    kernel_sets: dict[str, BuiltSet] | None = None,
     fills: dict[str, list[float]] | None = None,
 ) -> Path:
     """Write everything under ``out_dir`` (replaced atomically). ``header`` holds model_id,
-    quantization, model, requires, source and compiler fields of the manifest. A parameter
-    bigger than ``shard_max_bytes`` gets a shard of its own. ``libraries``: per kind of
-    ``LIBRARY_FILES``, that kernel set's bytes and manifest entry (``build_cpu_library``,
-    ``build_wasm_libraries``). ``fills``: parameters without stored weights, each filled on
-    the device at load from its [seed, low, high] (compiler/synthetic.py)."""
+    quantization, model, requires, source and compiler fields of the manifest; ``lowered``
+    gives the plans and the parameters' shapes. A parameter bigger than ``shard_max_bytes``
+    gets a shard of its own. ``kernel_sets``: per kind, that set's files and manifest entry
+    (compiler/targets/ ``build_all``). ``fills``: parameters without stored weights, each
+    filled on the device at load from its [seed, low, high] (compiler/synthetic.py)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f"{TMP_INFIX}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write(tmp, header=header, lowered=lowered, params=params, num_params=num_params,
                tokenizer_json=tokenizer_json, progress=progress, shard_max_bytes=shard_max_bytes,
-               libraries=libraries or {}, fills=fills or {})
+               kernel_sets=kernel_sets or {}, fills=fills or {})
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
     except BaseException:  # a failed or interrupted build leaves nothing behind
@@ -106,36 +96,15 @@ def write_artifact(
     return out_dir
 
 
-def _file_stem(name: str, src: bytes, limit: int = 120) -> str:
-    """The kernel's name, or for a name too long for a file system (TVM names fused kernels
-    after every op they fuse: a split vocabulary table makes names of 400+ characters) its
-    start and a hash of the source. The manifest maps names to files, so nothing else cares."""
-    if len(name) <= limit:
-        return name
-    return f"{name[:limit - 17]}-{_sha256(src)[:16]}"
-
-
 def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[str, np.ndarray]],
            num_params: int, tokenizer_json: str, progress: Progress | None,
-           shard_max_bytes: int, libraries: dict[str, tuple[bytes, dict]],
+           shard_max_bytes: int, kernel_sets: dict[str, BuiltSet],
            fills: dict[str, list[float]]) -> None:
-    (tmp / "kernels" / "webgpu").mkdir(parents=True)
-    kernels = []
-    for k in lowered.kernels:
-        src = k.wgsl.encode("utf-8")
-        rel = f"kernels/webgpu/{_file_stem(k.name, src)}.wgsl"
-        (tmp / rel).write_bytes(src)
-        kernels.append({"name": k.name, "entry_point": k.entry_point, "file": rel, "sha256": _sha256(src),
-                        "scalar_dtypes": k.scalar_dtypes, "storage_access": k.storage_access})
-    kernel_sets = {"webgpu": {"form": "shaders", "kernels": kernels,
-                              "tir_functions": {n: {"params": f.params, "launches": f.launches}
-                                                for n, f in lowered.tir_functions.items()}}}
-    for kind, (data, entry) in libraries.items():
-        form, rel = LIBRARY_FILES[kind]
-        path = tmp / rel
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(data)
-        kernel_sets[kind] = {"form": form, "file": rel, **entry, "sha256": _sha256(data)}
+    tmp.mkdir(parents=True)
+    for built in kernel_sets.values():
+        for rel, data in built.files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
     shards = _ShardWriter(tmp, shard_max_bytes)
     index = []
     for i, (name, array) in enumerate(params):
@@ -164,8 +133,8 @@ def _write(tmp: Path, *, header: dict, lowered: Lowered, params: Iterable[tuple[
     manifest = {
         "format": FORMAT_VERSION,
         **header,
-        "tokenizer": {"file": "tokenizer.json", "sha256": _sha256(tok)},
-        "kernel_sets": kernel_sets,
+        "tokenizer": {"file": "tokenizer.json", "sha256": digest(tok)},
+        "kernel_sets": {kind: built.entry for kind, built in kernel_sets.items()},
         "plans": lowered.plans,
         "params": index,
         "shards": shards.shards,

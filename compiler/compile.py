@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -26,12 +25,13 @@ from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
 from ..engine.errors import InvalidRequestError
 from . import paths
 from .artifact_writer import artifact_problems, build_lock, sweep_stale_builds, write_artifact
-from .cpu_kernels import build_cpu_library
 from .cpu_schedules import WIDE_BATCHES
-from .cuda_kernels import build_cuda_source, cuda_target
 from .embedding_files import special_tokens
-from .wasm_kernels import build_wasm_libraries
-from .lower import lower, merge, webgpu_target
+from .lower import lower, merge
+from .targets import build_all
+from .targets.cpu import CpuSet
+from .targets.cuda import cuda_target
+from .targets.webgpu import webgpu_target
 from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, requantize, row_splits
 from .models.kv_layout import PAGE_SIZE
@@ -132,14 +132,23 @@ def _sampler_module(vocab_size: int):
     return mod
 
 
-def _sampler_cpu_twins(vocab_size: int) -> dict:
-    """The CPU kernel set's versions of the sampling entry points' GPU-only kernels."""
-    from .logits import logprobs_prim_func_cpu, process_logits_prim_func_cpu
-    from .sampling import sampling_prim_func_cpu
+def kernel_twins(module, vocab_size: int | None, decode: bool = False) -> dict[str, dict]:
+    """The one twin map: per kernel set (a target's KIND, compiler/targets/), TIR function name
+    -> the function that set compiles in its place, same parameters. The CPU set (and the
+    WebAssembly sets built from it) takes CPU twins of the GPU-only kernels (attention, RoPE,
+    and, given the ``vocab_size`` of a sampler, sampling: compiler/models/paged_attention.py
+    ``cpu_twins``, compiler/sampling.py, compiler/logits.py); the CUDA set its own attention
+    tiles, and for ``decode`` plans wick's row-per-workgroup decode attention
+    (``gpu_twins``). WebGPU's are the plans' own functions."""
+    cpu = dict(module.cpu_twins())
+    if vocab_size is not None:
+        from .logits import logprobs_prim_func_cpu, process_logits_prim_func_cpu
+        from .sampling import sampling_prim_func_cpu
 
-    return {"sample_token": sampling_prim_func_cpu(vocab_size, "float32"),
-            "apply_logit_rules": process_logits_prim_func_cpu(vocab_size),
-            "token_logprobs": logprobs_prim_func_cpu(vocab_size)}
+        cpu.update({"sample_token": sampling_prim_func_cpu(vocab_size, "float32"),
+                    "apply_logit_rules": process_logits_prim_func_cpu(vocab_size),
+                    "token_logprobs": logprobs_prim_func_cpu(vocab_size)})
+    return {"cpu": cpu, "cuda": module.gpu_twins(cuda_target(), decode=decode)}
 
 
 _PART = re.compile(r"^(.*)\.parts\.(\d+)\.(weight|weight_q|bias)$")
@@ -406,56 +415,35 @@ def build_module(family, cfg, quant: Quantization, max_param_bytes: int,
 
 def lower_module(module, modules, vocab_size: int, prefill_chunk_size: int, max_batch_size: int,
                  report: Progress, extra_tir: dict | None = None):
-    """Lower ``build_module``'s modules into every kernel set: the lowered plans and kernels,
-    and the library kernel sets (CPU, WebAssembly, CUDA source) as ``write_artifact`` takes
-    them. ``extra_tir``: TIR functions to compile beside the plans' (called by name)."""
-    target = webgpu_target()
+    """Lower ``build_module``'s modules into every kernel set: the lowered plans, and each
+    kernel set as the artifact stores it (compiler/targets/ ``build_all``: ``write_artifact``'s
+    ``kernel_sets``). ``extra_tir``: TIR functions to compile beside the plans' (called by
+    name)."""
     report("lower (TVM)", 0, 3)
-    cuda_twins = module.gpu_twins(cuda_target())
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
     if len(modules) == 1:  # an embedding model: its forward plan alone
-        lowered = lower(modules[0], {"forward": bounds}, target, schedule="prefill",
-                        cpu_twins=module.cpu_twins(), cuda_twins=cuda_twins, extra_tir=extra_tir)
+        lowered = lower(modules[0], {"forward": bounds}, "prefill",
+                        kernel_twins(module, None), extra_tir=extra_tir)
         # (its CPU kernels see batches of whole inputs only: cpu_schedules.WIDE_BATCHES)
-        lowered.cpu_functions = {name: f.with_attr(WIDE_BATCHES, True)
-                                 for name, f in lowered.cpu_functions.items()}
+        lowered.sets["cpu"] = CpuSet({name: f.with_attr(WIDE_BATCHES, True)
+                                      for name, f in lowered.sets["cpu"].functions.items()})
         report("lower (TVM)", 3, 3)
-        return lowered, _build_libraries(lowered, report)
+        return lowered, build_all(lowered.sets, report)
     prefill_mod, decode_mod, decode1_mod = modules
-    twins = {**module.cpu_twins(), **_sampler_cpu_twins(vocab_size)}
     sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
     lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
                                   "process_logits": sampler_bounds, "logprobs": sampler_bounds},
-                    target, schedule="prefill", cpu_twins=twins, cuda_twins=cuda_twins,
-                    extra_tir=extra_tir)
+                    "prefill", kernel_twins(module, vocab_size), extra_tir=extra_tir)
     report("lower (TVM)", 1, 3)
-    decode_twins = module.gpu_twins(cuda_target(), decode=True)
-    decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}}, target,
-                   schedule="decode", cpu_twins=twins, cuda_twins=decode_twins)
+    decode_twins = kernel_twins(module, vocab_size, decode=True)
+    decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}},
+                   "decode", decode_twins)
     lowered = merge(lowered, decode, prefix="decode_")
     report("lower (TVM)", 2, 3)
-    lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, target,
-                                   schedule="decode1", cpu_twins=twins, cuda_twins=decode_twins),
-                     prefix="decode1_")
+    lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, "decode1",
+                                   decode_twins), prefix="decode1_")
     report("lower (TVM)", 3, 3)
-    return lowered, _build_libraries(lowered, report)
-
-
-def _build_libraries(lowered, report: Progress) -> dict:
-    """The library kernel sets of ``lowered``: CPU, WebAssembly, CUDA source. The CPU and the
-    WebAssembly builds (LLVM, then a link) run on two threads: TVM's build and the linkers
-    release the GIL, so a 2-core machine compiles a model's kernels in ~60 % of the time; the
-    bytes are the same as built one after the other (tested)."""
-    functions = lowered.cpu_functions
-    report("compile CPU kernels", 0, 2)
-    with ThreadPoolExecutor(2, thread_name_prefix="wick-kernels") as pool:
-        builds = [pool.submit(build_cpu_library, functions),
-                  pool.submit(build_wasm_libraries, functions)]  # for browsers without WebGPU
-        for done, _ in enumerate(as_completed(builds), 1):
-            report("compile CPU kernels", done, 2)
-        libraries = {"cpu": builds[0].result(), **builds[1].result()}
-    libraries["cuda"] = build_cuda_source(lowered.cuda)  # (source: NVRTC compiles it at load)
-    return libraries
+    return lowered, build_all(lowered.sets, report)
 
 
 def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict, source: dict,
@@ -568,7 +556,7 @@ def compile_model(
         with reading(source.path):
             _check_weights(named, converted, packing, max_param_bytes)
         report("build model", 1, 1)
-        lowered, libraries = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
+        lowered, kernel_sets = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
                                           max_batch_size, report)
         names = [name for name, _ in named]
         header = artifact_header(
@@ -583,4 +571,4 @@ def compile_model(
             source={"model": origin, "sha256": source_hash}, options=options)
         return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
                               num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
-                              shard_max_bytes=shard_max_bytes, libraries=libraries)
+                              shard_max_bytes=shard_max_bytes, kernel_sets=kernel_sets)

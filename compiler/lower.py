@@ -1,15 +1,19 @@
-"""Relax model -> WGSL kernels + launch metadata + the plan (entry points as data).
+"""Relax model -> plans (entry points as data) + the TIR functions they call, lowered into
+every kernel set.
 
-TVM compiles the model as usual (Relax GPU pipeline + dlight schedules + TIR lowering), but we
-stop before the host side is turned into native code: the browser has no TVM runtime, so the
-host logic is extracted as data instead:
+TVM compiles the model as usual (Relax passes, then per target its schedules and TIR lowering),
+but the host side is never turned into native code: the browser has no TVM runtime, so the host
+logic is extracted as data instead:
 
-* each TIR function's host part becomes a list of *launches*: which device kernel, which of the
-  function's buffers go to which binding, the POD scalars and the grid as small expressions over
-  the function's shape variables (the order TVM's ``call_ffi_kernel`` passes them;
-  compiler/tir_lower.py, which the CUDA kernel set shares);
 * each Relax function becomes a *plan*: an instruction list (alloc_storage, alloc_tensor, view,
   call) read off the function after memory planning, i.e. what the Relax VM bytecode would do.
+  This part knows no target (``extract``);
+* the TIR functions the plans call go to each target of compiler/targets/ (``lower``), which
+  makes them its kernel set: for the GPU sets, each function's host part becomes a list of
+  *launches* (compiler/tir_lower.py).
+
+One plan serves every kernel set, so a function the plans call has one name in all of them:
+``merge`` joins the lowerings of several Relax modules by one rule.
 
 Expressions are JSON: an int/float, ``{"v": name}`` for a variable, or ``[op, args...]``.
 The engine evaluates them (engine/plan.py); docs/artifact.md documents both formats.
@@ -18,28 +22,22 @@ The engine evaluates them (engine/plan.py); docs/artifact.md documents both form
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import tvm
 from tvm import relax, tirx
 from tvm.relax.backend.gpu_generic import pipeline as gpu_pipeline
 
-from .tir_lower import (
-    Kernel,
-    TirFunction,
-    build_kernels,
-    expr_to_json,
-    schedule_rules,
-    webgpu_target,
-)
+from .targets import targets
+from .targets.webgpu import webgpu_target
+from .tir_lower import expr_to_json
 
 # --------------------------------------------------------------------------- plans
 
 
 def relax_passes(target) -> tvm.transform.Pass:
     """Relax -> memory-planned Relax calling unscheduled TIR functions. Nothing here depends on
-    the target's kind, so one plan serves every kernel set (WebGPU, CPU); each set schedules
-    the same TIR functions its own way afterwards."""
+    the target's kind, so one plan serves every kernel set; each set schedules the same TIR
+    functions its own way afterwards."""
     return tvm.transform.Sequential(
         [relax.transform.FuseTransposeMatmul()]
         + gpu_pipeline.library_dispatch_passes(target)
@@ -151,31 +149,22 @@ def build_plan(func: relax.Function, name: str, upper_bounds: dict[str, int]) ->
 
 
 @dataclass
-class Lowered:
-    kernels: list[Kernel]
-    tir_functions: dict[str, TirFunction]
+class Extracted:
+    """What a Relax module is before any target: its plans, its parameters and the TIR
+    functions the plans call (unscheduled)."""
+
     plans: dict[str, dict]
     param_specs: dict[str, dict]  # param name -> {"shape", "dtype"}
-    # the same TIR functions for the CPU kernel set (compiler/cpu_kernels.py), unscheduled, with
-    # the GPU-only ones (attention, sampling) replaced by their CPU twins
-    cpu_functions: dict[str, tirx.PrimFunc] = field(default_factory=dict)
-    # the same TIR functions lowered for CUDA (compiler/cuda_kernels.py), when asked for
-    cuda: Any = None
+    tir_mod: tvm.IRModule
 
 
-def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=None,
-          schedule: str = "prefill", cpu_twins: dict[str, tirx.PrimFunc] | None = None,
-          cuda_twins: dict[str, tirx.PrimFunc] | None = None,
-          extra_tir: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
-    """Compile a Relax module exported by ``nn.Module.export_tvm``: its plans, its WebGPU
-    kernels, and (given ``cpu_twins``: TIR function name -> CPU replacement for each function
-    that only has a GPU form) its TIR functions for the CPU kernel set; given ``cuda_twins``
-    (the functions with a CUDA form of their own), its CUDA kernel set too. ``extra_tir``:
-    TIR functions no plan calls, compiled into every kernel set too (the engine calls them by
-    name: compiler/synthetic.py)."""
-    from tvm.s_tir import dlight as dl
-
-    target = target or webgpu_target()
+def extract(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]],
+            extra_tir: dict[str, tirx.PrimFunc] | None = None) -> Extracted:
+    """The plans of a Relax module exported by ``nn.Module.export_tvm`` (each function's shape
+    variables bounded by ``upper_bounds``) and the TIR functions they call. ``extra_tir``: TIR
+    functions no plan calls, compiled into every kernel set too (the engine calls them by name:
+    compiler/synthetic.py)."""
+    target = webgpu_target()  # (the GPU pipeline's passes want one; none depends on it)
     for fname, bounds in upper_bounds.items():
         mod[fname] = mod[fname].with_attr("tir_var_upper_bound", bounds)
     with target:
@@ -183,15 +172,6 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
     tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)})
     for name, f in (extra_tir or {}).items():
         tir_mod[name] = f.with_attr("global_symbol", name)
-    cpu_functions = {}
-    if cpu_twins is not None:
-        for gv, f in tir_mod.functions.items():
-            cpu_functions[gv.name_hint] = cpu_twins.get(gv.name_hint, f)
-    with target:  # (dlight schedules a module in place: a copy, so that tir_mod stays
-        # unscheduled for the CUDA set, which schedules it for CUDA's threads and warps)
-        scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(
-            tvm.IRModule(dict(tir_mod.functions)))
-    kernels, funcs = build_kernels(scheduled, target)
     plans, param_specs = {}, {}
     for gv, f in mod.functions.items():
         if isinstance(f, relax.Function):
@@ -199,72 +179,60 @@ def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], target=Non
             num_input = int(f.attrs["num_input"]) if "num_input" in f.attrs else len(f.params)
             for p in f.params[num_input:]:
                 param_specs[p.name] = {"shape": [int(d) for d in p.ty.shape.values],
-                                            "dtype": str(p.ty.dtype)}
-    used = {l["kernel"] for tf in funcs.values() for l in tf.launches}
-    kernels = [k for k in kernels if k.name in used]
-    cuda = None
-    if cuda_twins is not None:
-        from .cuda_kernels import lower_cuda
-
-        cuda = lower_cuda(tir_mod, schedule, cuda_twins)
-    return Lowered(kernels, funcs, plans, param_specs, cpu_functions, cuda)
+                                       "dtype": str(p.ty.dtype)}
+    return Extracted(plans, param_specs, tir_mod)
 
 
-def _cuda_differs(base, mine: str, other, theirs: str) -> bool:
-    """Whether TIR function ``mine`` of one lowering and ``theirs`` of another lower to
-    different CUDA kernels (a plan's own CUDA twin: PagedAttention.gpu_twins' decode kernel):
-    then the plans must call them by different names in every kernel set, since one plan
-    serves them all."""
-    if base is None or other is None:
-        return False
-    a, b = base.tir_functions.get(mine), other.tir_functions.get(theirs)
-    if a is None or b is None:
-        return False
-    if a.params != b.params or len(a.launches) != len(b.launches):
-        return True
-    from .cuda_kernels import same_kernel
+@dataclass
+class Lowered:
+    """The plans and, per target (compiler/targets/), the lowered set of the functions they
+    call."""
 
-    return not all(same_kernel(base.kernels[x["kernel"]], other.kernels[y["kernel"]])
-                   for x, y in zip(a.launches, b.launches))
+    plans: dict[str, dict]
+    param_specs: dict[str, dict]  # param name -> {"shape", "dtype"}
+    sets: dict = field(default_factory=dict)  # target KIND -> its lowered set
+
+
+def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], schedule: str = "prefill",
+          twins: dict[str, dict[str, tirx.PrimFunc]] | None = None,
+          extra_tir: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
+    """``extract`` a Relax module and lower its TIR functions for every target, scheduled as
+    ``schedule`` (``prefill``, ``decode``, ``decode1``: tir_lower.schedule_rules). ``twins``:
+    per target KIND, the functions that replace the plans' in that set (same name, same
+    parameters: compiler/compile.py ``kernel_twins``)."""
+    ex = extract(mod, upper_bounds, extra_tir)
+    sets = {kind: target.lower(ex.tir_mod, schedule, (twins or {}).get(kind, {}))
+            for kind, target in targets().items()}
+    return Lowered(ex.plans, ex.param_specs, sets)
 
 
 def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
-    """Add ``other``'s plans to ``base``. Kernels and TIR functions with the same name and
-    identical content are shared; different ones from ``other`` get ``prefix`` on their name."""
-    kernels = {k.name: k for k in base.kernels}
-    kernel_names: dict[str, str] = {}
-    for k in other.kernels:
-        same = kernels.get(k.name)
-        name = k.name if same is None or same.wgsl == k.wgsl else prefix + k.name
-        kernel_names[k.name] = name
-        if name not in kernels:
-            kernels[name] = Kernel(name, k.wgsl, k.scalar_dtypes, k.storage_access, k.entry_point)
-    funcs = dict(base.tir_functions)
-    func_names: dict[str, str] = {}
-    for name, f in other.tir_functions.items():
-        launches = [{**l, "kernel": kernel_names[l["kernel"]]} for l in f.launches]
-        renamed = TirFunction(name, f.params, launches)
-        same = funcs.get(name)
-        if same is not None and ((same.params, same.launches) != (renamed.params, renamed.launches)
-                                 or _cuda_differs(base.cuda, name, other.cuda, name)):
-            # an equal function an earlier merge named apart (decode1's CUDA twin is decode's)
-            renamed.name = next(
-                (n for n, g in funcs.items() if n != name and n.endswith(name)
-                 and (g.params, g.launches) == (renamed.params, renamed.launches)
-                 and not _cuda_differs(base.cuda, n, other.cuda, name)), prefix + name)
-        func_names[name] = renamed.name
-        funcs.setdefault(renamed.name, renamed)
-    cpu_functions = dict(base.cpu_functions)
-    for name, f in other.cpu_functions.items():  # (the WebGPU set's names: one plan for both)
-        cpu_functions.setdefault(func_names[name], f)
+    """``other``'s plans added to ``base``'s. A function of ``other`` keeps its name where
+    ``base`` has none of that name, or one that is the same in every kernel set; else it takes
+    the name of a function an earlier merge named apart that is the same in every set (decode1's
+    CUDA attention is decode's), else ``prefix`` + its name. Each set joins its kernels its own
+    way (the sets' ``merging``); the plans call the functions by their new names."""
+    joins = {kind: base.sets[kind].merging(other.sets[kind], prefix) for kind in base.sets}
+    names: dict[str, str] = {}
+    known = list(base.sets[next(iter(base.sets))].names)
+
+    def agree(mine: str, theirs: str) -> bool:
+        return all(join.same(mine, theirs) for join in joins.values())
+
+    for name in other.sets[next(iter(other.sets))].names:
+        new = name
+        if name in known and not agree(name, name):
+            new = next((n for n in known if n != name and n.endswith(name) and agree(n, name)),
+                       prefix + name)
+        names[name] = new
+        for join in joins.values():
+            join.add(name, new)
+        if new not in known:
+            known.append(new)
     plans = dict(base.plans)
     for pname, plan in other.plans.items():
-        instrs = [{**i, "func": func_names[i["func"]]} if i["op"] == "call" else i for i in plan["instrs"]]
+        instrs = [{**i, "func": names[i["func"]]} if i["op"] == "call" else i
+                  for i in plan["instrs"]]
         plans[pname] = {**plan, "instrs": instrs}
-    cuda = base.cuda
-    if base.cuda is not None and other.cuda is not None:
-        from .cuda_kernels import merge_cuda
-
-        cuda = merge_cuda(base.cuda, other.cuda, prefix, func_names)
-    return Lowered(list(kernels.values()), funcs, plans, {**base.param_specs, **other.param_specs},
-                   cpu_functions, cuda)
+    return Lowered(plans, {**base.param_specs, **other.param_specs},
+                   {kind: join.result() for kind, join in joins.items()})

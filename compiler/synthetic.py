@@ -166,7 +166,7 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     module, modules, named = build_module(family, cfg, quant, max_param_bytes)
     report("build model", 1, 1)
     dtypes = sorted({str(p.dtype) for _, p in named})
-    lowered, libraries = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
+    lowered, kernel_sets = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
                                       max_batch_size, report,
                                       extra_tir={FILL_PREFIX + d: fill_prim_func(d) for d in dtypes})
     fills = {n: fill_spec(n, [int(d) for d in p.shape], quant) for n, p in named}
@@ -184,4 +184,4 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     header["synthetic"] = {"fill_functions": {d: FILL_PREFIX + d for d in dtypes}}
     return write_artifact(out, header=header, lowered=lowered, params=(), fills=fills,
                           num_params=len(named), tokenizer_json=_tokenizer_json(),
-                          progress=progress, libraries=libraries)
+                          progress=progress, kernel_sets=kernel_sets)

@@ -1,5 +1,5 @@
 """TIR functions -> device kernels and their host launches, the part of lowering every GPU
-kernel set shares (compiler/lower.py for WebGPU, compiler/cuda_kernels.py for CUDA): TVM lowers
+kernel set shares (compiler/targets/webgpu.py, compiler/targets/cuda.py): TVM lowers
 a scheduled TIR module as usual, and each function's host side is read off as launches (which
 kernel, which buffers to which binding, the scalars and the grid as expressions over the
 function's shape variables) instead of being compiled for a host.
@@ -7,8 +7,7 @@ function's shape variables) instead of being compiled for a host.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import tvm
@@ -20,10 +19,6 @@ _BINOPS = {
     tirx.LT: "<", tirx.LE: "<=", tirx.GT: ">", tirx.GE: ">=", tirx.EQ: "==", tirx.NE: "!=",
     tirx.And: "and", tirx.Or: "or",
 }
-
-
-def webgpu_target() -> tvm.target.Target:
-    return tvm.target.Target({"kind": "webgpu"}, host={"kind": "llvm"})
 
 
 def expr_to_json(e, resolve: Callable[[tirx.Var], Any]) -> Any:
@@ -61,7 +56,15 @@ def free_var_names(x: Any) -> set[str]:
 # --------------------------------------------------------------------------- kernels
 
 
-def _scalar_dtype(x) -> str | None:
+def same_code(a: tirx.PrimFunc, b: tirx.PrimFunc) -> bool:
+    """Whether two TIR functions are the same code, whatever their names."""
+    import tvm_ffi
+
+    return tvm_ffi.structural_equal(a.without_attr("global_symbol"),
+                                    b.without_attr("global_symbol"))
+
+
+def scalar_dtype(x) -> str | None:
     """The dtype of a scalar TIR value; None for buffer handles."""
     ty = getattr(x, "ty", None)
     if isinstance(ty, tvm.ir.PrimType):
@@ -72,32 +75,12 @@ def _scalar_dtype(x) -> str | None:
 
 
 @dataclass
-class Kernel:
-    name: str
-    wgsl: str
-    scalar_dtypes: list[str]  # POD args in uniform order: "int32" | "uint32" | "float32"
-    storage_access: list[str] = field(default_factory=list)  # per binding: read | read_write
-    entry_point: str = ""  # the WGSL function; differs from ``name`` after a merge rename
-
-    def __post_init__(self) -> None:
-        self.entry_point = self.entry_point or self.name
-
-
-@dataclass
 class TirFunction:
     """One TIR function as the plan calls it: params and the device launches it makes."""
 
     name: str
     params: list[dict]  # {"shape": [expr...], "dtype": str}
     launches: list[dict]  # {"kernel", "buffers": [param idx], "scalars": [expr], "grid": [x, y, z]}
-
-
-_STORAGE_DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read_write|read)>")
-
-
-def _storage_access(wgsl: str) -> list[str]:
-    decls = sorted((int(b), mode) for b, mode in _STORAGE_DECL.findall(wgsl))
-    return [mode for _, mode in decls]
 
 
 def _lower_tir(tir_mod: tvm.IRModule, target) -> tvm.IRModule:
@@ -136,7 +119,7 @@ def _walk_host(stmt, binds: dict, decls: dict, calls: list, where: str) -> None:
         _walk_host(body, binds, decls, calls, where)
 
 
-def _host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc],
+def host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc],
                    block: bool = False) -> TirFunction:
     """Read the launches of one host function (buffer-level form, before MakePackedAPI).
     With ``block``, each launch also says its thread block and dynamic shared memory (CUDA
@@ -187,7 +170,7 @@ def _host_launches(func: tirx.PrimFunc, devices: dict[str, tirx.PrimFunc],
         tags = [str(t) for t in call.attrs.launch_params]
         buffers, scalars = [], []
         for a in args[:nparams]:
-            if _scalar_dtype(a) is None:
+            if scalar_dtype(a) is None:
                 buffers.append(buffer_param(a))
             else:
                 scalars.append(expr_to_json(a, resolve))
@@ -225,22 +208,6 @@ def lower_split(tir_mod: tvm.IRModule, target
     _, _, device_passes = tvm.tirx.get_tir_pipeline("s_tir")
     dmod = device_passes()(tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()}))
     return device_funcs, dmod, host_funcs
-
-
-def build_kernels(tir_mod: tvm.IRModule, target) -> tuple[list[Kernel], dict[str, TirFunction]]:
-    device_funcs, dmod, host_funcs = lower_split(tir_mod, target)
-    codegen = tvm.get_global_func("target.build.webgpu")
-    kernels = []
-    for gv, f in dmod.functions.items():
-            rt = codegen(tvm.IRModule({gv: f}), f.attrs["target"])
-            wgsl = rt.inspect_source()
-            scalar_dtypes = [d for d in map(_scalar_dtype, f.params) if d is not None]
-            kernels.append(Kernel(gv.name_hint, wgsl, scalar_dtypes, _storage_access(wgsl)))
-    funcs = {}
-    for f in host_funcs:
-        tf = _host_launches(f, device_funcs)
-        funcs[tf.name] = tf
-    return kernels, funcs
 
 
 def schedule_rules(kind: str) -> list:

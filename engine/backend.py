@@ -11,11 +11,11 @@ Implementations (subclasses of ``Backend``): ``wick.native.wgpu_backend.WgpuBack
 The kernel sets run the same plans (``Backend.kind``):
 
 * ``"webgpu"``: WGSL kernels; a plan call becomes ``Dispatch``es (the ABI below).
-* ``"cpu"``: one native library holding each TIR function whole (compiler/cpu_kernels.py); a
+* ``"cpu"``: one native library holding each TIR function whole (compiler/targets/cpu.py); a
   plan call becomes one ``Call`` with its tensors, and the function reads their shapes itself.
-* ``"wasm"`` / ``"wasm_threads"``: the same, as one WebAssembly module (compiler/wasm_kernels.py),
+* ``"wasm"`` / ``"wasm_threads"``: the same, as one WebAssembly module (compiler/targets/wasm.py),
   on one thread or over a shared memory with helper threads.
-* ``"cuda"``: CUDA C the backend compiles with NVRTC (compiler/cuda_kernels.py), with launches
+* ``"cuda"``: CUDA C the backend compiles with NVRTC (compiler/targets/cuda.py), with launches
   of its own; a plan call becomes ``Dispatch``es as for WebGPU.
 
 Kernel ABI (what TVM's WebGPU codegen emits, see docs/artifact.md): storage buffers at bindings

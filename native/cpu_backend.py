@@ -1,4 +1,4 @@
-"""The CPU backend: runs an artifact's CPU kernel set (compiler/cpu_kernels.py) natively.
+"""The CPU backend: runs an artifact's CPU kernel set (compiler/targets/cpu.py) natively.
 
 Same contract as the wgpu backend (engine/backend.py), ``kind = "cpu"``: buffers are host
 memory, and a step is a list of ``Call``s, each one native function of the artifact's library

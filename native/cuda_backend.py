@@ -1,4 +1,4 @@
-"""The CUDA backend: runs an artifact's CUDA kernel set (compiler/cuda_kernels.py) on an NVIDIA
+"""The CUDA backend: runs an artifact's CUDA kernel set (compiler/targets/cuda.py) on an NVIDIA
 GPU.
 
 Same contract as the wgpu backend (engine/backend.py), ``kind = "cuda"``: the engine plans a

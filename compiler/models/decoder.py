@@ -228,7 +228,7 @@ class DecoderForCausalLM(nn.Module):
         return twins
 
     def cpu_twins(self) -> dict:
-        """TIR function name -> the CPU twin of each GPU-only kernel (compiler/cpu_kernels.py)."""
+        """TIR function name -> the CPU twin of each GPU-only kernel (compiler/targets/cpu.py)."""
         twins: dict = {}
         for attn in dict.fromkeys(self.layer_attention):
             twins.update(attn.cpu_twins())

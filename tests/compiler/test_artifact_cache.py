@@ -31,8 +31,7 @@ def test_failed_write_leaves_no_build_directory(tmp_path):
         yield "w", np.zeros(4, np.float32)
         raise OSError("disk full")  # the conversion failed half-way
 
-    lowered = Lowered(kernels=[], tir_functions={}, plans={},
-                      param_specs={"w": {"shape": [4], "dtype": "float32"}})
+    lowered = Lowered(plans={}, param_specs={"w": {"shape": [4], "dtype": "float32"}})
     with pytest.raises(OSError, match="disk full"):
         write_artifact(tmp_path / "model-q0f32-1", header={}, lowered=lowered, params=params(),
                        num_params=2, tokenizer_json="{}")

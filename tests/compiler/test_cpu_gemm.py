@@ -12,7 +12,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import te  # noqa: E402
 
 from wick.compiler.cpu_gemm import ROW_BLOCK, match_f32_matmul  # noqa: E402
-from wick.compiler.cpu_kernels import cpu_target  # noqa: E402
+from wick.compiler.targets.cpu import cpu_target  # noqa: E402
 from wick.compiler.cpu_schedules import WIDE_BATCHES, schedule  # noqa: E402
 
 ADDS = [(), ("residual",), ("bias",), ("bias", "residual")]
@@ -116,21 +116,23 @@ def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds, kind):
 
 
 def test_the_kernel_sets_build_on_two_threads_to_the_same_bytes():
-    """compile._build_libraries builds the CPU and WebAssembly libraries concurrently; each
-    is byte for byte the library built alone."""
-    from types import SimpleNamespace
-
-    from wick.compiler.compile import _build_libraries
-    from wick.compiler.cpu_kernels import build_cpu_library
-    from wick.compiler.cuda_kernels import CudaSet
-    from wick.compiler.wasm_kernels import build_wasm_libraries
+    """targets.build_all builds the CPU and WebAssembly libraries concurrently; each is byte
+    for byte the library built alone, and the sets come in the manifest's order."""
+    from wick.compiler.targets import build_all
+    from wick.compiler.targets.cpu import CpuSet, build_cpu_library
+    from wick.compiler.targets.cuda import CudaSet
+    from wick.compiler.targets.wasm import build_wasm_libraries
+    from wick.compiler.targets.webgpu import WebGPUSet
 
     functions = {"matmul_a": te_f32_matmul(64, 64), "matmul_b": te_f32_matmul(32, 128,
                                                                              adds=("bias",))}
     stages = []
-    both = _build_libraries(SimpleNamespace(cpu_functions=functions, cuda=CudaSet()),
-                            lambda stage, done, total: stages.append((done, total)))
+    both = build_all({"webgpu": WebGPUSet([], {}), "cpu": CpuSet(functions), "cuda": CudaSet()},
+                     lambda stage, done, total: stages.append((done, total)))
     assert stages == [(0, 2), (1, 2), (2, 2)]
-    assert both["cpu"][0] == build_cpu_library(functions)[0]
+    assert list(both) == ["webgpu", "cpu", "wasm", "wasm_threads", "cuda"]
+    assert both["cpu"].files == {"kernels/cpu/kernels.so": build_cpu_library(functions)[0]}
+    assert both["cpu"].entry["form"] == "library" and both["cuda"].entry["form"] == "source"
     alone = build_wasm_libraries(functions)
-    assert {k: both[k][0] for k in alone} == {k: v[0] for k, v in alone.items()}
+    assert {k: both[k].files[both[k].entry["file"]] for k in alone} == {
+        k: v[0] for k, v in alone.items()}

@@ -11,7 +11,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import te  # noqa: E402
 
 from wick.compiler.cpu_gemv import match_q4_matmul  # noqa: E402
-from wick.compiler.cpu_kernels import cpu_target  # noqa: E402
+from wick.compiler.targets.cpu import cpu_target  # noqa: E402
 from wick.compiler.cpu_schedules import schedule  # noqa: E402
 from wick.compiler.quantization import dequantize, get_quantization, quantize  # noqa: E402
 

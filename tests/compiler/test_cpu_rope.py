@@ -13,7 +13,7 @@ from tvm.relax.frontend.nn.llm.position_embedding import (  # noqa: E402
     llama_rope_with_position_map,
 )
 
-from wick.compiler.cpu_kernels import cpu_target  # noqa: E402
+from wick.compiler.targets.cpu import cpu_target  # noqa: E402
 from wick.compiler.cpu_schedules import schedule  # noqa: E402
 from wick.compiler.models.cpu_rope import cpu_rope_prim_func  # noqa: E402
 

@@ -53,7 +53,7 @@ def reference(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def run(backend, func: tirx.PrimFunc, arrays: list[np.ndarray]) -> np.ndarray:
-    from wick.compiler.tir_lower import build_kernels, webgpu_target
+    from wick.compiler.targets.webgpu import build_kernels, webgpu_target
     from wick.engine.backend import Read, TensorRef
     from wick.engine.plan import KernelTable, tir_call
 

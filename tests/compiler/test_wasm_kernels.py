@@ -1,4 +1,4 @@
-"""The WebAssembly kernel set (compiler/wasm_kernels.py) run under node: the q4 matmul (its
+"""The WebAssembly kernel set (compiler/targets/wasm.py) run under node: the q4 matmul (its
 nibbles converted four lanes at a time there) against numpy on the dequantized weights, a kernel's
 own argument check coming back as a message, and a module that imports nothing."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wick.compiler.cpu_kernels import cpu_target
+from wick.compiler.targets.cpu import cpu_target
 from wick.compiler.cpu_schedules import schedule
 from wick.compiler.quantization import dequantize, get_quantization, quantize
-from wick.compiler.wasm_kernels import build_wasm_libraries, wasm_target
+from wick.compiler.targets.wasm import build_wasm_libraries, wasm_target
 
 from .test_cpu_gemm import te_f32_matmul
 from .test_cpu_gemv import te_matmul

@@ -2,7 +2,7 @@
  * The WebAssembly executor: the engine's Backend contract (engine/backend.py, kind "wasm") on
  * the CPU, for browsers without a usable WebGPU adapter. The twin of native/cpu_backend.py.
  *
- * - loadLibrary: instantiates the artifact's kernels.wasm (compiler/wasm_kernels.py). The
+ * - loadLibrary: instantiates the artifact's kernels.wasm (compiler/targets/wasm.py). The
  *   module's memory holds every buffer of the engine, so a kernel reads weights and writes
  *   activations in place (no copies between "device" and kernels).
  * - threads: in a cross-origin isolated page (SharedArrayBuffer allowed) it runs

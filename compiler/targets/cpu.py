@@ -1,4 +1,4 @@
-"""The CPU kernel set: the plan's TIR functions compiled by LLVM for this machine's CPU.
+"""The CPU kernel set: the plans' TIR functions compiled by LLVM for this machine's CPU.
 
 Every artifact carries its plans once; the WebGPU set runs them as WGSL launches, this set as
 native functions in one shared library (``kernels/cpu/kernels.so``) that the native CPU
@@ -11,8 +11,10 @@ needs libc and nothing of TVM's: a runtime-only install (no ``wick-llm[compile]`
 The TIR is the same as the GPU's, before scheduling, except where a kernel exists only in a
 GPU form (thread bindings, shared memory): attention and sampling have CPU twins written for
 it (compiler/models/cpu_attention.py, compiler/sampling.py, compiler/logits.py), swapped in by
-name (``lower(..., cpu_twins=...)``). compiler/cpu_schedules.py is where wick's own CPU
-schedules apply; a function no rule matches compiles as TVM's plain loops.
+name (the twin map's ``"cpu"`` part: compiler/compile.py ``kernel_twins``). The set is the
+functions themselves, unscheduled: compiler/cpu_schedules.py schedules them at build, for this
+CPU here and for wasm32 in compiler/targets/wasm.py; a function no rule matches compiles as
+TVM's plain loops.
 """
 
 from __future__ import annotations
@@ -21,14 +23,62 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
 from tvm import tirx
 
-from ..engine.artifact import KERNEL_RUNTIME_ABI, host_cpu_flags
+from ...engine.artifact import KERNEL_RUNTIME_ABI, host_cpu_flags
+from ..tir_lower import same_code
+from .built import BuiltSet, library
 
-RUNTIME_SOURCE = Path(__file__).with_name("kernel_runtime.c")
+KIND = "cpu"
+LIBRARY = "kernels/cpu/kernels.so"
+RUNTIME_SOURCE = Path(__file__).parent.parent / "kernel_runtime.c"
+
+
+@dataclass
+class CpuSet:
+    """One lowering's TIR functions for the CPU (GPU-only ones replaced by their twins)."""
+
+    functions: dict[str, tirx.PrimFunc]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.functions)
+
+    def merging(self, other: "CpuSet", prefix: str) -> "_Merge":
+        return _Merge(self, other)
+
+
+def lower(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc]) -> CpuSet:
+    """``tir_mod``'s functions, each named in ``twins`` replaced by its CPU twin. (Scheduled at
+    build: one schedule serves every plan, the rows of a step being a loop bound here.)"""
+    return CpuSet({gv.name_hint: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()})
+
+
+class _Merge:
+    """``other`` joining ``base`` (compiler/lower.py ``merge``): a function is the same as one
+    of ``base``'s when it is the same code."""
+
+    def __init__(self, base: CpuSet, other: CpuSet) -> None:
+        self.functions, self.theirs = dict(base.functions), other.functions
+
+    def same(self, mine: str, theirs: str) -> bool:
+        have = self.functions.get(mine)
+        return have is not None and same_code(have, self.theirs[theirs])
+
+    def add(self, theirs: str, name: str) -> None:
+        self.functions.setdefault(name, self.theirs[theirs])
+
+    def result(self) -> CpuSet:
+        return CpuSet(self.functions)
+
+
+def build(lowered: CpuSet) -> dict[str, BuiltSet]:
+    data, entry = build_cpu_library(lowered.functions)
+    return library(KIND, "library", LIBRARY, data, entry)
 
 
 def host_cpu() -> str:
@@ -47,7 +97,7 @@ def build_cpu_library(functions: dict[str, tirx.PrimFunc],
                       mcpu: str | None = None) -> tuple[bytes, dict]:
     """Compile ``functions`` into one shared library: its bytes, and its manifest entry
     (without file and hash): the CPU it was built for and the functions it exports."""
-    from .cpu_schedules import build_scheduled
+    from ..cpu_schedules import build_scheduled
 
     target = cpu_target(mcpu)
     lib = build_scheduled(functions, target)

@@ -1,7 +1,8 @@
-"""The WebAssembly kernel set: the plan's TIR functions compiled by LLVM for wasm32 + SIMD.
+"""The WebAssembly kernel sets: the plans' TIR functions compiled by LLVM for wasm32 + SIMD.
 
-The browser twin of compiler/cpu_kernels.py: the same functions (GPU-only ones swapped for
-their CPU twins), scheduled by the same rules (compiler/cpu_schedules.py), compiled for
+The browser twin of compiler/targets/cpu.py, built from its lowered set: the same functions
+(GPU-only ones swapped for their CPU twins), scheduled by the same rules
+(compiler/cpu_schedules.py), compiled for
 ``wasm32`` with 128-bit SIMD instead of for this machine's CPU, and linked into one
 self-contained module, ``kernels/wasm/kernels.wasm``, that the worker's wasm executor
 (web/src/wasm_executor.ts) instantiates when a browser has no usable WebGPU adapter.
@@ -31,7 +32,12 @@ from pathlib import Path
 import tvm
 from tvm import tirx
 
-RUNTIME_SOURCE = Path(__file__).with_name("kernel_runtime.c")
+from .built import BuiltSet, library
+from .cpu import RUNTIME_SOURCE, CpuSet
+
+# kind -> (threads, the module's file in the artifact)
+MODULES = {"wasm": (False, "kernels/wasm/kernels.wasm"),
+           "wasm_threads": (True, "kernels/wasm/kernels-threads.wasm")}
 # what every browser with WebAssembly SIMD (Chrome 91+, Firefox 89+, Safari 16.4+) also has
 FEATURES = ("+simd128", "+bulk-memory", "+nontrapping-fptoint", "+sign-ext", "+mutable-globals",
             "+atomics")  # (atomics: the threaded module's pool and its shared memory)
@@ -51,7 +57,7 @@ def build_wasm_libraries(functions: dict[str, tirx.PrimFunc]) -> dict[str, tuple
     """Compile ``functions`` into the two WebAssembly modules: per kind (``"wasm"``, one
     thread; ``"wasm_threads"``, shared memory), its bytes and its manifest entry (without file
     and hash)."""
-    from .cpu_schedules import build_scheduled
+    from ..cpu_schedules import build_scheduled
 
     lib = build_scheduled(functions, wasm_target())
     entry = {"triple": TRIPLE, "features": list(FEATURES), "export_prefix": EXPORT_PREFIX,
@@ -61,7 +67,7 @@ def build_wasm_libraries(functions: dict[str, tirx.PrimFunc]) -> dict[str, tuple
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "kernels.o"
         lib.write_to_file(str(obj))
-        for kind, threads in (("wasm", False), ("wasm_threads", True)):
+        for kind, (threads, _) in MODULES.items():
             path = Path(tmp) / f"{kind}.wasm"
             link(obj, path, exports, threads=threads)
             extra = {"initial_memory": INITIAL_MEMORY, "max_memory": MAX_MEMORY} if threads else {}
@@ -91,3 +97,11 @@ def link(obj: Path, out: Path, exports: list[str], threads: bool = False) -> Non
         if "No module named ziglang" in detail:
             detail = "the ziglang package is missing (pip install ziglang==0.17.1)"
         raise RuntimeError(f"linking the WebAssembly kernels failed: {detail[-2000:]}")
+
+
+def build(lowered: CpuSet) -> dict[str, BuiltSet]:
+    """Both modules of the CPU's lowered set."""
+    out: dict[str, BuiltSet] = {}
+    for kind, (data, entry) in build_wasm_libraries(lowered.functions).items():
+        out.update(library(kind, "library", MODULES[kind][1], data, entry))
+    return out

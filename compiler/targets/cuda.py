@@ -1,6 +1,6 @@
-"""The CUDA kernel set: the plan's TIR functions scheduled and lowered by TVM for CUDA.
+"""The CUDA kernel set: the plans' TIR functions scheduled and lowered by TVM for CUDA.
 
-The same unscheduled TIR functions as the WebGPU set (compiler/lower.py), scheduled by the same
+The same unscheduled TIR functions as the WebGPU set (compiler/targets/webgpu.py), scheduled by the same
 dlight rules for a CUDA target (TVM tiles them for 1024-thread blocks and 32-lane warps), and
 lowered the same way: each function's host part becomes launches read as data, its device parts
 become CUDA C. Every kernel goes into one source file, ``kernels/cuda/kernels.cu``, which the
@@ -11,8 +11,9 @@ on, and nothing here needs a GPU or a CUDA toolkit.
 The manifest's ``kernel_sets.cuda`` entry holds what the engine needs to launch them: each kernel's
 scalar parameters, thread block and dynamic shared memory, and the TIR functions' launches
 (the WebGPU set's format, docs/artifact.md). Kernels whose GPU form differs by target
-(attention's tiles) are rebuilt for CUDA (``DecoderForCausalLM.gpu_twins``); the decode plans'
-dequantize-GEMVs take compiler/cuda_gemv.py's schedule, the rest dlight's.
+(attention's tiles) are rebuilt for CUDA (the twin map's ``"cuda"`` part: compiler/compile.py
+``kernel_twins``); the decode plans' dequantize-GEMVs take compiler/cuda_gemv.py's schedule, the
+rest dlight's.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import logging
 from dataclasses import dataclass, field
 
 import tvm
-import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
-from .tir_lower import TirFunction, _host_launches, _scalar_dtype, lower_split, schedule_rules
+from ..tir_lower import (TirFunction, host_launches, lower_split, same_code, scalar_dtype,
+                         schedule_rules)
+from .built import BuiltSet, library
 
 log = logging.getLogger("wick")
+KIND = "cuda"
+SOURCE = "kernels/cuda/kernels.cu"
 
 # The oldest GPU architecture the source targets (Ampere): TVM's codegen and dlight's rules
 # read it. The backend compiles for the device's own architecture, and refuses an older one.
@@ -64,7 +68,7 @@ DECODE_GEMV_ROWS = {"decode": 8, "decode1": 1}
 
 def batched_gemv(func: tirx.PrimFunc, rows: int, outputs: int = 4) -> tirx.PrimFunc:
     """``func`` scheduled by cuda_gemv when it is a dequantize-GEMV it takes, else as it is."""
-    from .cuda_gemv import schedule_batched_gemv
+    from ..cuda_gemv import schedule_batched_gemv
 
     if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
         return func
@@ -83,8 +87,15 @@ class CudaSet:
     kernels: dict[str, tirx.PrimFunc] = field(default_factory=dict)
     tir_functions: dict[str, TirFunction] = field(default_factory=dict)
 
+    @property
+    def names(self) -> list[str]:
+        return list(self.tir_functions)
 
-def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc]) -> CudaSet:
+    def merging(self, other: "CudaSet", prefix: str) -> "_Merge":
+        return _Merge(self, other, prefix)
+
+
+def lower(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc]) -> CudaSet:
     """``tir_mod``'s functions (``twins`` replacing those with a CUDA form of their own)
     scheduled by ``cuda_schedule_rules(schedule)`` and lowered for CUDA."""
     target = cuda_target()
@@ -97,44 +108,53 @@ def lower_cuda(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimF
     devices, dmod, hosts = lower_split(scheduled, target)
     out = CudaSet()
     for f in hosts:
-        tf = _host_launches(f, devices, block=True)
+        tf = host_launches(f, devices, block=True)
         out.tir_functions[tf.name] = tf
     used = {launch["kernel"] for tf in out.tir_functions.values() for launch in tf.launches}
     out.kernels = {gv.name_hint: f for gv, f in dmod.functions.items() if gv.name_hint in used}
     return out
 
 
-def same_kernel(a: tirx.PrimFunc, b: tirx.PrimFunc) -> bool:
-    """Whether two device functions are the same code, whatever their names."""
-    return tvm_ffi.structural_equal(a.without_attr("global_symbol"),
-                                    b.without_attr("global_symbol"))
+class _Merge:
+    """``other`` joining ``base`` (compiler/lower.py ``merge``): a kernel keeps its name where
+    ``base`` has none or the same code under it, else takes the name of an equal kernel an
+    earlier merge named apart, else ``prefix``; a function is the same as one of ``base``'s when
+    its parameters, its launches and their kernels' code are."""
 
+    def __init__(self, base: CudaSet, other: CudaSet, prefix: str) -> None:
+        self.kernels = dict(base.kernels)
+        self.renamed: dict[str, str] = {}
+        for name, f in other.kernels.items():
+            same = self.kernels.get(name)
+            if same is None or same_code(same, f):
+                new = name
+            else:
+                new = next((n for n, g in self.kernels.items()
+                            if n != name and n.endswith(name) and same_code(g, f)), prefix + name)
+            self.renamed[name] = new
+            self.kernels.setdefault(new, f.with_attr("global_symbol", new))
+        self.other = other
+        self.functions = dict(base.tir_functions)
 
-def merge_cuda(base: CudaSet, other: CudaSet, prefix: str, func_names: dict[str, str]) -> CudaSet:
-    """``other`` added to ``base``: a kernel whose name ``base`` already uses for a different
-    function gets ``prefix``; TIR functions take the plan's names (``func_names``, decided by
-    ``lower.merge``: the WebGPU and CUDA sets of one plan call the same functions)."""
-    kernels = dict(base.kernels)
-    renamed: dict[str, str] = {}
-    for name, f in other.kernels.items():
-        same = kernels.get(name)
-        if same is None or same_kernel(same, f):
-            new = name
-        else:  # an equal kernel under another name (an earlier plan's twin), else a new name
-            new = next((n for n, g in kernels.items()
-                        if n != name and n.endswith(name) and same_kernel(g, f)), prefix + name)
-        renamed[name] = new
-        kernels.setdefault(new, f.with_attr("global_symbol", new))
-    funcs = dict(base.tir_functions)
-    for name, tf in other.tir_functions.items():
-        launches = [{**launch, "kernel": renamed[launch["kernel"]]} for launch in tf.launches]
-        target = func_names.get(name, name)
-        have = funcs.get(target)
-        if have is not None and (have.params, have.launches) != (tf.params, launches):
-            raise ValueError(f"{target}: the CUDA lowerings of one function disagree between "
-                             "plans although the WebGPU ones match")
-        funcs.setdefault(target, TirFunction(target, tf.params, launches))
-    return CudaSet(kernels, funcs)
+    def _launches(self, theirs: str) -> list[dict]:
+        return [{**launch, "kernel": self.renamed[launch["kernel"]]}
+                for launch in self.other.tir_functions[theirs].launches]
+
+    def same(self, mine: str, theirs: str) -> bool:
+        have, f = self.functions.get(mine), self.other.tir_functions[theirs]
+        if have is None or have.params != f.params or len(have.launches) != len(f.launches):
+            return False
+        strip = lambda launch: {k: v for k, v in launch.items() if k != "kernel"}  # noqa: E731
+        return all(strip(a) == strip(b) and same_code(self.kernels[a["kernel"]],
+                                                        self.other.kernels[b["kernel"]])
+                   for a, b in zip(have.launches, f.launches))
+
+    def add(self, theirs: str, name: str) -> None:
+        self.functions.setdefault(name, TirFunction(name, self.other.tir_functions[theirs].params,
+                                                    self._launches(theirs)))
+
+    def result(self) -> CudaSet:
+        return CudaSet(self.kernels, self.functions)
 
 
 def _static(value, what: str) -> int:
@@ -146,7 +166,7 @@ def _static(value, what: str) -> int:
 def kernel_entry(name: str, f: tirx.PrimFunc, launches: list[dict]) -> dict:
     """What the backend needs to launch ``name``: its scalar parameters (after its pointers:
     TVM puts buffer parameters first), its thread block and its dynamic shared memory."""
-    dtypes = [_scalar_dtype(p) for p in f.params]
+    dtypes = [scalar_dtype(p) for p in f.params]
     first_scalar = next((i for i, d in enumerate(dtypes) if d is not None), len(dtypes))
     if any(d is None for d in dtypes[first_scalar:]):
         raise NotImplementedError(f"{name}: a pointer parameter after a scalar one")
@@ -183,3 +203,9 @@ def build_cuda_source(cuda: CudaSet) -> tuple[bytes, dict]:
         tir_functions[name] = {"params": tf.params, "launches": launches}
     return source.encode("utf-8"), {"arch": CUDA_ARCH, "kernels": kernels,
                                     "tir_functions": tir_functions}
+
+
+def build(lowered: CudaSet) -> dict[str, BuiltSet]:
+    """The source file (NVRTC compiles it at load, for the GPU the backend finds)."""
+    data, entry = build_cuda_source(lowered)
+    return library(KIND, "source", SOURCE, data, entry)
