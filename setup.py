@@ -35,8 +35,8 @@ class BuildPyWithBrowserEngine(build_py):
         super().run()
 
 
-CODE_PACKAGES = ["wick", "wick.compiler", "wick.compiler.models", "wick.compiler.targets", "wick.engine", "wick.native",
-                 "wick.server"]
+CODE_PACKAGES = ["wick", "wick.compiler", "wick.compiler.models", "wick.compiler.targets",
+                 "wick.engine", "wick.native", "wick.server"]
 
 
 def static_packages() -> list[str]:

@@ -1,7 +1,7 @@
 /*
  * The runtime hooks of wick's CPU kernel sets, linked beside the kernels into each library:
- * natively into kernels.so (compiler/cpu_kernels.py, run by native/cpu_backend.py through
- * ctypes), and into kernels.wasm / kernels-threads.wasm (compiler/wasm_kernels.py, run by
+ * natively into kernels.so (compiler/targets/cpu.py, run by native/cpu_backend.py through
+ * ctypes), and into kernels.wasm / kernels-threads.wasm (compiler/targets/wasm.py, run by
  * web/src/wasm_executor.ts). TVM's LLVM code calls back into a runtime for three things, and
  * this file is that runtime, so a kernel set needs neither TVM's runtime nor anything but libc:
  *

@@ -169,7 +169,8 @@ def extract(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]],
         mod[fname] = mod[fname].with_attr("tir_var_upper_bound", bounds)
     with target:
         mod = relax_passes(target)(mod)
-    tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)})
+    tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                            if isinstance(f, tirx.PrimFunc)})
     for name, f in (extra_tir or {}).items():
         tir_mod[name] = f.with_attr("global_symbol", name)
     plans, param_specs = {}, {}
@@ -212,6 +213,10 @@ def merge(base: Lowered, other: Lowered, prefix: str) -> Lowered:
     the name of a function an earlier merge named apart that is the same in every set (decode1's
     CUDA attention is decode's), else ``prefix`` + its name. Each set joins its kernels its own
     way (the sets' ``merging``); the plans call the functions by their new names."""
+    for lowered in (base, other):  # (one plan: every set has the same functions)
+        named = {kind: set(s.names) for kind, s in lowered.sets.items()}
+        if len({frozenset(n) for n in named.values()}) > 1:
+            raise ValueError(f"the kernel sets lower different functions: {named}")
     joins = {kind: base.sets[kind].merging(other.sets[kind], prefix) for kind in base.sets}
     names: dict[str, str] = {}
     known = list(base.sets[next(iter(base.sets))].names)

@@ -1,7 +1,8 @@
 """The plan interpreter: turns one call of a compiled entry point into backend dispatches.
 
-The compiler (compiler/lower.py) exports each Relax function as an instruction list and each
-TIR function as its device launches; docs/artifact.md documents both. Here we evaluate them:
+The compiler exports each Relax function as an instruction list (compiler/lower.py) and, in
+the GPU kernel sets, each TIR function as its device launches (compiler/targets/,
+compiler/tir_lower.py); docs/artifact.md documents both. Here we evaluate them:
 bind the symbolic shape variables from the input tensors, place every intermediate tensor in its
 pre-planned storage, and emit one ``Dispatch`` per kernel launch with its uniform packed.
 

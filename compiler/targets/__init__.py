@@ -1,7 +1,7 @@
 """The kernel sets, one module per target, over the plans' target-neutral TIR functions
 (compiler/lower.py extracts them).
 
-Every target module has the same parts:
+Every lowering target (``targets()``) has the same parts:
 
 * ``KIND``: the lowered set's name (the twin maps' key: compiler/compile.py ``kernel_twins``);
 * ``lower(tir_mod, schedule, twins) -> set``: the TIR functions in that target's form, each
@@ -12,7 +12,8 @@ Every target module has the same parts:
 * ``build(set) -> {kind: BuiltSet}``: the kernel set(s) as the artifact stores them.
 
 The WebAssembly sets build from the CPU's lowered set (the same functions for another LLVM
-target): ``BUILDERS`` says which lowered set each build reads. A new target is one module here
+target): ``wasm.py`` has only ``build``, and ``builders()`` says which lowered set each build
+reads. A new target is one module here
 and one line in each table. (The target modules are imported when asked for: this package is
 also read where TVM is not installed, for ``built``.)
 """

@@ -1,16 +1,16 @@
 """The CUDA kernel set: the plans' TIR functions scheduled and lowered by TVM for CUDA.
 
-The same unscheduled TIR functions as the WebGPU set (compiler/targets/webgpu.py), scheduled by the same
-dlight rules for a CUDA target (TVM tiles them for 1024-thread blocks and 32-lane warps), and
-lowered the same way: each function's host part becomes launches read as data, its device parts
-become CUDA C. Every kernel goes into one source file, ``kernels/cuda/kernels.cu``, which the
+The same unscheduled TIR functions as the WebGPU set (compiler/targets/webgpu.py), scheduled by
+the same dlight rules for a CUDA target (TVM tiles them for 1024-thread blocks and 32-lane warps),
+and lowered the same way: each function's host part becomes launches read as data, its device
+parts become CUDA C. Every kernel goes into one source file, ``kernels/cuda/kernels.cu``, which the
 CUDA backend (native/cuda_backend.py) compiles with NVRTC once, at load, for the GPU it finds.
 So the artifact holds source, not a binary: one file serves every NVIDIA GPU from ``CUDA_ARCH``
 on, and nothing here needs a GPU or a CUDA toolkit.
 
-The manifest's ``kernel_sets.cuda`` entry holds what the engine needs to launch them: each kernel's
-scalar parameters, thread block and dynamic shared memory, and the TIR functions' launches
-(the WebGPU set's format, docs/artifact.md). Kernels whose GPU form differs by target
+The manifest's ``kernel_sets.cuda`` entry holds what the engine needs to launch them: each
+kernel's scalar parameters, thread block and dynamic shared memory, and the TIR functions'
+launches (the WebGPU set's format, docs/artifact.md). Kernels whose GPU form differs by target
 (attention's tiles) are rebuilt for CUDA (the twin map's ``"cuda"`` part: compiler/compile.py
 ``kernel_twins``); the decode plans' dequantize-GEMVs take compiler/cuda_gemv.py's schedule, the
 rest dlight's.

@@ -52,8 +52,8 @@ class WebGPUSet:
 
 
 def lower(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc]) -> WebGPUSet:
-    """``tir_mod``'s functions scheduled by ``schedule_rules(schedule)`` and lowered to WGSL.
-    (The TIR is written for WebGPU: no function has a twin here.)"""
+    """``tir_mod``'s functions (``twins`` replacing theirs, as for every target: none today, the
+    TIR being written for WebGPU) scheduled by ``schedule_rules(schedule)``, lowered to WGSL."""
     from tvm.s_tir import dlight as dl
 
     target = webgpu_target()
@@ -101,9 +101,10 @@ class _Merge:
             if name not in self.kernels:
                 self.kernels[name] = Kernel(name, k.wgsl, k.scalar_dtypes, k.storage_access,
                                             k.entry_point)
-        self.theirs = {name: TirFunction(name, f.params, [{**launch, "kernel": renamed[launch["kernel"]]}
-                                                          for launch in f.launches])
-                       for name, f in other.tir_functions.items()}
+        self.theirs = {
+            name: TirFunction(name, f.params, [{**launch, "kernel": renamed[launch["kernel"]]}
+                                               for launch in f.launches])
+            for name, f in other.tir_functions.items()}
         self.functions = dict(base.tir_functions)
 
     def same(self, mine: str, theirs: str) -> bool:

@@ -69,3 +69,12 @@ def test_a_function_keeps_its_name_only_where_every_set_agrees():
     out = merge(out, decode1, prefix="decode1_")
     assert calls(out, "decode1") == ["decode_attn", "decode1_head"]
     assert set(out.plans) == {"forward", "decode", "decode1"}
+
+
+def test_sets_that_lower_different_functions_are_refused():
+    """One plan calls a function by one name in every set: a set missing one is a compiler bug,
+    said at once rather than a plan calling what a set lacks."""
+    good = lowered("forward", {"norm": 1}, {"norm": 1})
+    odd = lowered("decode", {"norm": 1, "rope": 2}, {"norm": 1})
+    with pytest.raises(ValueError, match="lower different functions"):
+        merge(good, odd, prefix="decode_")

@@ -1,4 +1,4 @@
-// Calls one function of a wick WebAssembly kernel module (compiler/wasm_kernels.py) under
+// Calls one function of a wick WebAssembly kernel module (compiler/targets/wasm.py) under
 // node, for the tests: `node wasm_call.mjs kernels.wasm spec.json`, where spec.json is
 // {"function": name, "repeat": n, "args": [{"file", "dtype_word", "shape"}...]}. Each argument's
 // bytes are read from its file, and written back to it after the call (outputs included);
