@@ -39,6 +39,7 @@ export interface FileSpec { file: string; sha256: string; nbytes?: number }
 
 export interface LoadStats {
   shardRequests: number; // shards downloaded (not from the cache) by this load
+  shardsFetchedAhead: number; // shards whose fetch `prefetch` began before the engine asked
   shardsFromCache: number;
   shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
   resumedRequests: number; // Range requests that continued a cut-off download
@@ -46,7 +47,8 @@ export interface LoadStats {
 }
 
 export const newStats = (): LoadStats => ({
-  shardRequests: 0, shardsFromCache: 0, shardsRefetched: 0, resumedRequests: 0, cacheError: null,
+  shardRequests: 0, shardsFetchedAhead: 0, shardsFromCache: 0, shardsRefetched: 0, resumedRequests: 0,
+  cacheError: null,
 });
 
 export async function sha256Hex(data: Uint8Array | ArrayBuffer): Promise<string> {
@@ -204,6 +206,7 @@ export class ArtifactLoader {
     const early = shard ? this.ahead.get(spec.file) : undefined;
     if (early) {
       this.ahead.delete(spec.file);
+      this.stats.shardsFetchedAhead++;
       return early;
     }
     return this.fetchFile(spec, shard);

@@ -55,6 +55,9 @@ export interface EngineInfo {
   threads: number; // CPU threads of the wasm kernels (1: not cross-origin isolated); 0 on WebGPU
   features: string[];
   shardRequests: number; // shards fetched over the network by this load
+  // shards whose fetch began as soon as the manifest was read (while Python boots), not when
+  // the engine asked for them
+  shardsFetchedAhead: number;
   shardsFromCache: number;
   shardsRefetched: number; // cached shards that failed sha256 and were downloaded again
   resumedRequests: number; // Range requests that continued a cut-off download
