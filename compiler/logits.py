@@ -42,7 +42,9 @@ from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
 from ..engine.batch import MAX_TOP_LOGPROBS
+from .kernel_memo import built_once
 from .sampling import INT_MAX, NUM_THREADS, argmax_tree, tree_sum
+
 MASKED = -3.0e38
 PROCESS_PARAM_ORDER = ("logits", "mask", "mask_on", "indptr", "tokens", "rep", "add", "out")
 LOGPROBS_PARAM_ORDER = ("logits", "token", "num_top", "logprob", "top_ids")
@@ -52,6 +54,7 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
+@built_once
 def process_logits_prim_func(vocab_size: int) -> PrimFunc:
     V = int(vocab_size)
     W = bitmask_words(V)
@@ -97,6 +100,7 @@ def process_logits_prim_func(vocab_size: int) -> PrimFunc:
     return apply_logit_rules.with_attr("global_symbol", "apply_logit_rules")
 
 
+@built_once
 def logprobs_prim_func(vocab_size: int) -> PrimFunc:
     V = int(vocab_size)
     K = MAX_TOP_LOGPROBS
@@ -189,6 +193,7 @@ def logprobs_prim_func(vocab_size: int) -> PrimFunc:
 # a row everything is serial.
 
 
+@built_once
 def process_logits_prim_func_cpu(vocab_size: int) -> PrimFunc:
     """``apply_logit_rules`` for LLVM CPU targets: the dense mask copy, then the sparse entries
     in order (a later entry for the same token wins, as on the GPU). One difference: an entry
@@ -242,6 +247,7 @@ def process_logits_prim_func_cpu(vocab_size: int) -> PrimFunc:
     return apply_logit_rules.with_attr("global_symbol", "apply_logit_rules")
 
 
+@built_once
 def logprobs_prim_func_cpu(vocab_size: int) -> PrimFunc:
     """``token_logprobs`` for LLVM CPU targets, the GPU kernel's outputs:
 

@@ -53,6 +53,8 @@ from __future__ import annotations
 from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
+from .kernel_memo import built_once
+
 NUM_THREADS = 256
 GREEDY_EPS = 1e-5
 # bisection steps on the bit pattern: hi - lo starts at 0x3F800001 - 0 < 2**30
@@ -101,6 +103,7 @@ def argmax_tree(tx, red_f, red_i, red_f2, red_i2):
     T.tvm_storage_sync("shared")
 
 
+@built_once
 def sampling_prim_func(vocab_size: int, logits_dtype: str = "float32") -> PrimFunc:
     """The ``sample_token`` PrimFunc for a fixed vocabulary size (see the module docstring)."""
     if logits_dtype not in ("float32", "float16"):
@@ -323,6 +326,7 @@ def _key_float(key):
     return T.reinterpret("float32", T.if_then_else(key >= 0, key, T.bitwise_xor(key, 0x7FFFFFFF)))
 
 
+@built_once
 def sampling_prim_func_cpu(vocab_size: int, logits_dtype: str = "float32") -> PrimFunc:
     """``sample_token`` for LLVM CPU targets: the GPU kernel's parameters and rule (see above).
 

@@ -74,6 +74,7 @@ import math
 from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
+from ..kernel_memo import built_once
 from .kv_layout import PAGE_SIZE
 from .window_attention import kernel_name
 
@@ -91,6 +92,7 @@ def _lanes(d: int) -> int:
     return 1
 
 
+@built_once
 def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                             scale: float, window: int | None = None,
                             softcap: float | None = None,

@@ -22,7 +22,10 @@ from tvm import tirx
 from tvm.relax.frontend.nn.llm.position_embedding import switch_rope_freq_func
 from tvm.script import tirx as T
 
+from ..kernel_memo import built_once
 
+
+@built_once
 def cpu_rope_prim_func(theta: float, position_scale: float, head_dim: int, num_q_heads: int,
                        num_kv_heads: int, dtype: str, rope_scaling: dict[str, Any],
                        rotary_dim: int | None = None) -> tirx.PrimFunc:

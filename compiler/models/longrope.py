@@ -27,6 +27,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
+from ..kernel_memo import built_once
 from ..model_config import UnsupportedConfig
 
 
@@ -68,6 +69,7 @@ def _lookup(index: tirx.PrimExpr, values: np.ndarray, lo: int = 0, hi: int | Non
     return tirx.Select(index < mid, _lookup(index, values, lo, mid), _lookup(index, values, mid, hi))
 
 
+@built_once
 def longrope_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                        theta: float, rotary_dim: int, scaling: dict[str, Any]) -> PrimFunc:
     HQ, HKV, D, R = int(num_q_heads), int(num_kv_heads), int(head_dim), int(rotary_dim)

@@ -21,11 +21,15 @@ from typing import Any
 from tvm import tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
-from tvm.relax.frontend.nn.llm._page_kernels import _kv_cache_transpose_append
-from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill
-from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
+from tvm.relax.frontend.nn.llm import _page_kernels, _prefill_kernels, position_embedding
 
+from ..kernel_memo import built_once
 from .kv_layout import PAGE_SIZE
+
+# TVM's kernels, each built once per shape (compiler/kernel_memo.py)
+_kv_cache_transpose_append = built_once(_page_kernels._kv_cache_transpose_append)
+_attention_prefill = built_once(_prefill_kernels._attention_prefill)
+llama_rope_with_position_map = built_once(position_embedding.llama_rope_with_position_map)
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,14 @@ from __future__ import annotations
 from tvm.script import tirx as T
 from tvm.tirx import PrimFunc
 
+from ..kernel_memo import built_once
 from .kv_layout import PAGE_SIZE
 
 NT = 64  # threads per workgroup = keys per tile
 NEG_BIG = -3.0e38
 
 
+@built_once
 def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                                scale: float, window: int | None,
                                softcap: float | None, paged_signature: bool = False) -> PrimFunc:
@@ -179,6 +181,7 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
     return window_attention.with_attr("global_symbol", kernel_name(window, softcap))
 
 
+@built_once
 def paged_decode_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                            scale: float) -> PrimFunc:
     """This kernel (causal, no window or cap) with the parameters of TVM's
