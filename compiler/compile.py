@@ -28,7 +28,7 @@ from .artifact_writer import artifact_problems, build_lock, sweep_stale_builds, 
 from .cpu_schedules import WIDE_BATCHES
 from .embedding_files import special_tokens
 from .lower import lower, merge
-from .targets import build_all
+from .targets import build_all, chosen_kernel_sets, targets
 from .targets.cpu import CpuSet
 from .targets.cuda import cuda_target
 from .targets.webgpu import webgpu_target
@@ -132,14 +132,20 @@ def _sampler_module(vocab_size: int):
     return mod
 
 
-def kernel_twins(module, vocab_size: int | None, decode: bool = False) -> dict[str, dict]:
+def kernel_twins(module, vocab_size: int | None, decode: bool = False,
+                 kinds=("cpu", "cuda")) -> dict[str, dict]:
     """The one twin map: per kernel set (a target's KIND, compiler/targets/), TIR function name
     -> the function that set compiles in its place, same parameters. The CPU set (and the
     WebAssembly sets built from it) takes CPU twins of the GPU-only kernels (attention, RoPE,
     and, given the ``vocab_size`` of a sampler, sampling: compiler/models/paged_attention.py
     ``cpu_twins``, compiler/sampling.py, compiler/logits.py); the CUDA set its own attention
     tiles, and for ``decode`` plans wick's row-per-workgroup decode attention
-    (``gpu_twins``). WebGPU's are the plans' own functions."""
+    (``gpu_twins``). WebGPU's are the plans' own functions. Only ``kinds``' parts are built."""
+    twins = {}
+    if "cuda" in kinds:
+        twins["cuda"] = module.gpu_twins(cuda_target(), decode=decode)
+    if "cpu" not in kinds:
+        return twins
     cpu = dict(module.cpu_twins())
     if vocab_size is not None:
         from .logits import logprobs_prim_func_cpu, process_logits_prim_func_cpu
@@ -148,7 +154,7 @@ def kernel_twins(module, vocab_size: int | None, decode: bool = False) -> dict[s
         cpu.update({"sample_token": sampling_prim_func_cpu(vocab_size, "float32"),
                     "apply_logit_rules": process_logits_prim_func_cpu(vocab_size),
                     "token_logprobs": logprobs_prim_func_cpu(vocab_size)})
-    return {"cpu": cpu, "cuda": module.gpu_twins(cuda_target(), decode=decode)}
+    return {**twins, "cpu": cpu}
 
 
 _PART = re.compile(r"^(.*)\.parts\.(\d+)\.(weight|weight_q|bias)$")
@@ -414,36 +420,40 @@ def build_module(family, cfg, quant: Quantization, max_param_bytes: int,
 
 
 def lower_module(module, modules, vocab_size: int, prefill_chunk_size: int, max_batch_size: int,
-                 report: Progress, extra_tir: dict | None = None):
-    """Lower ``build_module``'s modules into every kernel set: the lowered plans, and each
-    kernel set as the artifact stores it (compiler/targets/ ``build_all``: ``write_artifact``'s
-    ``kernel_sets``). ``extra_tir``: TIR functions to compile beside the plans' (called by
-    name)."""
+                 report: Progress, extra_tir: dict | None = None,
+                 chosen: tuple[str, ...] | None = None):
+    """Lower ``build_module``'s modules into the ``chosen`` kernel sets (compiler/targets/
+    KERNEL_SETS; every one for None): the lowered plans, and each kernel set as the artifact
+    stores it (compiler/targets/ ``build_all``: ``write_artifact``'s ``kernel_sets``).
+    ``extra_tir``: TIR functions to compile beside the plans' (called by name)."""
+    kinds = tuple(targets(chosen))
     report("lower (TVM)", 0, 3)
     bounds = {"n": prefill_chunk_size, "b": max_batch_size, "b1": max_batch_size + 1}
     if len(modules) == 1:  # an embedding model: its forward plan alone
         lowered = lower(modules[0], {"forward": bounds}, "prefill",
-                        kernel_twins(module, None), extra_tir=extra_tir)
-        # (its CPU kernels see batches of whole inputs only: cpu_schedules.WIDE_BATCHES)
-        lowered.sets["cpu"] = CpuSet({name: f.with_attr(WIDE_BATCHES, True)
-                                      for name, f in lowered.sets["cpu"].functions.items()})
+                        kernel_twins(module, None, kinds=kinds), extra_tir=extra_tir,
+                        chosen=chosen)
+        if "cpu" in lowered.sets:  # (its CPU kernels see batches of whole inputs only:
+            lowered.sets["cpu"] = CpuSet({name: f.with_attr(WIDE_BATCHES, True)  # WIDE_BATCHES)
+                                          for name, f in lowered.sets["cpu"].functions.items()})
         report("lower (TVM)", 3, 3)
-        return lowered, build_all(lowered.sets, report)
+        return lowered, build_all(lowered.sets, report, chosen)
     prefill_mod, decode_mod, decode1_mod = modules
     sampler_bounds = {"b": max_batch_size, "b1": max_batch_size + 1}
     lowered = lower(prefill_mod, {"forward": bounds, "sample": sampler_bounds,
                                   "process_logits": sampler_bounds, "logprobs": sampler_bounds},
-                    "prefill", kernel_twins(module, vocab_size), extra_tir=extra_tir)
+                    "prefill", kernel_twins(module, vocab_size, kinds=kinds), extra_tir=extra_tir,
+                    chosen=chosen)
     report("lower (TVM)", 1, 3)
-    decode_twins = kernel_twins(module, vocab_size, decode=True)
+    decode_twins = kernel_twins(module, vocab_size, decode=True, kinds=kinds)
     decode = lower(decode_mod, {"decode": {"b": max_batch_size, "b1": max_batch_size + 1}},
-                   "decode", decode_twins)
+                   "decode", decode_twins, chosen=chosen)
     lowered = merge(lowered, decode, prefix="decode_")
     report("lower (TVM)", 2, 3)
     lowered = merge(lowered, lower(decode1_mod, {"decode1": {"b": 1, "b1": 2}}, "decode1",
-                                   decode_twins), prefix="decode1_")
+                                   decode_twins, chosen=chosen), prefix="decode1_")
     report("lower (TVM)", 3, 3)
-    return lowered, build_all(lowered.sets, report)
+    return lowered, build_all(lowered.sets, report, chosen)
 
 
 def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict, source: dict,
@@ -483,6 +493,15 @@ def _fetched_from_hub(model: str):
     return fetched
 
 
+def kernel_set_choice(kernel_sets) -> tuple[str, ...] | None:
+    """A compile's ``kernel_sets`` as compiler/targets/ KERNEL_SETS names (None: every one),
+    or an error naming the unknown one."""
+    try:
+        return chosen_kernel_sets(kernel_sets)
+    except ValueError as e:
+        raise InvalidRequestError(str(e), param="kernel_sets", code="unknown_kernel_set") from None
+
+
 def compile_model(
     model: str,
     quantization: str | None,
@@ -495,11 +514,15 @@ def compile_model(
     shard_max_bytes: int = SHARD_MAX_BYTES,
     force: bool = False,
     progress: Progress | None = None,
+    kernel_sets=None,
 ) -> Path:
     """Compile ``model`` (built-in name, HF dir or .gguf) and return the artifact directory.
     ``quantization=None`` builds ``default_quantization(model)``.
     ``shard_max_bytes`` bounds the weight files (the unit a browser downloads, verifies and
-    caches)."""
+    caches). ``kernel_sets``: build only these (compiler/targets/ KERNEL_SETS: e.g. webgpu
+    and wasm for the browser alone; every one for None); a backend whose set is missing
+    refuses the artifact with an error that says so."""
+    chosen = kernel_set_choice(kernel_sets)
     from .sources import builtin_models, reading, resolve_source
 
     report = progress or (lambda stage, done, total: None)
@@ -524,6 +547,8 @@ def compile_model(
     options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
                "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes,
                "shard_max_bytes": shard_max_bytes}
+    if chosen is not None:  # (every set: the key artifacts compiled before had)
+        options["kernel_sets"] = list(chosen)
     key = cache_key(source_hash, quant.name, options)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.name).name.removesuffix(".gguf"))
     out = Path(output) if output else paths.artifacts_dir() / f"{slug}-{quant.name}-{key}"
@@ -556,8 +581,8 @@ def compile_model(
         with reading(source.path):
             _check_weights(named, converted, packing, max_param_bytes)
         report("build model", 1, 1)
-        lowered, kernel_sets = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
-                                          max_batch_size, report)
+        lowered, built_sets = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
+                                           max_batch_size, report, chosen=chosen)
         names = [name for name, _ in named]
         header = artifact_header(
             model_id=source.name, quant=quant, key=key,
@@ -571,4 +596,4 @@ def compile_model(
             source={"model": origin, "sha256": source_hash}, options=options)
         return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
                               num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
-                              shard_max_bytes=shard_max_bytes, kernel_sets=kernel_sets)
+                              shard_max_bytes=shard_max_bytes, kernel_sets=built_sets)

@@ -196,14 +196,16 @@ class Lowered:
 
 def lower(mod: tvm.IRModule, upper_bounds: dict[str, dict[str, int]], schedule: str = "prefill",
           twins: dict[str, dict[str, tirx.PrimFunc]] | None = None,
-          extra_tir: dict[str, tirx.PrimFunc] | None = None) -> Lowered:
-    """``extract`` a Relax module and lower its TIR functions for every target, scheduled as
-    ``schedule`` (``prefill``, ``decode``, ``decode1``: tir_lower.schedule_rules). ``twins``:
-    per target KIND, the functions that replace the plans' in that set (same name, same
-    parameters: compiler/compile.py ``kernel_twins``)."""
+          extra_tir: dict[str, tirx.PrimFunc] | None = None,
+          chosen: tuple[str, ...] | None = None) -> Lowered:
+    """``extract`` a Relax module and lower its TIR functions for every target the ``chosen``
+    kernel sets read (compiler/targets/ ``targets``; all for None), scheduled as ``schedule``
+    (``prefill``, ``decode``, ``decode1``: tir_lower.schedule_rules). ``twins``: per target
+    KIND, the functions that replace the plans' in that set (same name, same parameters:
+    compiler/compile.py ``kernel_twins``)."""
     ex = extract(mod, upper_bounds, extra_tir)
     sets = {kind: target.lower(ex.tir_mod, schedule, (twins or {}).get(kind, {}))
-            for kind, target in targets().items()}
+            for kind, target in targets(chosen).items()}
     return Lowered(ex.plans, ex.param_specs, sets)
 
 

@@ -135,14 +135,16 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
                       output: Path | None = None, context_window: int | None = None,
                       prefill_chunk_size: int = 256, max_batch_size: int = 32,
                       max_param_bytes: int | None = None, force: bool = False,
-                      progress=None) -> Path:
-    """Compile the model ``config`` describes, with weights generated at load."""
+                      progress=None, kernel_sets=None) -> Path:
+    """Compile the model ``config`` describes, with weights generated at load (only the
+    ``kernel_sets`` given, as compile_model)."""
     from .compile import (DEFAULT_QUANTIZATION, _model_section, _reusable, artifact_header,
-                          build_module, compiler_digest, lower_module)
+                          build_module, compiler_digest, kernel_set_choice, lower_module)
     from .models import family_for
     from .models.layers import MAX_BINDING_BYTES
 
     report = progress or (lambda stage, done, total: None)
+    chosen = kernel_set_choice(kernel_sets)
     hf, name = read_config(config)
     quant = get_quantization(quantization or DEFAULT_QUANTIZATION)
     family = family_for(hf["model_type"])
@@ -155,6 +157,8 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     options = {"context_window": context_window, "prefill_chunk_size": prefill_chunk_size,
                "max_batch_size": max_batch_size, "max_param_bytes": max_param_bytes,
                "synthetic": True}
+    if chosen is not None:
+        options["kernel_sets"] = list(chosen)
     key = hashlib.sha256(json.dumps([hf, quant.name, options, compiler_digest()],
                                     sort_keys=True).encode()).hexdigest()[:16]
     out = Path(output) if output else paths.artifacts_dir() / f"synthetic-{name}-{quant.name}-{key}"
@@ -166,9 +170,9 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     module, modules, named = build_module(family, cfg, quant, max_param_bytes)
     report("build model", 1, 1)
     dtypes = sorted({str(p.dtype) for _, p in named})
-    lowered, kernel_sets = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
-                                      max_batch_size, report,
-                                      extra_tir={FILL_PREFIX + d: fill_prim_func(d) for d in dtypes})
+    lowered, built_sets = lower_module(module, modules, cfg.vocab_size, prefill_chunk_size,
+                                       max_batch_size, report, chosen=chosen,
+                                       extra_tir={FILL_PREFIX + d: fill_prim_func(d) for d in dtypes})
     fills = {n: fill_spec(n, [int(d) for d in p.shape], quant) for n, p in named}
     im_end = 256 + SPECIALS.index("<|im_end|>")
     window = min(context_window or cfg.context_window, cfg.context_window)
@@ -184,4 +188,4 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     header["synthetic"] = {"fill_functions": {d: FILL_PREFIX + d for d in dtypes}}
     return write_artifact(out, header=header, lowered=lowered, params=(), fills=fills,
                           num_params=len(named), tokenizer_json=_tokenizer_json(),
-                          progress=progress, kernel_sets=kernel_sets)
+                          progress=progress, kernel_sets=built_sets)

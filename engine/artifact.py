@@ -102,7 +102,14 @@ class Artifact:
         if entry is None:
             what = {"cpu": "CPU", "cuda": "CUDA", "webgpu": "WebGPU", "wasm": "WebAssembly",
                     "wasm_threads": "WebAssembly"}.get(kind, kind)
-            raise ArtifactError(f"artifact {self.location or self.model_id} has no {what} kernels "
+            name = self.location or self.model_id
+            chosen = (self.manifest.get("compile_options") or {}).get("kernel_sets")
+            if chosen:  # (compiled with `--kernel-sets`: its own choice, not a stale artifact)
+                raise ArtifactError(
+                    f"artifact {name} has no {what} kernels: it was compiled with "
+                    f"--kernel-sets {','.join(chosen)}; compile it again without --kernel-sets "
+                    f"(or with {kind.split('_')[0]} among them)", code="kernel_set_missing")
+            raise ArtifactError(f"artifact {name} has no {what} kernels "
                                 "(compiled by an older wick, or without them): recompile it with "
                                 "`wick compile --force`", code="artifact_stale")
         return entry

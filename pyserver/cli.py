@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
+from ..compiler.targets import KERNEL_SETS
 from ..engine.errors import InvalidRequestError, WickError
 from ..engine.model_info import model_names
 from ..native.devices import DEVICE_HELP, DEVICES
@@ -60,6 +61,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             args.model, args.quantization, output=args.output,
             context_window=args.context_window, prefill_chunk_size=args.prefill_chunk_size,
             max_batch_size=args.max_batch_size, force=args.force, progress=bars,
+            kernel_sets=args.kernel_sets,
         )
     finally:
         bars.close()
@@ -300,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=_positive_int, default=32,
                    help="max sequences per step (default 32)")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument("--kernel-sets", metavar="SETS",
+                   help=f"build only these kernel sets, comma-separated, of {','.join(KERNEL_SETS)}"
+                        " (default: all; e.g. webgpu,wasm for browsers alone, cpu for this "
+                        "machine's CPU); a backend without its set refuses the artifact")
     p.add_argument("--synthetic", action="store_true",
                    help="MODEL is an HF config.json (or a directory holding one): compile its "
                         "shapes with weights generated on the device at load, for benchmarks "

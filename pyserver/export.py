@@ -69,6 +69,11 @@ def browser_files(manifest: dict) -> list[str]:
     """The files of an artifact the browser engine reads (relative paths), manifest first."""
     files = [MANIFEST_NAME, manifest["tokenizer"]["file"]]
     sets = manifest["kernel_sets"]
+    if not any(kind in sets for kind in BROWSER_KERNELS):
+        raise ExportError(f"{manifest['model_id']} ({manifest['quantization']}) was compiled "
+                          f"with --kernel-sets {','.join(sets)}: a browser runs webgpu or wasm; "
+                          "compile it with those (or without --kernel-sets)", status=400,
+                          code="kernel_set_missing")
     files += [f["file"] for kind in BROWSER_KERNELS if kind in sets for f in kernel_files(sets[kind])]
     files += [s["file"] for s in manifest["shards"]]
     return files

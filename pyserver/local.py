@@ -145,8 +145,15 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
     try:
         return _core_for(art, backend, **options), Path(art.location)
     except (ArtifactError, DeviceError) as err:
+        missing = isinstance(err, ArtifactError) and err.code == "kernel_set_missing"
+        if chosen and missing and backend.kind != "cpu" and "cpu" in art.manifest["kernel_sets"]:
+            # "auto" picked a GPU and the artifact was compiled for this machine's CPU only
+            backend.close()
+            return load_local(model, quantization=quantization, device="cpu",
+                              kv_cache_bytes=kv_cache_bytes, progress=progress,
+                              **core_options)
         if chosen and backend.kind == "cuda" and (
-                isinstance(err, DeviceError) or err.code == "artifact_stale"):
+                isinstance(err, DeviceError) or missing or err.code == "artifact_stale"):
             # "auto" picked CUDA and it cannot run this model here (an older GPU, an NVRTC
             # without this GPU's architecture, an artifact without CUDA kernels): the next
             # device "auto" would pick does

@@ -115,15 +115,21 @@ def tiny_long_artifact(tmp_path_factory, compiled) -> Path:
 
 @pytest.fixture(scope="session")
 def compiled():
-    """compiled(model, quantization, **options) -> artifact dir, cached for the session."""
+    """compiled(model, quantization, kernel_sets=None, **options) -> artifact dir, cached for
+    the session; ``kernel_sets`` as compile_model's (None: every one). An artifact compiled
+    with more sets (same options) serves a request for fewer."""
     from wick.compiler.compile import compile_model
 
-    cache: dict = {}
+    cache: dict = {}  # (model, quantization, options) -> [(its kernel sets or None, dir)]
 
-    def get(model: str, quantization: str, **options) -> Path:
+    def get(model: str, quantization: str, kernel_sets=None, **options) -> Path:
         key = (str(model), quantization, tuple(sorted(options.items())))
-        if key not in cache:
-            cache[key] = compile_model(str(model), quantization, **options)
-        return cache[key]
+        want = None if kernel_sets is None else set(kernel_sets)
+        for have, art_dir in cache.get(key, []):
+            if have is None or (want is not None and want <= have):
+                return art_dir
+        art_dir = compile_model(str(model), quantization, kernel_sets=kernel_sets, **options)
+        cache.setdefault(key, []).append((want, art_dir))
+        return art_dir
 
     return get

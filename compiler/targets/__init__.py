@@ -26,38 +26,65 @@ from typing import Callable
 from .built import BuiltSet
 
 
-def targets() -> dict:
-    """The lowering targets by their KIND, in the order the artifact lists their sets."""
+# What a compile may be asked to build (``wick compile --kernel-sets``; every one by default):
+# each names one build of ``builders()`` ("wasm" builds both WebAssembly modules).
+KERNEL_SETS = ("webgpu", "cpu", "wasm", "cuda")
+
+
+def chosen_kernel_sets(names) -> tuple[str, ...] | None:
+    """``names`` (an iterable, or a comma-separated string) as KERNEL_SETS' names in their
+    order; None (every set) for None or all of them. A ValueError names an unknown one."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = [n for n in names.replace(" ", "").split(",") if n]
+    unknown = sorted(set(names) - set(KERNEL_SETS))
+    if unknown or not names:
+        raise ValueError(f"unknown kernel set {', '.join(unknown) or '(none given)'}: choose "
+                         f"from {', '.join(KERNEL_SETS)} (comma-separated)")
+    chosen = tuple(n for n in KERNEL_SETS if n in names)
+    return None if chosen == KERNEL_SETS else chosen
+
+
+def targets(chosen: tuple[str, ...] | None = None) -> dict:
+    """The lowering targets by their KIND, in the order the artifact lists their sets: those
+    the ``chosen`` builds read (every one for None)."""
     from . import cpu, cuda, webgpu
 
-    return {m.KIND: m for m in (webgpu, cpu, cuda)}
+    reads = {read for _, read, _, _ in builders(chosen)}
+    return {m.KIND: m for m in (webgpu, cpu, cuda) if m.KIND in reads}
 
 
-def builders() -> list[tuple[str, Callable, bool]]:
-    """(the lowered set it reads, build, heavy: an LLVM build worth a thread of its own), in
-    the order the artifact lists the sets."""
+def builders(chosen: tuple[str, ...] | None = None) -> list[tuple[str, str, Callable, bool]]:
+    """(its KERNEL_SETS name, the lowered set it reads, build, heavy: an LLVM build worth a
+    thread of its own), in the order the artifact lists the sets: the ``chosen`` ones (every
+    one for None)."""
     from . import cpu, cuda, wasm, webgpu
 
-    return [(webgpu.KIND, webgpu.build, False), (cpu.KIND, cpu.build, True),
-            (cpu.KIND, wasm.build, True), (cuda.KIND, cuda.build, False)]
+    every = [("webgpu", webgpu.KIND, webgpu.build, False), ("cpu", cpu.KIND, cpu.build, True),
+             ("wasm", cpu.KIND, wasm.build, True), ("cuda", cuda.KIND, cuda.build, False)]
+    return [job for job in every if chosen is None or job[0] in chosen]
 
 
 Progress = Callable[[str, int, int], None]
 
 
-def build_all(sets: dict, report: Progress) -> dict[str, BuiltSet]:
-    """Every kernel set of the lowered ``sets``. The LLVM builds (CPU, WebAssembly) run on two
-    threads: TVM's build and the linkers release the GIL, so a 2-core machine compiles a model's
-    kernels in ~60 % of the time; the bytes are the same as built one after the other (tested)."""
-    jobs = builders()
+def build_all(sets: dict, report: Progress,
+              chosen: tuple[str, ...] | None = None) -> dict[str, BuiltSet]:
+    """The ``chosen`` kernel sets (every one for None) of the lowered ``sets``. The LLVM builds
+    (CPU, WebAssembly) run on two threads: TVM's build and the linkers release the GIL, so a
+    2-core machine compiles a model's kernels in ~60 % of the time; the bytes are the same as
+    built one after the other (tested)."""
+    jobs = [(read, build, heavy) for _, read, build, heavy in builders(chosen)]
     heavy = [(i, read, build) for i, (read, build, big) in enumerate(jobs) if big]
     done: dict[int, dict[str, BuiltSet]] = {}
-    report("compile CPU kernels", 0, len(heavy))
-    with ThreadPoolExecutor(len(heavy), thread_name_prefix="wick-kernels") as pool:
-        futures = {pool.submit(build, sets[read]): i for i, read, build in heavy}
-        for finished, future in enumerate(as_completed(futures), 1):
-            done[futures[future]] = future.result()
-            report("compile CPU kernels", finished, len(heavy))
+    if heavy:
+        report("compile CPU kernels", 0, len(heavy))
+        with ThreadPoolExecutor(len(heavy), thread_name_prefix="wick-kernels") as pool:
+            futures = {pool.submit(build, sets[read]): i for i, read, build in heavy}
+            for finished, future in enumerate(as_completed(futures), 1):
+                done[futures[future]] = future.result()
+                report("compile CPU kernels", finished, len(heavy))
     for i, (read, build, big) in enumerate(jobs):
         if not big:
             done[i] = build(sets[read])

@@ -8,6 +8,10 @@ import pytest
 from tests.e2e.helpers import SMOLLM2, load_hf, make_core
 
 TINY_OPTIONS = {"prefill_chunk_size": 128, "max_batch_size": 8}
+# the kernel set lavapipe runs (make_core's default backend): what an artifact no other test
+# runs elsewhere is compiled with (without the CPU's and WebAssembly's LLVM builds and CUDA's
+# lowering, a tiny model compiles in half the time)
+WEBGPU_ONLY = ("webgpu",)
 
 
 @pytest.fixture(scope="session")

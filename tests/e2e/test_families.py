@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import TINY_OPTIONS
+from tests.e2e.conftest import TINY_OPTIONS, WEBGPU_ONLY
 from tests.e2e.family_models import (
     EVERY_LAYER_WINDOWED,
     FAMILIES,
@@ -52,7 +52,7 @@ def family(request, tmp_path_factory, compiled, backend):
         art_dir = request.getfixturevalue("compiled_from_hub")(name)
     else:
         path = family_model(tmp_path_factory.mktemp(f"tiny-{name}"), name)
-        art_dir = compiled(path, "q0f32", **TINY_OPTIONS)
+        art_dir = compiled(path, "q0f32", kernel_sets=("webgpu", "cuda"), **TINY_OPTIONS)
     return name, make_core(art_dir, num_pages=64), load_hf(path), art_dir, path
 
 
@@ -137,9 +137,10 @@ def test_f16_variant_within_f16_tolerance(family, compiled, backend):
         from wick.compiler.models.decoder import UnsupportedConfig
 
         with pytest.raises(UnsupportedConfig, match="q4f32_1"):
-            compiled(path, "q0f16", **TINY_OPTIONS)
+            compiled(path, "q0f16", kernel_sets=WEBGPU_ONLY, **TINY_OPTIONS)
         return
-    core16 = make_core(compiled(path, "q0f16", **TINY_OPTIONS), num_pages=16)
+    core16 = make_core(compiled(path, "q0f16", kernel_sets=WEBGPU_ONLY, **TINY_OPTIONS),
+                       num_pages=16)
     prompt = ids_of(33, 5)
     (got,) = prefill_logits(core16.runner, [prompt])
     ref = hf_logits(hf, prompt)[-1]
@@ -157,7 +158,8 @@ def test_qwen3_reasoning_is_split_from_content(tmp_path_factory, compiled):
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3-think"), "qwen3", seed=3,
                            extra_tokens=["<think>", "</think>"], chat_template=QWEN3_LIKE)
-    core = make_core(compiled(path, "q0f32", **TINY_OPTIONS), num_pages=32)
+    core = make_core(compiled(path, "q0f32", kernel_sets=WEBGPU_ONLY, **TINY_OPTIONS),
+                     num_pages=32)
     api = EngineAPI(core)
     shape = {"type": "grammar", "grammar":
              'root ::= "<think>" [a-z] [a-z] [a-z] "</think>\\n\\n" [a-z] [a-z] [a-z] [a-z]'}
@@ -210,7 +212,8 @@ def test_linear_rope_scaling_matches_transformers(tmp_path_factory, compiled):
     scaling = {"rope_type": "linear", "factor": 4.0}
     path = make_tiny_model(tmp_path_factory.mktemp("tiny-linear-rope"), "llama", seed=5,
                            rope_scaling=scaling)
-    core = make_core(compiled(path, "q0f32", **TINY_OPTIONS), num_pages=16)
+    core = make_core(compiled(path, "q0f32", kernel_sets=WEBGPU_ONLY, **TINY_OPTIONS),
+                     num_pages=16)
     hf = load_hf(path)
     prompt = ids_of(40, 6)
     (logits,) = prefill_logits(core.runner, [prompt])
@@ -234,7 +237,7 @@ def test_gguf_architecture_matches_transformers(arch, request, tmp_path_factory,
         art_dir = request.getfixturevalue("compiled_from_hub")(f"gguf:{arch}")
     else:
         hf_dir, gguf_file = gguf_case(tmp_path_factory.mktemp(f"tiny-{arch}-gguf"), arch)
-        art_dir = compiled(gguf_file, "q0f32", **TINY_OPTIONS)
+        art_dir = compiled(gguf_file, "q0f32", kernel_sets=WEBGPU_ONLY, **TINY_OPTIONS)
     assert load_artifact(art_dir).model["family"] == family_name
     core = make_core(art_dir, num_pages=32)
     hf = load_hf(hf_dir)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import TINY_OPTIONS
+from tests.e2e.conftest import TINY_OPTIONS, WEBGPU_ONLY
 from tests.e2e.helpers import (
     ids_of,
     SMOLLM2,
@@ -127,7 +127,9 @@ def test_q4_perplexity_within_10_percent_of_q0f32(quant, smollm2_core, quantized
 def tiny_q4(request, tiny_llama_dir, tiny_hf, compiled, backend):
     """(core, transformers with the artifact's dequantized weights, artifact) of a packed
     f32 variant (the name is historical: 4- and 8-bit)."""
-    art_dir = compiled(tiny_llama_dir, request.param, **TINY_OPTIONS)
+    shared = request.param == "q4f32_1"  # (the CPU and sharing tests' too: every set)
+    art_dir = compiled(tiny_llama_dir, request.param, kernel_sets=None if shared else WEBGPU_ONLY,
+                       **TINY_OPTIONS)
     art = load_artifact(art_dir)
     return make_core(art_dir, num_pages=64), hf_model_from_artifact(art, tiny_hf), art
 
@@ -181,7 +183,9 @@ def test_tiny_f16_variants_track_their_reference(quant, tiny_llama_dir, tiny_hf,
     logits reach ~5) of transformers float32 holding the artifact's weights."""
     if "shader-f16" not in backend.features:
         pytest.skip("device lacks shader-f16")
-    art_dir = compiled(tiny_llama_dir, quant, **TINY_OPTIONS)
+    shared = quant == "q4f16_1"  # (the CPU backend's tests' too: every set)
+    art_dir = compiled(tiny_llama_dir, quant, kernel_sets=None if shared else WEBGPU_ONLY,
+                       **TINY_OPTIONS)
     art = load_artifact(art_dir)
     assert art.required_features == ["shader-f16"]
     core = make_core(art_dir, num_pages=64)
@@ -212,7 +216,7 @@ def test_a_mixed_gguf_is_kept_exactly_by_q4f32_m(tmp_path_factory, compiled):
     hf_dir = make_tiny_model(tmp_path_factory.mktemp("tiny-mixed"), "llama", seed=31,
                              merges=[("\u0120", "\u0120")])
     gguf_file = write_gguf(hf_dir, hf_dir / "tiny-mixed.gguf", "llama", types=MIXED_TYPES)
-    art_dir = compiled(gguf_file, "q4f32_m", **TINY_OPTIONS)
+    art_dir = compiled(gguf_file, "q4f32_m", kernel_sets=("webgpu", "cpu"), **TINY_OPTIONS)
     art = load_artifact(art_dir)
     assert art.quantization == "q4f32_m"
     bits = {p.name.removesuffix(".weight_q"): 32 * p.shape[1] // (128 if "down" in p.name else 64)

@@ -49,7 +49,7 @@ def qwen_core(compiled):
 
     def get(quant: str):
         if quant not in cores:
-            art_dir = compiled(QWEN, quant, context_window=2048)
+            art_dir = compiled(QWEN, quant, context_window=2048, kernel_sets=("cpu",))
             pages = kv_pages_for(load_artifact(art_dir).manifest, DEFAULT_KV_BUDGET,
                                  cpu.max_storage_binding)
             cores[quant] = make_core(art_dir, cpu, num_pages=min(pages, 64))

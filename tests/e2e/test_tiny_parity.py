@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import TINY_OPTIONS
+from tests.e2e.conftest import TINY_OPTIONS, WEBGPU_ONLY
 from tests.e2e.helpers import (
     ids_of,
     decode_logits,
@@ -34,7 +34,8 @@ def variant(request, compiled, backend):
         "untied-2L": "tiny_llama_dir", "tied-2L": "tiny_tied_dir", "untied-6L": "tiny_deep_dir",
     }[request.param]
     path = request.getfixturevalue(directory)
-    art_dir = compiled(path, "q0f32", **TINY_OPTIONS)
+    shared = request.param == "untied-2L"  # (the session's tiny model: every set)
+    art_dir = compiled(path, "q0f32", kernel_sets=None if shared else WEBGPU_ONLY, **TINY_OPTIONS)
     if request.param == "untied-2L":  # the session's shared core and reference
         core = request.getfixturevalue("tiny_core")
         hf = request.getfixturevalue("tiny_hf")
