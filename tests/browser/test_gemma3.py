@@ -18,7 +18,9 @@ N = 2
 
 @pytest.fixture(scope="module")
 def gemma_artifact(compiled):
-    return compiled("gemma-3-270m", "q4f32_m", context_window=1024)  # (the native tests' artifact)
+    # (the native tests' artifact: they run its WebGPU set on lavapipe, this one its wasm set)
+    return compiled("gemma-3-270m", "q4f32_m", context_window=1024,
+                    kernel_sets=("webgpu", "wasm"))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import TINY_OPTIONS
+from tests.e2e.conftest import TINY_OPTIONS, WEBGPU_ONLY
 from tests.e2e.helpers import hf_logits, make_core, prefill_logits
 
 
@@ -52,5 +52,6 @@ def test_second_artifact_on_a_shared_backend_leaves_the_first_intact(
     if second == "q4-variant":
         make_core(compiled(tiny_llama_dir, "q4f32_1", **TINY_OPTIONS), shared)
     else:
-        make_core(compiled(make_wide_tiny_llama(tmp_path), "q0f32", **TINY_OPTIONS), shared)
+        make_core(compiled(make_wide_tiny_llama(tmp_path), "q0f32", kernel_sets=WEBGPU_ONLY,
+                           **TINY_OPTIONS), shared)
     assert np.abs(prefill_logits(first.runner, [prompt])[0] - want).max() < 1e-3

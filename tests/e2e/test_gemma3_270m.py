@@ -47,7 +47,8 @@ def gemma_hf(gemma_path):
 
 @pytest.fixture(scope="module")
 def gemma_artifact(compiled):
-    return compiled(GEMMA, QUANT, context_window=1024)  # (the browser test's artifact)
+    # (the browser test's artifact: its WebAssembly set runs there, lavapipe the WebGPU one)
+    return compiled(GEMMA, QUANT, context_window=1024, kernel_sets=("webgpu", "wasm"))
 
 
 @pytest.fixture(scope="module")
