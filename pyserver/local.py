@@ -133,7 +133,7 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
     ``speculative`` (see ``EngineCore``)."""
     from ..native.devices import AUTO_WITHOUT_CUDA, create_backend
 
-    chosen = backend is None and (device or "auto").lower() == "auto"
+    chosen = backend is None and (device or "auto").lower() in ("auto", AUTO_WITHOUT_CUDA)
     backend = backend or create_backend(device)
     art = load_artifact(model, quantization, backend.features, progress,
                         backend.prefers_f32)
@@ -146,10 +146,13 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
         return _core_for(art, backend, **options), Path(art.location)
     except (ArtifactError, DeviceError) as err:
         missing = isinstance(err, ArtifactError) and err.code == "kernel_set_missing"
-        if chosen and missing and backend.kind != "cpu" and "cpu" in art.manifest["kernel_sets"]:
-            # "auto" picked a GPU and the artifact was compiled for this machine's CPU only
+        other = _device_with_a_set(backend.kind, art.manifest["kernel_sets"]) if missing else None
+        if chosen and other is not None:
+            # "auto" picked a device whose kernel set the artifact was compiled without
+            # (`wick compile --kernel-sets`): the CPU's set, or WebGPU's on any adapter
+            log.warning("%s; running it on device %r instead", err.message, other)
             backend.close()
-            return load_local(model, quantization=quantization, device="cpu",
+            return load_local(model, quantization=quantization, device=other,
                               kv_cache_bytes=kv_cache_bytes, progress=progress,
                               **core_options)
         if chosen and backend.kind == "cuda" and (
@@ -174,6 +177,17 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
         art = load_artifact(model, quantization, backend.features, progress,
                         backend.prefers_f32)
         return _core_for(art, backend, **options), Path(art.location)
+
+
+def _device_with_a_set(kind: str, sets: dict) -> str | None:
+    """The device ``"auto"`` turns to when the backend it picked (of ``kind``) has no kernel
+    set among an artifact's ``sets``: the CPU, else WebGPU on any adapter (lavapipe without
+    a GPU); None when neither is there (CUDA's own fallback comes first)."""
+    if kind != "cpu" and "cpu" in sets:
+        return "cpu"
+    if kind == "cpu" and "webgpu" in sets:
+        return "vulkan"
+    return None
 
 
 def _draft_artifact(model: str, spec: SpeculativeConfig, backend,

@@ -12,6 +12,7 @@ TINY_OPTIONS = {"prefill_chunk_size": 128, "max_batch_size": 8}
 # runs elsewhere is compiled with (without the CPU's and WebAssembly's LLVM builds and CUDA's
 # lowering, a tiny model compiles in half the time)
 WEBGPU_ONLY = ("webgpu",)
+CPU_ONLY = ("cpu",)  # (the CPU backend's: SmolLM2's 4-bit variants, Qwen2.5)
 
 
 @pytest.fixture(scope="session")

@@ -47,8 +47,9 @@ def gemma_hf(gemma_path):
 
 @pytest.fixture(scope="module")
 def gemma_artifact(compiled):
-    # (the browser test's artifact: its WebAssembly set runs there, lavapipe the WebGPU one)
-    return compiled(GEMMA, QUANT, context_window=1024, kernel_sets=("webgpu", "wasm"))
+    # (the browser test's artifact: lavapipe runs its WebGPU set here, the browser its
+    # WebAssembly set, and the browser test's native reference (device "auto") its CPU set)
+    return compiled(GEMMA, QUANT, context_window=1024, kernel_sets=("webgpu", "cpu", "wasm"))
 
 
 @pytest.fixture(scope="module")

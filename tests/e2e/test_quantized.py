@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import TINY_OPTIONS, WEBGPU_ONLY
+from tests.e2e.conftest import CPU_ONLY, TINY_OPTIONS, WEBGPU_ONLY
 from tests.e2e.helpers import (
     ids_of,
     SMOLLM2,
@@ -81,7 +81,8 @@ def quantized_core(compiled):
 
     def get(quant: str):
         if quant not in cores:
-            cores[quant] = make_core(compiled(SMOLLM2, quant), CpuBackend.create(), num_pages=160)
+            cores[quant] = make_core(compiled(SMOLLM2, quant, kernel_sets=CPU_ONLY),
+                                     CpuBackend.create(), num_pages=160)
         return cores[quant]
 
     return get
@@ -95,7 +96,8 @@ def test_q4_perplexity_equals_dequantized_reference(quant, quantized_core, smoll
     ppl, logits = wick_perplexity(core, text_ids)
     _ppl[quant] = ppl
     # transformers holding exactly the weights the artifact stores (q4 dequantized, float32)
-    ref_model = hf_model_from_artifact(load_artifact(compiled(SMOLLM2, quant)), smollm2_hf)
+    art = load_artifact(compiled(SMOLLM2, quant, kernel_sets=CPU_ONLY))
+    ref_model = hf_model_from_artifact(art, smollm2_hf)
     ref_logits = hf_logits(ref_model, text_ids)
     ref = perplexity(ref_logits, text_ids)
     diff = np.abs(logits - ref_logits).max()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.e2e.conftest import CPU_ONLY
 from tests.e2e.helpers import forward_plan_only, all_position_logits, hf_greedy, load_hf_gguf
 from tests.e2e.helpers import load_artifact, make_core, perplexity, record
 from tests.e2e.test_quantized import GENESIS
@@ -49,7 +50,7 @@ def qwen_core(compiled):
 
     def get(quant: str):
         if quant not in cores:
-            art_dir = compiled(QWEN, quant, context_window=2048, kernel_sets=("cpu",))
+            art_dir = compiled(QWEN, quant, context_window=2048, kernel_sets=CPU_ONLY)
             pages = kv_pages_for(load_artifact(art_dir).manifest, DEFAULT_KV_BUDGET,
                                  cpu.max_storage_binding)
             cores[quant] = make_core(art_dir, cpu, num_pages=min(pages, 64))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.conftest import CPU_ONLY
 from tests.e2e.helpers import SMOLLM2, make_core, record, sibling_core
 from wick.engine.api import EngineAPI
 
@@ -153,7 +154,7 @@ def test_a_4bit_twin_drafts_for_its_f32_model(base, compiled):
 
     from tests.e2e.helpers import load_artifact
 
-    art = load_artifact(compiled(SMOLLM2, "q4f32_1"))
+    art = load_artifact(compiled(SMOLLM2, "q4f32_1", kernel_sets=CPU_ONLY))  # (as test_quantized's)
     draft = DraftModel(Runner(art, base.runner.backend, num_pages=64),
                        ModelInfo.from_manifest(art.manifest), 64)
     steps = []  # the drafter's steps: (decode plan?, tokens, sampled rows)

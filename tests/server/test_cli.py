@@ -108,11 +108,11 @@ def test_compile_to_the_cache_then_list(tiny_llama_dir, wick_env):
 
 
 def test_compile_builds_only_the_kernel_sets_asked_for(tiny_llama_dir, wick_env, tmp_path):
-    """``--kernel-sets cpu``: the CPU's library alone; a backend without its set refuses the
-    artifact naming the option, and ``device="auto"`` runs it on the CPU instead."""
+    """``--kernel-sets webgpu``: the WGSL kernels alone; a backend without its set refuses the
+    artifact naming the option, and ``device="auto"`` (the CPU on a machine without a GPU)
+    runs it on WebGPU instead. An artifact without a browser set is not exported."""
     from tests.e2e.helpers import load_artifact
-    from wick.engine.errors import ArtifactError
-    from wick.engine.errors import WickError
+    from wick.engine.errors import ArtifactError, WickError
     from wick.server.export import browser_files
     from wick.server.local import load_local
 
@@ -120,22 +120,26 @@ def test_compile_builds_only_the_kernel_sets_asked_for(tiny_llama_dir, wick_env,
     assert bad.returncode != 0 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [
         "error: unknown kernel set metal: choose from webgpu, cpu, wasm, cuda (comma-separated)"]
-    out = tmp_path / "cpu-only"
-    result = wick(wick_env, "compile", str(tiny_llama_dir), "-q", "q0f32", "--kernel-sets", "cpu",
-                  "--prefill-chunk-size", "64", "--max-batch-size", "4", "--output", str(out))
-    assert result.returncode == 0, result.stderr
-    art = load_artifact(out)
-    assert set(art.manifest["kernel_sets"]) == {"cpu"}
-    assert sorted(p.parent.name for p in (out / "kernels").glob("*/*")) == ["cpu"]
+    small = ("-q", "q0f32", "--prefill-chunk-size", "64", "--max-batch-size", "4")
+    arts = {}
+    for sets in ("webgpu", "cuda"):
+        out = tmp_path / sets
+        result = wick(wick_env, "compile", str(tiny_llama_dir), *small, "--kernel-sets", sets,
+                      "--output", str(out))
+        assert result.returncode == 0, result.stderr
+        arts[sets] = art = load_artifact(out)
+        assert set(art.manifest["kernel_sets"]) == {sets}
+        assert [p.name for p in (out / "kernels").iterdir()] == [sets]
     with pytest.raises(ArtifactError) as e:
-        art.kernel_set("webgpu")
-    assert e.value.code == "kernel_set_missing" and "--kernel-sets cpu" in e.value.message
-    with pytest.raises(WickError, match="a browser runs webgpu or wasm") as e:
-        browser_files(art.manifest)  # (what `wick export` and the extension ship)
-    assert e.value.code == "kernel_set_missing" and e.value.status == 400
-    core, _ = load_local(str(out), device="auto", kv_cache_bytes=1 << 20)
-    assert core.runner.backend.kind == "cpu"
+        arts["webgpu"].kernel_set("cpu")
+    assert e.value.code == "kernel_set_missing" and "--kernel-sets webgpu" in e.value.message
+    core, _ = load_local(str(tmp_path / "webgpu"), device="auto", kv_cache_bytes=1 << 20)
+    assert core.runner.backend.kind == "webgpu"
     core.runner.backend.close()
+    assert browser_files(arts["webgpu"].manifest)  # (what `wick export` and the extension ship)
+    with pytest.raises(WickError, match="a browser runs webgpu or wasm") as e:
+        browser_files(arts["cuda"].manifest)
+    assert e.value.code == "kernel_set_missing" and e.value.status == 400
 
 
 def write_tiny_gguf(path: Path) -> bytes:
