@@ -39,7 +39,8 @@ class BrowserVariants:
         model = manifest["model_id"]
         source = (manifest.get("source") or {}).get("model")
         options = dict(manifest.get("compile_options") or {})
-        options.pop("kernel_sets", None)  # (every set: whatever the served one was built with)
+        if options.get("kernel_sets"):  # (compiled with a choice: the twin is for browsers)
+            options["kernel_sets"] = ["webgpu", "wasm"]
         self.host.set_preparing(model, twin, stage="waiting", done=0, total=1)
         thread = threading.Thread(target=self._build, args=(model, twin, source, options),
                                   name=f"wick-variant-{twin}", daemon=True)

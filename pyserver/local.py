@@ -182,7 +182,10 @@ def load_local(model: str, *, quantization: str | None = None, device: str = "au
 def _device_with_a_set(kind: str, sets: dict) -> str | None:
     """The device ``"auto"`` turns to when the backend it picked (of ``kind``) has no kernel
     set among an artifact's ``sets``: the CPU, else WebGPU on any adapter (lavapipe without
-    a GPU); None when neither is there (CUDA's own fallback comes first)."""
+    a GPU); None when neither is there, and for CUDA: its own fallback comes first (the
+    next device "auto" would pick: a real GPU through wgpu before the CPU)."""
+    if kind == "cuda":
+        return None
     if kind != "cpu" and "cpu" in sets:
         return "cpu"
     if kind == "cpu" and "webgpu" in sets:

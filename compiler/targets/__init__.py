@@ -14,7 +14,8 @@ Every lowering target (``targets()``) has the same parts:
 The WebAssembly sets build from the CPU's lowered set (the same functions for another LLVM
 target): ``wasm.py`` has only ``build``, and ``builders()`` says which lowered set each build
 reads. A new target is one module here
-and one line in each table. (The target modules are imported when asked for: this package is
+and one line in each table (and its name in KERNEL_SETS, what ``wick compile --kernel-sets``
+chooses from). (The target modules are imported when asked for: this package is
 also read where TVM is not installed, for ``built``.)
 """
 
@@ -36,12 +37,12 @@ def chosen_kernel_sets(names) -> tuple[str, ...] | None:
     order; None (every set) for None or all of them. A ValueError names an unknown one."""
     if names is None:
         return None
-    if isinstance(names, str):
-        names = [n for n in names.replace(" ", "").split(",") if n]
+    names = ([n for n in names.replace(" ", "").split(",") if n] if isinstance(names, str)
+             else list(names))
     unknown = sorted(set(names) - set(KERNEL_SETS))
     if unknown or not names:
-        raise ValueError(f"unknown kernel set {', '.join(unknown) or '(none given)'}: choose "
-                         f"from {', '.join(KERNEL_SETS)} (comma-separated)")
+        what = f"unknown kernel set {', '.join(unknown)}" if unknown else "no kernel set given"
+        raise ValueError(f"{what}: choose from {', '.join(KERNEL_SETS)} (comma-separated)")
     chosen = tuple(n for n in KERNEL_SETS if n in names)
     return None if chosen == KERNEL_SETS else chosen
 

@@ -78,3 +78,21 @@ def test_sets_that_lower_different_functions_are_refused():
     odd = lowered("decode", {"norm": 1, "rope": 2}, {"norm": 1})
     with pytest.raises(ValueError, match="lower different functions"):
         merge(good, odd, prefix="decode_")
+
+
+def test_a_kernel_set_choice_lowers_and_builds_only_what_it_names():
+    """``wick compile --kernel-sets``: the chosen builds, the lowerings they read (the
+    WebAssembly sets are built from the CPU's), in the artifact's order; all of them is None
+    (the default's cache key); an unknown or empty choice names what to choose from."""
+    from wick.compiler.targets import builders, chosen_kernel_sets, targets
+
+    assert chosen_kernel_sets("wasm, webgpu") == ("webgpu", "wasm")
+    assert chosen_kernel_sets(n for n in ["cuda", "cpu"]) == ("cpu", "cuda")
+    assert chosen_kernel_sets(["cuda", "wasm", "cpu", "webgpu"]) is None
+    assert list(targets(("webgpu", "wasm"))) == ["webgpu", "cpu"]
+    assert list(targets(("cuda",))) == ["cuda"]
+    assert [name for name, *_ in builders(("wasm", "webgpu"))] == ["webgpu", "wasm"]
+    assert [name for name, *_ in builders()] == ["webgpu", "cpu", "wasm", "cuda"]
+    for bad, said in (("cpu,metal", "unknown kernel set metal"), ("", "no kernel set given")):
+        with pytest.raises(ValueError, match=said + ": choose from webgpu, cpu, wasm, cuda"):
+            chosen_kernel_sets(bad)
