@@ -30,6 +30,7 @@ class BrowserVariants:
         """Start building the twin of the served artifact ``artifact_dir`` when it needs one;
         returns the thread building it (None: no twin needed)."""
         from ..compiler.quantization import f32_twin
+        from ..compiler.targets import BROWSER_KERNEL_SETS
         from ..engine.artifact import MANIFEST_NAME
 
         manifest = json.loads((Path(artifact_dir) / MANIFEST_NAME).read_text())
@@ -40,7 +41,7 @@ class BrowserVariants:
         source = (manifest.get("source") or {}).get("model")
         options = dict(manifest.get("compile_options") or {})
         if options.get("kernel_sets"):  # (compiled with a choice: the twin is for browsers)
-            options["kernel_sets"] = ["webgpu", "wasm"]
+            options["kernel_sets"] = list(BROWSER_KERNEL_SETS)
         self.host.set_preparing(model, twin, stage="waiting", done=0, total=1)
         thread = threading.Thread(target=self._build, args=(model, twin, source, options),
                                   name=f"wick-variant-{twin}", daemon=True)

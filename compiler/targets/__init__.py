@@ -30,6 +30,7 @@ from .built import BuiltSet
 # What a compile may be asked to build (``wick compile --kernel-sets``; every one by default):
 # each names one build of ``builders()`` ("wasm" builds both WebAssembly modules).
 KERNEL_SETS = ("webgpu", "cpu", "wasm", "cuda")
+BROWSER_KERNEL_SETS = ("webgpu", "wasm")  # what a browser engine runs
 
 
 def chosen_kernel_sets(names) -> tuple[str, ...] | None:

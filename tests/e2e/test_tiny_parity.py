@@ -36,7 +36,7 @@ def variant(request, compiled, backend):
     path = request.getfixturevalue(directory)
     shared = request.param == "untied-2L"  # (the session's tiny model: every set)
     art_dir = compiled(path, "q0f32", kernel_sets=None if shared else WEBGPU_ONLY, **TINY_OPTIONS)
-    if request.param == "untied-2L":  # the session's shared core and reference
+    if shared:  # the session's shared core and reference
         core = request.getfixturevalue("tiny_core")
         hf = request.getfixturevalue("tiny_hf")
     else:
