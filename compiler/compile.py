@@ -345,11 +345,12 @@ def family_of(model: str):
 
 @functools.lru_cache(maxsize=8)
 def _gguf_header_of(path: str, mtime_ns: int) -> tuple[str | None, bool]:
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
 
+    from .gguf_read import open_gguf
     from .quantization import ggml_bits
 
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     field = reader.fields.get("general.architecture")
     widths = {ggml_bits(GGMLQuantizationType(t.tensor_type).name) for t in reader.tensors}
     widths.discard(None)

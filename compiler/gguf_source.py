@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..engine.errors import WickError
+from .gguf_read import open_gguf
 from .tokenizer_build import BuiltTokenizer, build_from_gguf
 
 
@@ -75,7 +76,7 @@ class GGUFModel:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.reader = GGUFReader(self.path)
+        self.reader = open_gguf(self.path)
         self.meta: dict[str, Any] = {k: f.contents() for k, f in self.reader.fields.items()}
         self.arch = self.meta.get("general.architecture")
         from .models import GGUF_ARCHITECTURES, family_for_gguf
