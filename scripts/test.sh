@@ -17,4 +17,8 @@ fi
 bash scripts/setup.sh --test
 # every tool the suite drives is installed now: a test missing one fails instead of skipping
 export WICK_REQUIRE_TOOLS=1
-exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
+# two workers (pytest-xdist): compiles, references and browsers keep one core busy at a time
+# for much of the run; a module stays on one worker (tests/conftest.py). WICK_TEST_WORKERS=0:
+# one process.
+exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --durations=15 \
+  -n "${WICK_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -3,7 +3,10 @@ are cached there and reused by every test), a tiny random Llama built offline, t
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,52 @@ def wick_process_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+# ------------------------------------------------------------------ two workers (pytest-xdist)
+# scripts/test.sh runs the suite on two workers (`-n 2 --dist loadgroup`). A module's tests stay
+# on one worker (its module fixtures: one browser, one compile, one server); modules that start
+# Ray share a group, so no two Ray clusters run at once. The workers share WICK_HOME: a compile
+# takes the build lock there, so a second worker asking for the same artifact waits and reuses it.
+ONE_WORKER_GROUPS = {"tests/server/test_replicas.py": "ray", "tests/server/test_ray_llm.py": "ray"}
+
+
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own, which reads the groups)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(ONE_WORKER_GROUPS.get(module, module)))
+
+
+@contextmanager
+def file_lock(path: Path):
+    """An exclusive lock between the workers (and any other process) on ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run_temp(tmp_path_factory) -> Path:
+    """This run's temporary root: under pytest-xdist, the folder of every worker's basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """``make(path)`` run once per test run for every worker: the same directory (so its
+    compiles share one cache entry and one recorded source)."""
+    root = run_temp(tmp_path_factory)
+    path, made = root / name, root / f".{name}.made"
+    with file_lock(root / f".{name}.lock"):
+        if not made.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            assert make(path) == path
+            made.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def wick_home() -> Path:
     return Path(os.environ["WICK_HOME"])
@@ -52,7 +101,7 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     """A random 2-layer Llama (GQA, untied head) saved as an HF directory."""
     from tests.tiny_models import make_tiny_llama
 
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return made_once(tmp_path_factory, "tiny-llama0", make_tiny_llama)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_SMALL, tool_missing
+from tests.conftest import TINY_SMALL, file_lock, run_temp, tool_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("WICK_CHROMIUM", "/usr/bin/chromium")
@@ -45,9 +45,19 @@ def _built() -> bool:
 
 
 @pytest.fixture(scope="session")
-def web_bundle() -> Path:
+def web_bundle(tmp_path_factory) -> Path:
     """The built bundle, never stale: the wheels are rebuilt from engine/ and wasm/wick_web/
-    every session (a second), the JS (and the extension's pages) when web/src is newer."""
+    every run (a second), the JS (and the extension's pages) when web/src is newer. Built by
+    the first worker that asks; the other waits for it (it serves the same files)."""
+    root = run_temp(tmp_path_factory)
+    with file_lock(root / ".web-bundle.lock"):
+        if not (root / ".web-bundle.made").exists():
+            _build_web_bundle()
+            (root / ".web-bundle.made").touch()
+    return ROOT / "pyserver" / "static"
+
+
+def _build_web_bundle() -> None:
     web, static = ROOT / "web", ROOT / "pyserver" / "static"
     if (web / "node_modules" / "pyodide").is_dir():
         bundle = static / "web" / "wick.js"
@@ -61,7 +71,6 @@ def web_bundle() -> Path:
         if shutil.which("npm") is None:
             tool_missing("the web bundle is not built and npm is missing (bash web/build.sh)")
         subprocess.run(["bash", str(web / "build.sh"), sys.executable], check=True)
-    return static
 
 
 # Module scope, not session: playwright's sync API keeps an asyncio loop running on the main

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -157,18 +158,36 @@ def test_model_index_and_bundle_routes(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def wheel(web_bundle, tmp_path_factory) -> Path:
-    """`pip wheel .`: the distribution as users install it."""
+def source_tree(tmp_path_factory) -> Path:
+    """The working tree's files as a clone has them (tracked, and new ones git does not ignore):
+    a wheel is built there, not in this tree, whose browser assets the other tests (and the
+    other worker) are serving while setup.py rebuilds them."""
+    import subprocess
+
+    tree = tmp_path_factory.mktemp("source") / "wick"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (ROOT / name).is_file():  # (a tracked file deleted in the tree is not in a clone)
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    return tree
+
+
+@pytest.fixture(scope="module")
+def wheel(source_tree, tmp_path_factory) -> Path:
+    """`pip wheel .` in a clean source tree: the distribution as users install it (setup.py
+    builds the browser engine into it)."""
     import subprocess
 
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
+                    str(source_tree)], check=True)
     (wheel,) = out.glob("wick_llm-*.whl")  # (the distribution wick-llm)
     return wheel
 
 
-def test_wheel_ships_the_browser_engine_and_serves_it(wheel, tmp_path):
+def test_wheel_ships_the_browser_engine_and_serves_it(wheel, source_tree, tmp_path):
     """`pip wheel .` carries the built web/ and wasm/ assets (setup.py builds them when absent);
     installed from that wheel alone, the server serves every file the worker will ask for."""
     import subprocess
@@ -208,7 +227,8 @@ print("extension", info["files"], "files")
     r = subprocess.run([sys.executable, "-c", check, str(site)], env=env, capture_output=True,
                        text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    wheels = json.loads((ROOT / "pyserver" / "static" / "wasm" / "manifest.json").read_text())["wheels"]
+    wheels = json.loads((source_tree / "pyserver" / "static" / "wasm" / "manifest.json")
+                        .read_text())["wheels"]
     assert f"served {len(wheels)} wheels" in r.stdout
     assert "extension " in r.stdout
     assert {"wick", "wick_web", "jinja2", "markupsafe"} <= {
