@@ -6,16 +6,23 @@ here, 5-8 s of a tiny model's compile, paid again by each compile of the same sh
 model's variants, a second model of one family, the test suite's ~50 compiles). A builder is a
 pure function of its arguments and a PrimFunc is immutable (``specialize`` and ``with_attr``
 return new functions), so the function built once serves every later compile. The bytes of
-an artifact do not change (checked against artifacts compiled without it).
+an artifact do not change (checked against artifacts compiled without it). Each builder keeps
+its ``KEEP`` most recently used kernels: a long ``wick serve`` compiling model after model does
+not keep every shape it ever built.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+from collections import OrderedDict
 from typing import Callable, TypeVar
 
 F = TypeVar("F", bound=Callable)
+
+# kernels kept per builder: a model's compile asks each builder for a few shapes (its head
+# sizes, vocabulary, dtypes), the test suite's ~50 compiles a few dozen
+KEEP = 128
 
 
 class _Unkeyable(Exception):
@@ -39,7 +46,7 @@ def _key(value):
 def built_once(builder: F) -> F:
     """``builder`` remembering what it built, by its arguments (called through, unremembered,
     with an argument it cannot key)."""
-    built: dict = {}
+    built: OrderedDict = OrderedDict()  # least recently used first
     lock = threading.Lock()
 
     @functools.wraps(builder)
@@ -50,9 +57,14 @@ def built_once(builder: F) -> F:
             return builder(*args, **kwargs)
         with lock:
             if key in built:
+                built.move_to_end(key)
                 return built[key]
         func = builder(*args, **kwargs)  # (outside the lock: two threads may both build it)
         with lock:
-            return built.setdefault(key, func)
+            func = built.setdefault(key, func)
+            built.move_to_end(key)
+            while len(built) > KEEP:
+                built.popitem(last=False)
+            return func
 
     return build  # type: ignore[return-value]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from wick.compiler import kernel_memo
 from wick.compiler.kernel_memo import built_once
 
 
@@ -20,6 +21,22 @@ def test_a_builder_runs_once_per_distinct_arguments():
     assert build(4, scale=1) is not build(4, scale=1.0)
     assert build(4, scale=0.5, scaling={"rope_type": "llama3", "factor": 4.0}) is not first
     assert len(calls) == 4
+
+
+def test_it_keeps_the_most_recently_used_kernels_only(monkeypatch):
+    monkeypatch.setattr(kernel_memo, "KEEP", 2)
+    calls = []
+
+    @built_once
+    def build(n):
+        calls.append(n)
+        return object()
+
+    one, two = build(1), build(2)
+    assert build(1) is one  # (1 is now the most recently used)
+    build(3)  # ... so 2 is dropped
+    assert build(1) is one and len(calls) == 3
+    assert build(2) is not two and calls == [1, 2, 3, 2]
 
 
 def test_an_argument_it_cannot_key_is_built_every_time():
