@@ -130,7 +130,8 @@ class Artifact:
         if hashlib.sha256(data).hexdigest() != sha256:
             raise ArtifactError("corrupt (sha256 mismatch): download it again, or compile the "
                                 "model again (`wick compile` rebuilds a corrupt artifact)",
-                                path=f"{self.location}/{path}", code="artifact_corrupt")
+                                path=f"{self.location}/{path}" if self.location else path,
+                                code="artifact_corrupt")
         return data
 
     def shard_bytes(self) -> Iterator[tuple[int, bytes]]:

@@ -103,8 +103,9 @@ class ArtifactHost:
         return path.name
 
     def artifacts(self) -> list[dict]:
-        """Every servable artifact: ``{id, model, quantization, features}`` (the browser
-        engine's model index, ``GET /web/models.json``). Unreadable manifests are skipped."""
+        """Every servable artifact: ``{id, model, quantization, features, fallback, task,
+        kernel_sets}`` (the browser engine's model index, ``GET /web/models.json``).
+        Unreadable manifests are skipped."""
         # the served models' artifacts first, then the newest compile first: the browser picks
         # the first entry that matches a model and quantization
         dirs: dict[str, Path] = dict(self.extra)
@@ -120,6 +121,8 @@ class ArtifactHost:
                 out.append({"id": name, "model": m["model_id"], "quantization": m["quantization"],
                             "features": list(m.get("requires", {}).get("features", [])),
                             "fallback": list(m.get("requires", {}).get("fallback", [])),
+                            # (the browser turns to the backend whose set is there)
+                            "kernel_sets": sorted(m.get("kernel_sets", {})),
                             # "generate" or "embed" (the chat page lists the former)
                             "task": m.get("model", {}).get("task", "generate")})
             except (OSError, ValueError, KeyError, TypeError):

@@ -137,7 +137,8 @@ def test_model_index_and_bundle_routes(tmp_path):
         d.mkdir()
         (d / "wick-artifact.json").write_text(json.dumps(
             {"model_id": model, "quantization": quant,
-             "requires": {"features": feats, "fallback": ["q4f32_1"] if feats else []}}))
+             "requires": {"features": feats, "fallback": ["q4f32_1"] if feats else []},
+             "kernel_sets": {"webgpu": {}, "wasm": {}} if feats else {}}))
         os.utime(d / "wick-artifact.json", (mtime, mtime))
     (tmp_path / "not-an-artifact").mkdir()
     client = TestClient(create_app(ModelPool(state="ready"), artifacts=ArtifactHost(tmp_path)),
@@ -147,7 +148,7 @@ def test_model_index_and_bundle_routes(tmp_path):
     assert [a["id"] for a in r.json()["data"]] == ["m-new", "m-f16", "m-old"]  # newest first
     assert r.json()["data"][1] == {"id": "m-f16", "model": "m", "quantization": "q4f16_1",
                                    "features": ["shader-f16"], "fallback": ["q4f32_1"],
-                                   "task": "generate"}
+                                   "task": "generate", "kernel_sets": ["wasm", "webgpu"]}
     built = (ROOT / "pyserver" / "static" / "web" / "wick.js").is_file()
     r = client.get("/static/wick.js")
     assert r.status_code == (200 if built else 404)

@@ -264,3 +264,40 @@ def test_reload_uses_cache_and_corrupt_shard_is_refetched(page, loaded, native):
 
 def test_no_console_errors(page, loaded):
     assert page.console_errors == []
+
+
+def test_auto_turns_to_webgpu_for_an_artifact_without_webassembly_kernels(context, web_bundle,
+                                                                          tiny_llama_dir):
+    """An artifact compiled with ``--kernel-sets webgpu``: "auto", which takes the WebAssembly
+    kernels on a software adapter (SwiftShader here), turns to WebGPU, where the artifact has its
+    kernels, and gives the native engine's tokens (natively "auto" turns to WebGPU too)."""
+    from tests.conftest import TINY_SMALL
+    from wick.compiler.compile import compile_model
+    from wick.server.app import ModelPool, create_app
+    from wick.server.artifact_host import ArtifactHost
+    from wick.server.local import Engine
+    from wick.server.serve import ServerThread
+
+    from tests.browser.conftest import Page
+
+    art = compile_model(str(tiny_llama_dir), "q0f32", kernel_sets=("webgpu",),
+                        **{**TINY_SMALL, "max_batch_size": 2})
+    eng = Engine(str(art))
+    assert eng.core.runner.backend.kind == "webgpu"
+    want = eng.completions.create(prompt=PROMPT, max_tokens=N, temperature=0).choices[0].text
+    host = ArtifactHost()
+    host.add(art)
+    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
+    try:
+        page = Page(context, live.url)
+        out = page.run("""async ([model, prompt, n]) => {
+            const e = await wick.createEngine(model, {quantization: "q0f32"});
+            const r = await e.completions.create({prompt, max_tokens: n, temperature: 0});
+            const backend = e.info.backend;
+            await e.unload();
+            return {text: r.choices[0].text, backend};
+        }""", [eng.core.info.model_id, PROMPT, N])
+        assert out == {"text": want, "backend": "webgpu"}
+        assert not page.console_errors
+    finally:
+        live.stop()

@@ -217,14 +217,14 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
             return None, vocab
         return WebGrammarBackend(create_grammar, vocab, info.vocab_size, info.eos_token_ids), vocab
 
-    art = Artifact.load(_reader(get_file), "artifact")
+    art = Artifact.load(_reader(get_file))  # (its errors name the model)
     backend = _backend(executor)
     draft_art = draft_backend = None
     if speculative is not None and speculative.method == "draft":
         if get_draft_file is None:
             raise InvalidRequestError("speculative method 'draft' needs its draft model's files",
                                       param="speculative")
-        draft_art = Artifact.load(_reader(get_draft_file), "draft")
+        draft_art = Artifact.load(_reader(get_draft_file))
         draft_backend = backend if draft_executor is None else _backend(draft_executor)
     # SwiftShader loses the device compiling some batched-decode GEMV kernels (SmolLM2's
     # down_proj, LowBatchGEMV with K=1536): on a software adapter, batched decode runs ``forward``.

@@ -153,7 +153,12 @@ interface ModelEntry {
   quantization: string;
   features: string[];
   fallback?: string[]; // variants of the same weights that need none of `features` (compiler)
+  kernel_sets?: string[]; // the manifest's kernel sets (`wick compile --kernel-sets` leaves some out)
 }
+
+/** Whether `entry` has the kernel set `exe` runs (an index without the list: assumed). */
+const hasKernelSet = (entry: ModelEntry, exe: Executor | WasmExecutor): boolean =>
+  !entry.kernel_sets?.length || entry.kernel_sets.includes(exe instanceof WasmExecutor ? exe.library : "webgpu");
 
 function pickModel(models: ModelEntry[], model: string, quantization: string | undefined,
                    features: string[], preferF32 = false): ModelEntry {
@@ -258,8 +263,9 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
   }
   exe ??= await openExecutor(backend);
   const wasm = exe instanceof WasmExecutor;
+  let entry: ModelEntry;
   try {
-    return [exe, await resolveEntry(base, msg, exe.features, auth, progress, wasm)];
+    entry = await resolveEntry(base, msg, exe.features, auth, progress, wasm);
   } catch (e) {
     if (backend !== "auto" || wasm || !(e instanceof Failure) || e.p.error.code !== "missing_device_feature") throw e;
     exe.destroy();
@@ -267,6 +273,21 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
     const cpu = await WasmExecutor.create();
     return [cpu, await resolveEntry(base, msg, cpu.features, auth, progress, true)];
   }
+  if (backend !== "auto" || hasKernelSet(entry, exe)) return [exe, entry];
+  // compiled without this executor's kernel set (`wick compile --kernel-sets`): the other
+  // backend, where the artifact has its set (WebGPU on any adapter, a software one included);
+  // else the engine refuses it with the option to compile it with
+  const other = wasm ? await Executor.create().catch(() => null) : await WasmExecutor.create();
+  if (other) {
+    const again = await resolveEntry(base, msg, other.features, auth, progress, !wasm).catch(() => null);
+    if (again && hasKernelSet(again, other)) {
+      exe.destroy();
+      executor = null;
+      return [other, again];
+    }
+    other.destroy();
+  }
+  return [exe, entry];
 }
 
 /** One artifact's part of a load before its engine exists: the manifest and the small files
