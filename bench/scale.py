@@ -1,8 +1,9 @@
 """Scale-out benchmark: ``wick serve --replicas`` on Ray Serve, 1 vs 2 replicas, and prefix-aware
-vs least-loaded routing on a shared-system-prompt workload.
+vs round-robin and least-loaded routing on a shared-system-prompt workload.
 
     python bench/scale.py [--model smollm2-135m-instruct] [--quantization q4f32_1]
                           [--clients 8] [--requests 4] [--max-tokens 16] [--device cpu]
+                          [--out bench/results/scale.json]
 
 Each configuration is a ``wick serve`` child process (the CLI, as a user runs it) on a free
 loopback port, stopped with SIGTERM afterwards (its exit status and any Ray process left behind
@@ -130,10 +131,13 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--out", type=Path, help="also write the numbers here (JSON)")
     args = p.parse_args()
     configs = [("one server, no Ray", 0, "prefix"), ("1 replica", 1, "prefix"),
                ("2 replicas, prefix-aware", 2, "prefix"),
+               ("2 replicas, round-robin", 2, "round-robin"),
                ("2 replicas, least-loaded", 2, "least-loaded")]
+    runs = []
     print(f"{args.model} {args.quantization} on {args.device}, {os.cpu_count()} cores; "
           f"{args.clients} clients x {args.requests} requests x {args.max_tokens} tokens")
     print("| configuration | distinct: tok/s | TTFT p50 / p95 s | shared: tok/s | TTFT p50 / p95 s "
@@ -145,6 +149,13 @@ def main() -> None:
         print(f"| {label} | {d['tok_s']:.1f} | {d['ttft_p50']:.2f} / {d['ttft_p95']:.2f} | "
               f"{s['tok_s']:.1f} | {s['ttft_p50']:.2f} / {s['ttft_p95']:.2f} | "
               f"{100 * s['cached_share']:.0f} % | {r['exit']}, {r['ray_left']} |", flush=True)
+        runs.append({"configuration": label, "replicas": replicas, "router": router, **r})
+    if args.out:
+        args.out.write_text(json.dumps({
+            "model": args.model, "quantization": args.quantization, "device": args.device,
+            "cores": os.cpu_count(), "clients": args.clients, "requests": args.requests,
+            "max_tokens": args.max_tokens, "date": time.strftime("%Y-%m-%d"),
+            "runs": runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

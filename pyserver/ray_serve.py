@@ -140,6 +140,26 @@ class PrefixAwareRouter(RequestRouter):
         self._held.pop(replica_id, None)
 
 
+class RoundRobinRouter(RequestRouter):
+    """Each request to the next replica in turn, whatever its prompt or their queues
+    (``--replica-router round-robin``: the baseline bench/scale.py measures routing against)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._turn = 0
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        ordered = sorted(candidate_replicas, key=lambda r: str(r.replica_id))
+        if not ordered:
+            return []
+        first = ordered[self._turn % len(ordered)]
+        self._turn += 1
+        return [[first], [r for r in ordered if r is not first]]  # (if it is full: the others)
+
+
+ROUTERS = {"prefix": PrefixAwareRouter, "round-robin": RoundRobinRouter,
+           "least-loaded": None}  # (None: Ray Serve's own, power of two choices)
+
+
 # ----------------------------------------------------------------------------- replicas
 
 
@@ -603,8 +623,9 @@ class ReplicaPool(ModelPool):
         if scaling.app in serve.status().applications:  # (left by a server that died)
             raise ValueError(name_taken(scaling.app))
         self._deployed = True  # (from here the name is ours: a failed deploy is ours to delete)
-        routing = {} if scaling.router == "least-loaded" else {
-            "request_router_config": RequestRouterConfig(request_router_class=PrefixAwareRouter)}
+        router = ROUTERS[scaling.router]
+        routing = {} if router is None else {
+            "request_router_config": RequestRouterConfig(request_router_class=router)}
         deployment = serve.deployment(name="engines")(EngineReplica).options(
             ray_actor_options={"num_cpus": 0, "num_gpus": scaling.gpus}, max_ongoing_requests=64,
             **routing, **scaling.deployment_options())

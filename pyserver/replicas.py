@@ -19,7 +19,7 @@ class Replicas:
     low: int | None = None
     high: int | None = None
     address: str | None = None
-    router: str = "prefix"  # or "least-loaded": Ray Serve's own (power of two choices)
+    router: str = "prefix"  # "least-loaded": Ray Serve's own (power of two choices); "round-robin"
     app: str = "wick"
     gpus: float = 0.0
 

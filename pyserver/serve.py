@@ -103,10 +103,12 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --max-replicas: autoscale between the two (Ray Serve's "
                         "autoscaling on requests in flight) instead of a fixed --replicas")
     p.add_argument("--max-replicas", type=int, metavar="N")
-    p.add_argument("--replica-router", choices=("prefix", "least-loaded"), default="prefix",
+    p.add_argument("--replica-router", choices=("prefix", "least-loaded", "round-robin"),
+                   default="prefix",
                    help="how a request picks its replica: the one holding the longest share of "
-                        "its prompt in its prefix cache, else the least loaded (default); or "
-                        "always the least loaded (Ray Serve's power of two choices)")
+                        "its prompt in its prefix cache, else the least loaded (default); "
+                        "always the least loaded (Ray Serve's power of two choices); or each "
+                        "in turn")
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="an existing Ray cluster's GCS address (e.g. head:6379, or auto), "
                         "with wick serve on one of its nodes; default: a local cluster that "

@@ -539,3 +539,11 @@ def test_replica_gpus_default_to_one_each_on_cuda_and_the_app_name_is_passed_on(
     r = parsed("--replicas", "2", "--device", "cuda", "--replica-gpus", "0.5", "--ray-app", "b")
     assert (r.gpus, r.app, r.registry) == (0.5, "b", "b-replica-registry")
     assert parsed("--min-replicas", "0", "--max-replicas", "3").least == 1
+    # the bounds are Ray Serve's autoscaling config (validated by Ray's own model)
+    from ray.serve.config import AutoscalingConfig
+
+    assert parsed("--replicas", "2").deployment_options() == {"num_replicas": 2}
+    options = parsed("--min-replicas", "0", "--max-replicas", "3").deployment_options()
+    config = AutoscalingConfig(**options["autoscaling_config"])
+    assert (config.min_replicas, config.max_replicas, config.initial_replicas) == (0, 3, 1)
+    assert config.target_ongoing_requests == 4

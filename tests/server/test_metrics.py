@@ -88,6 +88,7 @@ def test_counters_and_histograms_follow_a_known_load(server, names, client):
     assert value(after, "wick:kv_cache_usage_perc", model) == 0
     health = httpx.get(f"{server.url}/health").json()["engines"][model]
     assert health["kv_pages_free"] + health["kv_pages_cached"] == health["kv_pages"]
+    assert health["kv_pages_cached"] > 0  # (cached pages: free to take, not counted as used)
 
 
 def test_a_running_stream_shows_and_its_abort_is_counted(server, names):
@@ -118,6 +119,7 @@ def test_a_running_stream_shows_and_its_abort_is_counted(server, names):
             lines = resp.iter_lines()  # (held: a dropped line iterator closes the connection)
             assert next(line for line in lines if line.startswith("data: {"))
             during = scrape(server)  # (the engine waits at its second step meanwhile)
+            health = httpx.get(f"{server.url}/health").json()["engines"][model]
         # (the connection is closed: the request is aborted at the engine's next step)
     finally:
         gate.set()
@@ -125,6 +127,11 @@ def test_a_running_stream_shows_and_its_abort_is_counted(server, names):
     assert value(during, "wick:num_requests_running", model) == 1
     assert value(during, "wick:num_requests_waiting", model) == 0
     assert 0 < value(during, "wick:kv_cache_usage_perc", model) <= 1
+    # the same engine state as /health's
+    assert health["requests"] == 1
+    held = health["kv_pages"] - health["kv_pages_free"] - health["kv_pages_cached"]
+    assert value(during, "wick:kv_cache_usage_perc", model) == pytest.approx(
+        held / health["kv_pages"])
     deadline = time.monotonic() + 30
     while value(after := scrape(server), "wick:num_requests_running", model):
         assert time.monotonic() < deadline, "the abort never landed"

@@ -5,7 +5,6 @@ request in its replica, /health and /metrics per replica, the API key, and no Ra
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -95,6 +94,17 @@ def test_concurrent_streams_complete_on_both_replicas(replicated):
     assert len(prompts) == 2 and all(v > 0 for v in prompts.values()), prompts
     for replica, state in served.items():  # idle again: every page free or cached
         assert state["kv_pages_free"] + state["kv_pages_cached"] == state["kv_pages"], replica
+    # /metrics says what /health says of each replica (cached pages: not counted as used)
+    usage, running, waiting = ({s.labels["replica"]: s.value for s in families[name].samples}
+                               for name in ("wick:kv_cache_usage_perc",
+                                            "wick:num_requests_running",
+                                            "wick:num_requests_waiting"))
+    assert set(usage) == set(running) == set(waiting) == set(served)
+    for replica, state in served.items():
+        held = state["kv_pages"] - state["kv_pages_free"] - state["kv_pages_cached"]
+        assert usage[replica] == held / state["kv_pages"] == 0
+        assert running[replica] + waiting[replica] == state["requests"] == 0
+    assert all(state["kv_pages_cached"] > 0 for state in served.values())
 
 
 def test_shared_prefix_stays_on_one_replica(replicated):
@@ -307,6 +317,77 @@ def test_a_flooded_prefix_replica_is_passed_over():
     assert choose() == [[a], [b]]  # busier, within the margin
     router.queues = {"a": IMBALANCE + 1, "b": 0}
     assert choose() == [[a, b]]  # flooded: least loaded decides
+
+
+def test_wick_serve_leaves_no_ray_behind_on_sigterm(tiny_a):
+    """`wick serve ARTIFACT --replicas 2` as a user runs it: it answers through its replicas;
+    SIGTERM stops the server, the replicas and the Ray cluster it started (every process it
+    started is gone), exit status 0."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.conftest import wick_process_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from wick.server.cli import main; sys.exit(main())",
+         "serve", str(tiny_a), "--port", str(port), "--replicas", "2", "--no-browser-variants",
+         "--ray-app", "sigterm-test"],
+        env=wick_process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        encoding="utf-8", errors="replace")
+    started: list = []
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            try:
+                health = httpx.get(f"{url}/health", timeout=5)
+                if health.status_code == 200 and len(health.json().get("replicas", {})) == 2:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        r = httpx.post(f"{url}/v1/completions", timeout=60,
+                       json={"prompt": "hello", "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        started = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, replicas
+        names = " ".join(" ".join(p.cmdline()) for p in started)
+        assert "gcs_server" in names and "raylet" in names
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    log = proc.stdout.read()
+    assert code == 0, log
+    assert "Traceback" not in log
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], log
+
+
+def test_round_robin_takes_the_replicas_in_turn():
+    """bench/scale.py's baseline router: each request to the next replica, whatever its
+    prompt (the others ranked after it, for when it is full)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from wick.server.ray_serve import ROUTERS, RoundRobinRouter
+
+    class Router(RoundRobinRouter):
+        def __init__(self) -> None:
+            self.initialize_state()
+
+    assert ROUTERS["round-robin"] is RoundRobinRouter
+    a, b, c = (SimpleNamespace(replica_id=n) for n in "abc")
+    router = Router()
+    firsts = [asyncio.run(router.choose_replicas([c, a, b]))[0] for _ in range(4)]
+    assert firsts == [[a], [b], [c], [a]]
+    assert asyncio.run(router.choose_replicas([b, a])) == [[a], [b]]  # (turn 4 of 2: a)
 
 
 def test_replica_gpus_are_placed_per_node_and_per_gpu():
