@@ -21,4 +21,4 @@ export WICK_REQUIRE_TOOLS=1
 # for much of the run; a module stays on one worker (tests/conftest.py). WICK_TEST_WORKERS=0:
 # one process.
 exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --durations=15 \
-  -n "${WICK_TEST_WORKERS:-2}" --dist loadgroup "$@"
+  -n "${WICK_TEST_WORKERS:-2}" --dist loadscope "$@"

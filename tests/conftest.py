@@ -38,18 +38,43 @@ def wick_process_env(**extra: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ two workers (pytest-xdist)
-# scripts/test.sh runs the suite on two workers (`-n 2 --dist loadgroup`). A module's tests stay
+# scripts/test.sh runs the suite on two workers (`-n 2 --dist loadscope`). A module's tests stay
 # on one worker (its module fixtures: one browser, one compile, one server); modules that start
 # Ray share a group, so no two Ray clusters run at once. The workers share WICK_HOME: a compile
 # takes the build lock there, so a second worker asking for the same artifact waits and reuses it.
 ONE_WORKER_GROUPS = {"tests/server/test_replicas.py": "ray", "tests/server/test_ray_llm.py": "ray"}
+# the longest groups (a few minutes each on 2 cores) start first: the run's last minutes are
+# then short modules on both workers, not one long module on one while the other idles
+LONGEST_FIRST = ("ray", "tests/e2e/test_gemma3_270m.py", "tests/browser/test_gemma3.py",
+                 "tests/e2e/test_qwen25.py", "tests/e2e/test_quantized.py",
+                 "tests/server/test_cli.py", "tests/e2e/test_smollm2.py",
+                 "tests/browser/test_extension.py", "tests/browser/test_build_and_routes.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # (before xdist's own, which reads the groups)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(ONE_WORKER_GROUPS.get(module, module)))
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent without it)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with our groups: the module, or its ONE_WORKER_GROUPS
+        group, the LONGEST_FIRST ones handed out first. (xdist's own loadgroup marks are not
+        read by pytest 9.2, which keeps node ids elsewhere.)"""
+
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return ONE_WORKER_GROUPS.get(module, module)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:
+                for scope in reversed(LONGEST_FIRST):
+                    if scope in self.workqueue:
+                        self.workqueue.move_to_end(scope, last=False)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return ModuleScheduling(config, log)
 
 
 @contextmanager
