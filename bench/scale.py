@@ -155,7 +155,7 @@ def main() -> None:
             "model": args.model, "quantization": args.quantization, "device": args.device,
             "cores": os.cpu_count(), "clients": args.clients, "requests": args.requests,
             "max_tokens": args.max_tokens, "date": time.strftime("%Y-%m-%d"),
-            "runs": runs}, indent=1) + "\n")
+            "runs": runs}, indent=1).replace("NaN", "null") + "\n")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from . import paths
 from .artifact_writer import artifact_problems, build_lock, sweep_stale_builds, write_artifact
 from .cpu_schedules import WIDE_BATCHES
 from .embedding_files import special_tokens
+from .gguf_read import readers_shared_within
 from .lower import lower, merge
 from .targets import build_all, chosen_kernel_sets, targets
 from .targets.cpu import CpuSet
@@ -503,6 +504,7 @@ def kernel_set_choice(kernel_sets) -> tuple[str, ...] | None:
         raise InvalidRequestError(str(e), param="kernel_sets", code="unknown_kernel_set") from None
 
 
+@readers_shared_within  # (a GGUF parsed once per compile, not kept after it)
 def compile_model(
     model: str,
     quantization: str | None,

@@ -10,7 +10,9 @@ plain ndarray view of the same mapping (4x faster). Everything else -- fields, p
 byte order -- is the package's code, and a test compares both readers field by field.
 
 A compile reads a GGUF twice (its architecture and width mix to choose the variant, then the
-model); ``open_gguf`` keeps the last few readers by (path, mtime, size) so both share one parse.
+model); ``open_gguf`` keeps readers by (path, mtime, size) so both share one parse, until
+``forget_readers()`` (the end of each compile, ``readers_shared_within``: a reader holds the file's mapping and ~100 MB of
+metadata views, which a long ``wick serve`` should not keep).
 """
 
 from __future__ import annotations
@@ -47,6 +49,22 @@ class FastGGUFReader(GGUFReader):
 @functools.lru_cache(maxsize=2)
 def _open(path: str, mtime_ns: int, size: int) -> FastGGUFReader:
     return FastGGUFReader(path)
+
+
+def forget_readers() -> None:
+    _open.cache_clear()
+
+
+def readers_shared_within(fn):
+    """``fn`` with the readers it opened forgotten when it returns (or raises)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            forget_readers()
+
+    return call
 
 
 def open_gguf(path: str | Path) -> FastGGUFReader:

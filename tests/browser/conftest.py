@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_SMALL, file_lock, run_temp, tool_missing
+from tests.conftest import RUN, TINY_SMALL, file_lock, run_temp, tool_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("WICK_CHROMIUM", "/usr/bin/chromium")
@@ -51,9 +51,9 @@ def web_bundle(tmp_path_factory) -> Path:
     the first worker that asks; the other waits for it (it serves the same files)."""
     root = run_temp(tmp_path_factory)
     with file_lock(root / ".web-bundle.lock"):
-        if not (root / ".web-bundle.made").exists():
+        if not (root / f".web-bundle.{RUN}.made").exists():
             _build_web_bundle()
-            (root / ".web-bundle.made").touch()
+            (root / f".web-bundle.{RUN}.made").touch()
     return ROOT / "pyserver" / "static"
 
 

@@ -165,6 +165,11 @@ def source_tree(tmp_path_factory) -> Path:
     other worker) are serving while setup.py rebuilds them."""
     import subprocess
 
+    from tests.conftest import tool_missing
+
+    if shutil.which("npm") is None or not (ROOT / ".git").exists():
+        tool_missing("building the wheel from a clean tree needs npm (web/build.sh) and a git "
+                     "checkout")
     tree = tmp_path_factory.mktemp("source") / "wick"
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=ROOT, capture_output=True, check=True).stdout

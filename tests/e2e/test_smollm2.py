@@ -88,8 +88,8 @@ def test_greedy_completion_equals_transformers(smollm2_cpu_core, smollm2_hf):
 
 def test_json_schema_output_validates(smollm2_cpu_core):
     """Structured output on a real model (the grammar's masks over its 49k-token vocabulary):
-    on the CPU kernel set, whose q0f32 SmolLM2 the tests above check against transformers on
-    the WGSL kernels (40 tokens took 48 s on lavapipe)."""
+    on the CPU kernel set, whose q0f32 SmolLM2 the completion test above checks against
+    transformers (the chat test checks the WGSL kernels'; 40 tokens took 48 s on lavapipe)."""
     import json
 
     import jsonschema

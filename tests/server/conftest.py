@@ -153,3 +153,19 @@ def finish_streams(pool, futures, outs, since: float, until: float) -> float:
             if b[0] > since and a[0] < until]
     assert gaps, "no stream was running meanwhile"
     return max(gaps)
+
+
+def still_running(processes: list, timeout: float = 30) -> list:
+    """Those of ``processes`` (psutil) still running after ``timeout`` s (zombies and the
+    processes gone meanwhile are not)."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+
+    def running(p) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return [p for p in alive if running(p)]

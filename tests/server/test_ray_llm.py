@@ -22,6 +22,8 @@ pytest.importorskip("ray")
 
 from openai import BadRequestError, OpenAI  # noqa: E402
 
+from .conftest import still_running  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 RAY_LLM = ROOT / ".venv" / "ray-llm"  # (scripts/setup.sh --test)
 MESSAGES = [{"role": "user", "content": "count with me"}]
@@ -221,8 +223,7 @@ def test_sigterm_leaves_no_ray_behind(ray_llm):
     assert len(ray_processes) >= 3
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
-    _, alive = psutil.wait_procs(ray_processes, timeout=30)
-    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    assert still_running(ray_processes) == []
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/v1/models", timeout=2)
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from wick.server.replicas import Replicas  # noqa: E402
 from wick.server.serve import serving_app  # noqa: E402
 
-from .conftest import LiveServer  # noqa: E402
+from .conftest import LiveServer, still_running  # noqa: E402
 
 KEY = "sk-replicas"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -51,6 +51,57 @@ def client(live) -> OpenAI:
 def settled_health(live) -> dict:
     time.sleep(1.5)  # (replicas report every 0.5 s)
     return httpx.get(f"{live.url}/health").json()
+
+
+def test_wick_serve_leaves_no_ray_behind_on_sigterm(tiny_a):
+    """`wick serve ARTIFACT --replicas 2` as a user runs it: it answers through its replicas;
+    SIGTERM stops the server, the replicas and the Ray cluster it started (every process it
+    started is gone), exit status 0. (First in the module: before `replicated` starts the
+    module's own cluster.)"""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.conftest import wick_process_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from wick.server.cli import main; sys.exit(main())",
+         "serve", str(tiny_a), "--port", str(port), "--replicas", "2", "--no-browser-variants",
+         "--ray-app", "sigterm-test"],
+        env=wick_process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        encoding="utf-8", errors="replace")
+    started: list = []
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            try:
+                health = httpx.get(f"{url}/health", timeout=5)
+                if health.status_code == 200 and len(health.json().get("replicas", {})) == 2:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        r = httpx.post(f"{url}/v1/completions", timeout=60,
+                       json={"prompt": "hello", "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        started = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, replicas
+        names = " ".join(" ".join(p.cmdline()) for p in started)
+        assert "gcs_server" in names and "raylet" in names
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    log = proc.stdout.read()
+    assert code == 0, log
+    assert "Traceback" not in log
+    assert still_running(started) == [], log
 
 
 def test_greedy_parity_with_one_engine(replicated, tiny_a):
@@ -317,57 +368,6 @@ def test_a_flooded_prefix_replica_is_passed_over():
     assert choose() == [[a], [b]]  # busier, within the margin
     router.queues = {"a": IMBALANCE + 1, "b": 0}
     assert choose() == [[a, b]]  # flooded: least loaded decides
-
-
-def test_wick_serve_leaves_no_ray_behind_on_sigterm(tiny_a):
-    """`wick serve ARTIFACT --replicas 2` as a user runs it: it answers through its replicas;
-    SIGTERM stops the server, the replicas and the Ray cluster it started (every process it
-    started is gone), exit status 0."""
-    import signal
-    import socket
-    import subprocess
-    import sys
-
-    import psutil
-
-    from tests.conftest import wick_process_env
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from wick.server.cli import main; sys.exit(main())",
-         "serve", str(tiny_a), "--port", str(port), "--replicas", "2", "--no-browser-variants",
-         "--ray-app", "sigterm-test"],
-        env=wick_process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        encoding="utf-8", errors="replace")
-    started: list = []
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            try:
-                health = httpx.get(f"{url}/health", timeout=5)
-                if health.status_code == 200 and len(health.json().get("replicas", {})) == 2:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        r = httpx.post(f"{url}/v1/completions", timeout=60,
-                       json={"prompt": "hello", "max_tokens": 2, "temperature": 0})
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
-        started = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, replicas
-        names = " ".join(" ".join(p.cmdline()) for p in started)
-        assert "gcs_server" in names and "raylet" in names
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=120)
-    log = proc.stdout.read()
-    assert code == 0, log
-    assert "Traceback" not in log
-    _, alive = psutil.wait_procs(started, timeout=30)
-    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], log
 
 
 def test_round_robin_takes_the_replicas_in_turn():

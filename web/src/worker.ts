@@ -160,8 +160,11 @@ interface ModelEntry {
 const hasKernelSet = (entry: ModelEntry, exe: Executor | WasmExecutor): boolean =>
   !entry.kernel_sets?.length || entry.kernel_sets.includes(exe instanceof WasmExecutor ? exe.library : "webgpu");
 
+/** The entry of `models` to load on `exe`: one it has the features for, preferring one with
+ * its kernel set, then its float width. */
 function pickModel(models: ModelEntry[], model: string, quantization: string | undefined,
-                   features: string[], preferF32 = false): ModelEntry {
+                   exe: Executor | WasmExecutor): ModelEntry {
+  const features = exe.features;
   const named = models.filter((m) => answersTo(model, m));
   const choices = quantization ? named.filter((m) => m.quantization === quantization) : named;
   if (!choices.length) {
@@ -181,9 +184,12 @@ function pickModel(models: ModelEntry[], model: string, quantization: string | u
     throw new Failure(missingFeature(missing, variants.length ? variants : m.fallback ?? [],
       `${m.model} ${m.quantization}`));
   }
-  // prefer f16 variants when the device has shader-f16 (a GPU), f32 ones on the CPU (wasm:
-  // f32 is its native width), else the first listed
-  const rank = (m: ModelEntry) => (m.features.includes("shader-f16") !== preferF32 ? 0 : 1);
+  // an artifact with this executor's kernel set before one without (compiled with
+  // `--kernel-sets`); then f16 variants when the device has shader-f16 (a GPU), f32 ones on the
+  // CPU (wasm: f32 is its native width); else the first listed
+  const preferF32 = exe instanceof WasmExecutor;
+  const rank = (m: ModelEntry) => (hasKernelSet(m, exe) ? 0 : 2) +
+    (m.features.includes("shader-f16") !== preferF32 ? 0 : 1);
   return runnable.sort((a, b) => rank(a) - rank(b))[0];
 }
 
@@ -203,14 +209,15 @@ interface PreparingEntry {
  * variant this device can run (a browser without shader-f16 beside a served f16 model), its
  * progress is reported and the index asked again until it is there. */
 async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" }>,
-                            features: string[], auth: Record<string, string>,
-                            progress: (p: Progress) => void, preferF32 = false): Promise<ModelEntry> {
+                            exe: Executor | WasmExecutor, auth: Record<string, string>,
+                            progress: (p: Progress) => void): Promise<ModelEntry> {
+  const features = exe.features;
   for (;;) {
     const index = (await (await fetchOk(`${base}/web/models.json`, "model index",
       { cache: "no-cache", headers: auth })).json()) as
       { data: ModelEntry[]; preparing?: PreparingEntry[]; loading?: boolean };
     try {
-      return pickModel(index.data, msg.model, msg.quantization, features, preferF32);
+      return pickModel(index.data, msg.model, msg.quantization, exe);
     } catch (e) {
       const wanted = (index.preparing ?? []).find((p) =>
         modelNames(p.model, p.quantization).includes(msg.model) &&
@@ -265,21 +272,21 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
   const wasm = exe instanceof WasmExecutor;
   let entry: ModelEntry;
   try {
-    entry = await resolveEntry(base, msg, exe.features, auth, progress, wasm);
+    entry = await resolveEntry(base, msg, exe, auth, progress);
   } catch (e) {
     if (backend !== "auto" || wasm || !(e instanceof Failure) || e.p.error.code !== "missing_device_feature") throw e;
     exe.destroy();
     executor = null;
     const cpu = await WasmExecutor.create();
-    return [cpu, await resolveEntry(base, msg, cpu.features, auth, progress, true)];
+    return [cpu, await resolveEntry(base, msg, cpu, auth, progress)];
   }
   if (backend !== "auto" || hasKernelSet(entry, exe)) return [exe, entry];
   // compiled without this executor's kernel set (`wick compile --kernel-sets`): the other
   // backend, where the artifact has its set (WebGPU on any adapter, a software one included);
   // else the engine refuses it with the option to compile it with
-  const other = wasm ? await Executor.create().catch(() => null) : await WasmExecutor.create();
+  const other = await (wasm ? Executor.create() : WasmExecutor.create()).catch(() => null);
   if (other) {
-    const again = await resolveEntry(base, msg, other.features, auth, progress, !wasm).catch(() => null);
+    const again = await resolveEntry(base, msg, other, auth, progress).catch(() => null);
     if (again && hasKernelSet(again, other)) {
       exe.destroy();
       executor = null;
@@ -373,7 +380,7 @@ async function fetchDraft(base: string, msg: Extract<ToWorker, { kind: "load" }>
     let draftEntry: ModelEntry;
     try {
       draftEntry = await resolveEntry(base, { ...msg, model: wanted.model, quantization: wanted.quantization },
-        draftExe.features, auth, progress, wasm);
+        draftExe, auth, progress);
     } catch (e) {
       if (!(e instanceof Failure)) throw e;
       throw new Failure({ ...e.p, error: { ...e.p.error, param: "speculative",
