@@ -11,8 +11,8 @@ byte order -- is the package's code, and a test compares both readers field by f
 
 A compile reads a GGUF twice (its architecture and width mix to choose the variant, then the
 model); ``open_gguf`` keeps readers by (path, mtime, size) so both share one parse, until
-``forget_readers()`` (the end of each compile, ``readers_shared_within``: a reader holds the file's mapping and ~100 MB of
-metadata views, which a long ``wick serve`` should not keep).
+``forget_readers()`` (at the end of each compile, ``readers_shared_within``: a reader holds the
+file's mapping and ~100 MB of metadata views, which a long ``wick serve`` should not keep).
 """
 
 from __future__ import annotations

@@ -156,6 +156,7 @@ class RoundRobinRouter(RequestRouter):
         return [[first], [r for r in ordered if r is not first]]  # (if it is full: the others)
 
 
+# by replicas.ROUTER_NAMES (tested to match; replicas.py imports this module, not the reverse)
 ROUTERS = {"prefix": PrefixAwareRouter, "round-robin": RoundRobinRouter,
            "least-loaded": None}  # (None: Ray Serve's own, power of two choices)
 

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 
+# how a request picks its replica (``--replica-router``; ray_serve.ROUTERS: the classes)
+ROUTER_NAMES = ("prefix", "least-loaded", "round-robin")
+
+
 @dataclass(frozen=True)
 class Replicas:
     """A fixed count, or autoscaling bounds (Ray Serve's autoscaling on requests in flight);

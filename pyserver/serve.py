@@ -26,6 +26,7 @@ from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..native.devices import DEVICE_HELP, DEVICES
 from ..native.devices import device as device_arg
 from .connection import HEADER_TIMEOUT_S, WRITE_TIMEOUT_S
+from .replicas import ROUTER_NAMES
 
 log = logging.getLogger("wick.server")
 QUANTIZATIONS = tuple(_SCHEMES)
@@ -103,7 +104,7 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --max-replicas: autoscale between the two (Ray Serve's "
                         "autoscaling on requests in flight) instead of a fixed --replicas")
     p.add_argument("--max-replicas", type=int, metavar="N")
-    p.add_argument("--replica-router", choices=("prefix", "least-loaded", "round-robin"),
+    p.add_argument("--replica-router", choices=ROUTER_NAMES,
                    default="prefix",
                    help="how a request picks its replica: the one holding the longest share of "
                         "its prompt in its prefix cache, else the least loaded (default); "

@@ -382,7 +382,10 @@ def test_round_robin_takes_the_replicas_in_turn():
         def __init__(self) -> None:
             self.initialize_state()
 
+    from wick.server.replicas import ROUTER_NAMES
+
     assert ROUTERS["round-robin"] is RoundRobinRouter
+    assert sorted(ROUTERS) == sorted(ROUTER_NAMES)  # (the CLI's choices)
     a, b, c = (SimpleNamespace(replica_id=n) for n in "abc")
     router = Router()
     firsts = [asyncio.run(router.choose_replicas([c, a, b]))[0] for _ in range(4)]
