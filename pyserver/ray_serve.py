@@ -29,6 +29,7 @@ import contextlib
 import copy
 import hashlib
 import logging
+import random
 import signal
 import threading
 import time
@@ -87,7 +88,12 @@ class PrefixAwareRouter(RequestRouter):
     """The replica holding the longest share of the prompt, unless it is IMBALANCE requests
     busier than the least loaded; else the least loaded. (Not FIFO:
     Ray's FIFOMixin hands a replica chosen for one request to the oldest one waiting, which
-    would send a prompt to another prompt's replica under load.)"""
+    would send a prompt to another prompt's replica under load.)
+
+    A prompt's blocks are claimed for a replica when it is chosen, not when Ray reports the
+    request routed: requests with one new system prompt that arrive together (a burst after a
+    deploy, a client's parallel calls) then all follow the first to one replica, where
+    claiming at ``on_request_routed`` let each find no owner and spread them over all."""
 
     def initialize_state(self, **kwargs: Any) -> None:
         self._held: dict[Any, OrderedDict[bytes, None]] = {}
@@ -100,15 +106,30 @@ class PrefixAwareRouter(RequestRouter):
         return n
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
+        candidates = list(candidate_replicas)
         digests = prompt_digests(_request_body(pending_request))
+        if not digests or not candidates:
+            return [candidates]  # one rank: Ray picks the shorter queue of two in it
         best, best_n = None, 0
-        for replica in candidate_replicas:
+        for replica in candidates:
             n = self._matched(replica.replica_id, digests)
             if n > best_n:
                 best, best_n = replica, n
-        if best is None or self._overloaded(best, candidate_replicas):
-            return [list(candidate_replicas)]  # one rank: Ray picks the shortest queue in it
-        return [[best], [r for r in candidate_replicas if r is not best]]
+        if best is not None and self._overloaded(best, candidates):
+            return [candidates]  # (not claimed: on_request_routed records where it went)
+        if best is None:
+            best = self._least_loaded(candidates)
+        self._claim(best.replica_id, digests)
+        return [[best], [r for r in candidates if r is not best]]
+
+    def _least_loaded(self, candidates):
+        """The candidate with the fewest requests in flight as far as the router's cache of
+        queue lengths knows (unknown: 0), then the one holding the fewest prompt blocks (new
+        prefixes spread), then any."""
+        queues = self.replica_queue_len_cache
+        return min(candidates, key=lambda r: (queues.get(r.replica_id) or 0,
+                                              len(self._held.get(r.replica_id, ())),
+                                              random.random()))
 
     def _overloaded(self, best, candidates) -> bool:
         """Whether ``best`` has IMBALANCE more requests in flight than the least loaded
@@ -118,16 +139,18 @@ class PrefixAwareRouter(RequestRouter):
         known = [n for n in (queues.get(r.replica_id) for r in candidates) if n is not None]
         return mine is not None and mine - min(known) > IMBALANCE
 
-    def on_request_routed(self, pending_request, replica_id, result) -> None:
-        digests = prompt_digests(_request_body(pending_request))
-        if not digests:
-            return
+    def _claim(self, replica_id: Any, digests: list[bytes]) -> None:
         held = self._held.setdefault(replica_id, OrderedDict())
         for d in digests:
             held[d] = None
             held.move_to_end(d)
         while len(held) > MAX_BLOCKS_PER_REPLICA:
             held.popitem(last=False)
+
+    def on_request_routed(self, pending_request, replica_id, result) -> None:
+        # (where it went: the chosen replica, or another if that one was full or the choice
+        # was left to Ray)
+        self._claim(replica_id, prompt_digests(_request_body(pending_request)))
 
     def update_replicas(self, replicas) -> None:
         super().update_replicas(replicas)

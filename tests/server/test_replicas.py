@@ -172,6 +172,36 @@ def test_shared_prefix_stays_on_one_replica(replicated):
     assert all(n and n >= 48 for n in cached[1:]), cached
 
 
+def test_a_burst_of_one_new_prefix_goes_to_one_replica(replicated):
+    """Requests with a system prompt no replica has seen, sent at once, all go to the replica
+    the first was sent to (routing claims a prompt when it chooses, before the first is
+    computed), and a later one finds the prompt cached there."""
+    c = client(replicated)
+    model = c.models.list().data[0].id
+    system = "You answer questions about trains for a railway timetable desk, in one short line."
+
+    def ask(i: int):
+        return c.chat.completions.create(model=model, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": f"train {i}?"}],
+            max_tokens=2, temperature=0)
+
+    before = prompt_tokens_by_replica(replicated)
+    with ThreadPoolExecutor(6) as pool:
+        burst = list(pool.map(ask, range(6)))
+    grew = {r: n - before.get(r, 0) for r, n in prompt_tokens_by_replica(replicated).items()}
+    sent = sum(r.usage.prompt_tokens for r in burst)
+    assert sorted(grew.values()) == [0, sent], grew
+    later = ask(6).usage.prompt_tokens_details.cached_tokens
+    assert later and later >= 48, later
+
+
+def prompt_tokens_by_replica(live) -> dict[str, float]:
+    time.sleep(1.2)  # (replicas report every 0.5 s)
+    return {s.labels["replica"]: s.value
+            for s in metric_families(live)["wick:prompt_tokens"].samples
+            if s.name.endswith("_total")}
+
+
 def test_disconnect_aborts_in_the_replica(replicated):
     c = client(replicated)
     model = c.models.list().data[0].id
