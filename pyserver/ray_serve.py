@@ -571,6 +571,37 @@ def apply_snapshots(engines: dict[str, RemoteEngine], snapshots: dict[str, dict]
         engine.replicas = cores
 
 
+def _join_ray(address: str | None) -> None:
+    """``ray.init`` on a new local cluster (None) or the cluster at ``address``. Ray turns its
+    token authentication on by itself when it finds a cluster (``ray.init()`` after ``ray
+    start``, which keeps a token in ~/.ray) but not for an address it is given, where joining
+    a cluster that asks for a token failed after 20 s with only "Failed to connect". Here a
+    token there is sent as Ray would (a cluster without authentication ignores it), unless
+    RAY_AUTH_MODE says otherwise; a refusal names where the token goes."""
+    options = dict(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+                   configure_logging=False)
+    if address is None:
+        ray.init(address="local", **options)
+        return
+    # (Ray's own step for a cluster it finds, in the pinned Ray 2.60: RAY_AUTH_MODE=token for
+    # this process and Ray's config reloaded, when the mode is unset and a token is there)
+    from ray._private.authentication.authentication_token_setup import \
+        maybe_enable_token_auth_if_token_available
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    try:
+        ray.init(address=address, **options)
+    except ConnectionError as e:
+        asks_token = "InvalidAuthToken" in str(e.__cause__)
+        raise ConnectionError(f"could not join the Ray cluster at {address} ({e})"
+                              + (RAY_TOKEN_ADVICE if asks_token else "")) from None
+
+
+RAY_TOKEN_ADVICE = (": it asks for a token; put the cluster's token in RAY_AUTH_TOKEN, in a "
+                    "file named by RAY_AUTH_TOKEN_PATH or in ~/.ray/auth_token, and set "
+                    "RAY_AUTH_MODE=token")
+
+
 @dataclass
 class ReplicaPool(ModelPool):
     """The served models on a Ray Serve deployment's replicas (``ModelPool``'s names and
@@ -610,8 +641,7 @@ class ReplicaPool(ModelPool):
             try:
                 # ("local": a new cluster of our own, never one that RAY_ADDRESS or another
                 # process left running, whose Serve apps aclose would stop)
-                ray.init(address=self.scaling.address or "local", namespace=NAMESPACE,
-                         include_dashboard=False, log_to_driver=False, configure_logging=False)
+                _join_ray(self.scaling.address)
                 started.append(None)
             except BaseException as e:  # noqa: BLE001 - raised on the deploying thread
                 started.append(e)

@@ -1,10 +1,14 @@
-"""``wick serve --replicas``: the tiny model on two Ray Serve replicas behind one server (one local
-Ray cluster for the module): greedy parity with one engine, concurrent streams on both replicas,
-prefix-aware routing (a shared prompt goes where its pages are cached), a disconnect aborting the
-request in its replica, /health and /metrics per replica, the API key, and no Ray left behind."""
+"""``wick serve --replicas``: the tiny model on two Ray Serve replicas behind one server (joining
+one Ray cluster for the module, started with ``ray start --head``): greedy parity with one
+engine, concurrent streams on both replicas, prefix-aware routing (a shared prompt goes where its
+pages are cached, a burst of one included), a disconnect aborting the request in its replica,
+/health and /metrics per replica, the API key, and no Ray left behind."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,11 +32,31 @@ SYSTEM = "You are a careful assistant for a shipping company: answer in one line
 
 
 @pytest.fixture(scope="module")
-def replicated(tiny_a):
+def ray_head():
+    """A Ray cluster started as a user starts one (`ray start --head`) for the module's server
+    to join (`--ray-address`); the SIGTERM test covers the cluster `wick serve` starts itself."""
+    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([*ray, "start", "--head", f"--port={port}", "--num-cpus=2",
+                    "--include-dashboard=false", "--disable-usage-stats"],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([*ray, "stop", "--force"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def replicated(tiny_a, ray_head):
     import ray
+    from ray import serve
+
+    from wick.server.ray_serve import NAMESPACE
 
     app = serving_app([str(tiny_a)], api_key=KEY, browser_variants=False,
-                      replicas=Replicas(fixed=2))
+                      replicas=Replicas(fixed=2, address=ray_head))
     live = LiveServer(app)
     live.wait_ready(timeout=300)
     deadline = time.monotonic() + 60  # (both replicas' first reports)
@@ -41,7 +65,12 @@ def replicated(tiny_a):
         time.sleep(0.2)
     yield live
     live.stop()
-    assert not ray.is_initialized()  # wick serve stopped the Ray it started
+    # the cluster it joined stays, without its application or the claim on the name
+    assert ray.is_initialized() and ray.nodes()[0]["Alive"]
+    assert "wick" not in serve.status().applications
+    with pytest.raises(ValueError):
+        ray.get_actor(Replicas(app="wick").registry, namespace=NAMESPACE)
+    ray.shutdown()
 
 
 def client(live) -> OpenAI:
@@ -56,12 +85,9 @@ def settled_health(live) -> dict:
 def test_wick_serve_leaves_no_ray_behind_on_sigterm(tiny_a):
     """`wick serve ARTIFACT --replicas 2` as a user runs it: it answers through its replicas;
     SIGTERM stops the server, the replicas and the Ray cluster it started (every process it
-    started is gone), exit status 0. (First in the module: before `replicated` starts the
-    module's own cluster.)"""
+    started is gone), exit status 0. (First in the module: before the module's own cluster
+    starts.)"""
     import signal
-    import socket
-    import subprocess
-    import sys
 
     import psutil
 
