@@ -228,6 +228,25 @@ def prompt_tokens_by_replica(live) -> dict[str, float]:
             if s.name.endswith("_total")}
 
 
+def test_chat_page_and_artifact_host_through_the_replicas(replicated, tiny_a):
+    """The chat page, the browser engine's model index and the served artifact's files are
+    there as on a single server (the replicas' artifact is on this machine)."""
+    import hashlib
+    import json
+
+    page = httpx.get(f"{replicated.url}/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    index = httpx.get(f"{replicated.url}/web/models.json", headers=AUTH).json()
+    assert index["served"] == list(replicated.pool.engines) and not index["loading"]
+    entry = next(e for e in index["data"] if e["id"] == tiny_a.name)
+    manifest = json.loads((tiny_a / "wick-artifact.json").read_text())
+    assert entry["model"] == manifest["model_id"] and entry["quantization"] == "q0f32"
+    shard = manifest["shards"][0]
+    got = httpx.get(f"{replicated.url}/artifacts/{tiny_a.name}/{shard['file']}", headers=AUTH)
+    assert got.status_code == 200
+    assert hashlib.sha256(got.content).hexdigest() == shard["sha256"]
+
+
 def test_disconnect_aborts_in_the_replica(replicated):
     c = client(replicated)
     model = c.models.list().data[0].id
