@@ -572,34 +572,50 @@ def apply_snapshots(engines: dict[str, RemoteEngine], snapshots: dict[str, dict]
 
 
 def _join_ray(address: str | None) -> None:
-    """``ray.init`` on a new local cluster (None) or the cluster at ``address``. Ray turns its
-    token authentication on by itself when it finds a cluster (``ray.init()`` after ``ray
-    start``, which keeps a token in ~/.ray) but not for an address it is given, where joining
-    a cluster that asks for a token failed after 20 s with only "Failed to connect". Here a
-    token there is sent as Ray would (a cluster without authentication ignores it), unless
-    RAY_AUTH_MODE says otherwise; a refusal names where the token goes."""
+    """``ray.init`` on a new local cluster (None) or the cluster at ``address``. Ray sends its
+    token (~/.ray/auth_token, RAY_AUTH_TOKEN) to a cluster it finds itself -- ``ray.init()``
+    after ``ray start`` on this machine -- and, on purpose, to no address it is given unless
+    RAY_AUTH_MODE=token: ``--ray-address 127.0.0.1:6379`` after ``ray start --head`` failed
+    after 20 s with only "Failed to connect". An address naming the cluster ``ray.init()``
+    would find gets the found cluster's rule here; any other needs RAY_AUTH_MODE=token, and a
+    refusal says so."""
     options = dict(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
                    configure_logging=False)
     if address is None:
         ray.init(address="local", **options)
         return
-    # (Ray's own step for a cluster it finds, in the pinned Ray 2.60: RAY_AUTH_MODE=token for
-    # this process and Ray's config reloaded, when the mode is unset and a token is there)
-    from ray._private.authentication.authentication_token_setup import \
-        maybe_enable_token_auth_if_token_available
+    if _is_the_current_cluster(address):
+        # (Ray's own step for a cluster it finds, pinned Ray 2.60: RAY_AUTH_MODE=token for
+        # this process and Ray's config reloaded, when the mode is unset and a token is there)
+        from ray._private.authentication.authentication_token_setup import \
+            maybe_enable_token_auth_if_token_available
 
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
         ray.init(address=address, **options)
     except ConnectionError as e:
         asks_token = "InvalidAuthToken" in str(e.__cause__)
         raise ConnectionError(f"could not join the Ray cluster at {address} ({e})"
-                              + (RAY_TOKEN_ADVICE if asks_token else "")) from None
+                              + (RAY_TOKEN_ADVICE if asks_token else "")) from e
 
 
-RAY_TOKEN_ADVICE = (": it asks for a token; put the cluster's token in RAY_AUTH_TOKEN, in a "
-                    "file named by RAY_AUTH_TOKEN_PATH or in ~/.ray/auth_token, and set "
-                    "RAY_AUTH_MODE=token")
+def _is_the_current_cluster(address: str) -> bool:
+    """Whether ``address`` is the cluster ``ray.init()`` would find on this machine (the last
+    ``ray start``'s), localhost and this machine's IP being one host, as Ray takes them."""
+    from ray._private.services import canonicalize_bootstrap_address
+    from ray._private.utils import read_ray_address
+
+    current = read_ray_address()
+    try:
+        return current is not None and \
+            canonicalize_bootstrap_address(address) == canonicalize_bootstrap_address(current)
+    except Exception:  # noqa: BLE001 - an address Ray cannot read: ray.init says why
+        return False
+
+
+RAY_TOKEN_ADVICE = (": it asks for a token; set RAY_AUTH_MODE=token and put the cluster's "
+                    "token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH or in "
+                    "~/.ray/auth_token")
 
 
 @dataclass
@@ -774,6 +790,7 @@ class ReplicaPool(ModelPool):
             finally:
                 if self._started_ray:
                     ray.shutdown()
+                if self._ray_owner_stop is not None:  # (a joined cluster's thread too)
                     self._ray_owner_stop.set()
 
         await asyncio.to_thread(stop)

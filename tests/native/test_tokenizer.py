@@ -66,4 +66,6 @@ def test_a_long_text_is_tokenized_without_holding_the_gil():
         stop.set()
         ticker.join()
     assert ids == tok.encode(text, add_special_tokens=False).ids
-    assert max(gaps) < 0.5, f"another thread waited {max(gaps):.2f} s"
+    # (tokenizers' encode holds the GIL 7.6 s here; 0.50 s was seen beside the other test
+    # worker on two cores)
+    assert max(gaps) < 2.0, f"another thread waited {max(gaps):.2f} s"

@@ -6,6 +6,7 @@ pages are cached, a burst of one included), a disconnect aborting the request in
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -33,19 +34,41 @@ SYSTEM = "You are a careful assistant for a shipping company: answer in one line
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A Ray cluster started as a user starts one (`ray start --head`) for the module's server
-    to join (`--ray-address`); the SIGTERM test covers the cluster `wick serve` starts itself."""
-    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    """A Ray cluster started as a user starts one (`ray start --head`), with Ray's token
+    authentication on, for the module's server to join (`--ray-address`); the SIGTERM test
+    covers the cluster `wick serve` starts itself. Stopped by its own process (`--block`), not
+    by `ray stop`, which kills every Ray process on the machine."""
+    from ray._private.authentication.authentication_token_setup import (
+        _get_default_token_path, generate_and_save_token)
+    from ray._common.utils import reset_ray_address
+    from ray._private.utils import read_ray_address
+
+    if not _get_default_token_path().exists():  # (as a local ray.init() makes it)
+        generate_and_save_token()
+    mode = os.environ.get("RAY_AUTH_MODE")  # (the join sets it for this process)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    subprocess.run([*ray, "start", "--head", f"--port={port}", "--num-cpus=2",
-                    "--include-dashboard=false", "--disable-usage-stats"],
-                   check=True, capture_output=True, timeout=120)
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", "--block"],
+        env={**os.environ, "RAY_AUTH_MODE": "token"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     try:
+        deadline = time.monotonic() + 120
+        while not (read_ray_address() or "").endswith(f":{port}"):  # (written once it runs)
+            assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
+            time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([*ray, "stop", "--force"], capture_output=True, timeout=120)
+        head.terminate()
+        head.wait(timeout=60)
+        if (read_ray_address() or "").endswith(f":{port}"):  # (ray.init() must not find it)
+            reset_ray_address()
+        if mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = mode
 
 
 @pytest.fixture(scope="module")
@@ -55,22 +78,35 @@ def replicated(tiny_a, ray_head):
 
     from wick.server.ray_serve import NAMESPACE
 
-    app = serving_app([str(tiny_a)], api_key=KEY, browser_variants=False,
-                      replicas=Replicas(fixed=2, address=ray_head))
-    live = LiveServer(app)
-    live.wait_ready(timeout=300)
-    deadline = time.monotonic() + 60  # (both replicas' first reports)
-    while len(live.pool.replicas()) < 2:
-        assert time.monotonic() < deadline, live.pool.replicas()
+    try:
+        app = serving_app([str(tiny_a)], api_key=KEY, browser_variants=False,
+                          replicas=Replicas(fixed=2, address=ray_head))
+        live = LiveServer(app)
+        live.wait_ready(timeout=300)
+        deadline = time.monotonic() + 60  # (both replicas' first reports)
+        while len(live.pool.replicas()) < 2:
+            assert time.monotonic() < deadline, live.pool.replicas()
+            time.sleep(0.2)
+        yield live
+        live.stop()
+        # the cluster it joined stays, without its application or the claim on the name
+        assert ray.is_initialized() and ray.nodes()[0]["Alive"]
+        assert "wick" not in serve.status().applications
+        gone_or_fail(lambda: ray.get_actor(Replicas(app="wick").registry, namespace=NAMESPACE))
+    finally:
+        ray.shutdown()  # (before the cluster stops under this process's connection)
+
+
+def gone_or_fail(lookup, timeout: float = 30) -> None:
+    """Wait until ``lookup()`` raises ValueError (Ray: no such named actor)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            lookup()
+        except ValueError:
+            return
+        assert time.monotonic() < deadline, "the named actor outlived its server"
         time.sleep(0.2)
-    yield live
-    live.stop()
-    # the cluster it joined stays, without its application or the claim on the name
-    assert ray.is_initialized() and ray.nodes()[0]["Alive"]
-    assert "wick" not in serve.status().applications
-    with pytest.raises(ValueError):
-        ray.get_actor(Replicas(app="wick").registry, namespace=NAMESPACE)
-    ray.shutdown()
 
 
 def client(live) -> OpenAI:
@@ -85,8 +121,7 @@ def settled_health(live) -> dict:
 def test_wick_serve_leaves_no_ray_behind_on_sigterm(tiny_a):
     """`wick serve ARTIFACT --replicas 2` as a user runs it: it answers through its replicas;
     SIGTERM stops the server, the replicas and the Ray cluster it started (every process it
-    started is gone), exit status 0. (First in the module: before the module's own cluster
-    starts.)"""
+    started is gone), exit status 0."""
     import signal
 
     import psutil
@@ -211,18 +246,23 @@ def test_a_burst_of_one_new_prefix_goes_to_one_replica(replicated):
             {"role": "system", "content": system}, {"role": "user", "content": f"train {i}?"}],
             max_tokens=2, temperature=0)
 
+    time.sleep(1.0)  # (the earlier tests' counts reported: two report cycles)
     before = prompt_tokens_by_replica(replicated)
     with ThreadPoolExecutor(6) as pool:
         burst = list(pool.map(ask, range(6)))
-    grew = {r: n - before.get(r, 0) for r, n in prompt_tokens_by_replica(replicated).items()}
     sent = sum(r.usage.prompt_tokens for r in burst)
+    deadline = time.monotonic() + 15
+    while True:  # (until every replica's counter has caught up with the burst)
+        grew = {r: n - before.get(r, 0) for r, n in prompt_tokens_by_replica(replicated).items()}
+        if sum(grew.values()) >= sent or time.monotonic() > deadline:
+            break
     assert sorted(grew.values()) == [0, sent], grew
     later = ask(6).usage.prompt_tokens_details.cached_tokens
     assert later and later >= 48, later
 
 
 def prompt_tokens_by_replica(live) -> dict[str, float]:
-    time.sleep(1.2)  # (replicas report every 0.5 s)
+    time.sleep(0.6)  # (replicas report every 0.5 s, the server reads them as often)
     return {s.labels["replica"]: s.value
             for s in metric_families(live)["wick:prompt_tokens"].samples
             if s.name.endswith("_total")}
@@ -313,14 +353,7 @@ def test_a_second_server_on_the_cluster_needs_its_own_app_name(replicated, tiny_
     pool = ReplicaPool(models=[str(tiny_a)], engine_options={}, scaling=other)
     pool._registry = ReplicaRegistry.options(name=other.registry, namespace=NAMESPACE).remote()
     asyncio.run(pool.aclose())
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            ray.get_actor(other.registry, namespace=NAMESPACE)
-        except ValueError:
-            break
-        assert time.monotonic() < deadline, "the claim outlived its pool"
-        time.sleep(0.2)
+    gone_or_fail(lambda: ray.get_actor(other.registry, namespace=NAMESPACE))
     c = client(replicated)
     got = c.completions.create(model=c.models.list().data[0].id, prompt="still here",
                                max_tokens=2, temperature=0)
