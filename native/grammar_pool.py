@@ -49,6 +49,7 @@ from ..engine.grammar_limits import GrammarLimits
 log = logging.getLogger("wick.grammar")
 REFUSED_REMEMBERED = 256
 _POLL_S = 0.05  # how often a waiting compile looks at its deadline and its requests
+START_TIMEOUT_S = 120.0  # a child's start (xgrammar's import, the vocabulary), apart from budgets
 _STDERR_TAIL = 4096
 
 
@@ -143,15 +144,27 @@ class _Child:
         assert self.proc.stdin is not None
         write_frame(self.proc.stdin, init)
 
+    def wait_ready(self, abandoned: threading.Event) -> None:
+        """Until the child has read the vocabulary (importing xgrammar and building its
+        tokenizer info took over 1 s on a busy machine: counted in the first compile's budget,
+        it got an innocent grammar refused as too slow, and remembered)."""
+        answer = self._read(time.monotonic() + START_TIMEOUT_S, abandoned)
+        if not answer.get("ready"):
+            raise self._lost()
+
     def compile(self, job: dict[str, Any], deadline: float, abandoned: threading.Event
                 ) -> dict[str, Any]:
         """The child's answer to ``job``; raises ``_Stopped`` (the child is then killed) or
         ``_Lost``."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
         try:
             write_frame(self.proc.stdin, job)
         except (BrokenPipeError, OSError):
             raise self._lost() from None
+        return self._read(deadline, abandoned)
+
+    def _read(self, deadline: float, abandoned: threading.Event) -> dict[str, Any]:
+        assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         while True:
             if abandoned.is_set():
@@ -298,18 +311,41 @@ class GrammarPool:
                     return
                 if job.abandoned.is_set():
                     continue
-                try:
-                    if child is None:
-                        child = self._start_child()
-                except Exception as e:  # noqa: BLE001 - no child: this job's error, not a hang
-                    log.error("the grammar compiler could not start: %s", e)
-                    self._settle(job, _Refusal(f"The grammar compiler could not start ({e}).",
-                                               "grammar_compiler_failed", closed=True))
-                    continue
+                if child is None:
+                    child = self._ready_child(job)
+                    if child is None:  # (the job is settled)
+                        continue
                 child = self._compile(child, job)
         finally:
             if child is not None:
                 child.kill()
+
+    def _ready_child(self, job: _Job) -> _Child | None:
+        """A new child once it has read the vocabulary; None, with ``job`` settled, when it
+        could not start or every request waiting for ``job`` left meanwhile."""
+        try:
+            child = self._start_child()
+            child.wait_ready(job.abandoned)
+            return child
+        except _Stopped as stop:
+            self._forget(child)
+            if stop.reason == "abandoned":
+                self.stats.abandoned += 1
+                self._settle(job, None)
+                return None
+            why = f"it did not start within {START_TIMEOUT_S:g} s"
+        except _Lost as lost:
+            self._forget(child)
+            why = f"it ended with exit code {lost.returncode}"
+            said = [line for line in lost.stderr.splitlines() if line.strip()]
+            if said:
+                why += f": {said[-1].strip()}"
+        except Exception as e:  # noqa: BLE001 - no child: this job's error, not a hang
+            why = str(e)
+        log.error("the grammar compiler could not start: %s", why)
+        self._settle(job, _Refusal(f"The grammar compiler could not start ({why}).",
+                                   "grammar_compiler_failed", closed=True))
+        return None
 
     def _start_child(self) -> _Child:
         child = _Child(self._init)
@@ -358,7 +394,7 @@ class GrammarPool:
         with self._lock:
             if self._running.get(key) is job:
                 del self._running[key]
-            if isinstance(result, _Refusal):
+            if isinstance(result, _Refusal) and not result.closed:  # (the grammar's own)
                 self._refused[key] = result
                 while len(self._refused) > REFUSED_REMEMBERED:
                     self._refused.popitem(last=False)

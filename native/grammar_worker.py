@@ -78,6 +78,7 @@ def main() -> None:
                               init["stop_token_ids"], init["add_prefix_space"])
     compiler = core.GrammarCompiler(info, 2, False, -1)
     in_use = heap_meter()
+    write_frame(out, {"ready": True})  # (a compile's time budget starts from here)
     while (job := read_frame(inp)) is not None:
         spec = GrammarSpec(job["kind"], job["source"], job["param"])
         before, started = in_use(), time.perf_counter()

@@ -188,8 +188,14 @@ def test_extension_pages_share_one_engine(ctx, ext_id, host, native):
     steps0 = a.run("async () => (await engine.stats()).steps")
     long = """([prompt, n]) => engine.completions.create({prompt, max_tokens: n, temperature: 0,
         ignore_eos: true}).then((c) => c.choices[0].text)"""
-    a.run(f"(arg) => {{ window.pending = ({long})(arg); }}", [PROMPT, LONG])
-    text_b = b.run(long, [PROMPT, LONG])
+    # (both sent at once: page a waits for page b's word on a BroadcastChannel; a was sent
+    # first before, and on a busy machine it could end before b's arrived)
+    a.run(f"""(arg) => {{ window.pending = new Promise((go) => {{
+        const channel = new BroadcastChannel("wick-test-go");
+        channel.onmessage = () => {{ channel.close(); go(); }};
+    }}).then(() => ({long})(arg)); }}""", [PROMPT, LONG])
+    text_b = b.run(f"""(arg) => {{ new BroadcastChannel("wick-test-go").postMessage("go");
+        return ({long})(arg); }}""", [PROMPT, LONG])
     text_a = a.run("() => window.pending")
     steps = a.run("async () => (await engine.stats()).steps") - steps0
     assert text_a == text_b == native["long"]["choices"][0]["text"]

@@ -133,6 +133,18 @@ def test_a_slow_compile_is_stopped_at_its_time_budget(backend_of):
     backend.compile(small_schema(1))  # on a new child
 
 
+def test_a_childs_start_is_not_counted_in_the_first_compiles_budget(backend_of):
+    """A budget shorter than a child's start (Python, xgrammar's import, the vocabulary: about
+    a second) still lets a small grammar through on a new child: the budget starts when the
+    child is ready (before, the first compile was refused as too slow, and remembered)."""
+    backend = backend_of(**OPEN, compile_timeout_s=0.3)
+    t0 = time.monotonic()
+    matcher = backend.compile(small_schema(0)).matcher()
+    assert time.monotonic() - t0 > 0.3  # (the start alone takes longer than the budget)
+    assert all(matcher.accept(t) for t in ids('{"field0": 7}'))
+    assert backend.pool.stats.timed_out == 0 and backend.pool.stats.compiled == 1
+
+
 def test_a_compile_whose_requests_left_is_abandoned(backend_of):
     backend = backend_of(**OPEN, compile_timeout_s=60)
 
