@@ -120,6 +120,18 @@ class _Lost(Exception):
         super().__init__(returncode, stderr)
         self.returncode, self.stderr = returncode, stderr
 
+    def how(self) -> str:
+        """How it ended: "signal 11, SIGSEGV" or "exit code N"."""
+        code = self.returncode
+        if code is not None and code < 0 and -code in signal.Signals._value2member_map_:
+            return f"signal {-code}, {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def last_said(self) -> str:
+        """The last line it wrote to stderr ("" for none)."""
+        said = [line for line in self.stderr.splitlines() if line.strip()]
+        return said[-1].strip() if said else ""
+
 
 class _Stopped(Exception):
     """The compile was stopped: ``reason`` is "timeout" or "abandoned"."""
@@ -336,10 +348,8 @@ class GrammarPool:
             why = f"it did not start within {START_TIMEOUT_S:g} s"
         except _Lost as lost:
             self._forget(child)
-            why = f"it ended with exit code {lost.returncode}"
-            said = [line for line in lost.stderr.splitlines() if line.strip()]
-            if said:
-                why += f": {said[-1].strip()}"
+            last = lost.last_said()
+            why = f"it ended with {lost.how()}" + (f": {last}" if last else "")
         except Exception as e:  # noqa: BLE001 - no child: this job's error, not a hang
             why = str(e)
         log.error("the grammar compiler could not start: %s", why)
@@ -421,11 +431,7 @@ class GrammarPool:
             "nesting, fewer nested repetitions.", "grammar_too_large")
 
     def _crashed(self, spec: GrammarSpec, lost: _Lost) -> _Refusal:
-        code = lost.returncode
-        how = (f"signal {-code}, {signal.Signals(-code).name}" if code is not None and code < 0
-               and -code in signal.Signals._value2member_map_ else f"exit code {code}")
-        said = [line for line in lost.stderr.splitlines() if line.strip()]
-        last = said[-1].strip() if said else ""
+        how, last = lost.how(), lost.last_said()
         log.warning("the grammar compiler crashed on %s (%d bytes): %s%s", spec.param,
                     len(spec.source), how, f"; it said: {last}" if last else "")
         detail = f"the grammar compiler crashed on it ({how})"
