@@ -169,3 +169,12 @@ def still_running(processes: list, timeout: float = 30) -> list:
             return False
 
     return [p for p in alive if running(p)]
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

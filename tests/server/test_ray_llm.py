@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ pytest.importorskip("ray")
 
 from openai import BadRequestError, OpenAI  # noqa: E402
 
-from .conftest import still_running  # noqa: E402
+from .conftest import free_port, still_running  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY_LLM = ROOT / ".venv" / "ray-llm"  # (scripts/setup.sh --test)
@@ -37,12 +36,6 @@ def ray_llm_env() -> dict[str, str]:
         tool_missing("Ray Serve LLM's OpenAI types are not installed (.venv/ray-llm)")
     return {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(RAY_LLM), *filter(None, [os.environ.get("PYTHONPATH")])])}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ pages are cached, a burst of one included), a disconnect aborting the request in
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from wick.server.replicas import Replicas  # noqa: E402
 from wick.server.serve import serving_app  # noqa: E402
 
-from .conftest import LiveServer, still_running  # noqa: E402
+from .conftest import LiveServer, free_port, still_running  # noqa: E402
 
 KEY = "sk-replicas"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -46,9 +45,7 @@ def ray_head():
     if not _get_default_token_path().exists():  # (as a local ray.init() makes it)
         generate_and_save_token()
     mode = os.environ.get("RAY_AUTH_MODE")  # (the join sets it for this process)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
          "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", "--block"],
@@ -128,9 +125,7 @@ def test_wick_serve_leaves_no_ray_behind_on_sigterm(tiny_a):
 
     from tests.conftest import wick_process_env
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; from wick.server.cli import main; sys.exit(main())",
