@@ -37,6 +37,7 @@ from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, requantize, row_splits
 from .models.kv_layout import PAGE_SIZE
 from .quantization import Quantization, f32_twin, get_quantization, mixed_plan, quantize
+from .source_digest import compiler_digest, tvm_version
 
 # Bump on a format change; the source digest below catches every other compiler change.
 COMPILER_REVISION = 3
@@ -48,32 +49,9 @@ Progress = Callable[[str, int, int], None]
 log = logging.getLogger("wick.compiler")
 
 
-def _tvm_version() -> str:
-    import tvm
-
-    return tvm.__version__
-
-
-def compiler_digest() -> str:
-    """Hash of the compiler's own source: artifacts are rebuilt whenever the compiler changes."""
-    here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    # (and what reaches the manifest from elsewhere: the sampling keys a request takes, and the
-    # registry's model cards only: another pin or size there rebuilds nothing)
-    extra = [here / "kernel_runtime.c", here.parent / "engine" / "artifact.py",
-             here.parent / "engine" / "sampling_defaults.py"]
-    for path in sorted(here.rglob("*.py")) + extra:
-        if path.is_file():
-            digest.update(path.read_bytes())
-    cards = json.loads((here / "registry.json").read_text(encoding="utf-8"))
-    digest.update(json.dumps({name: entry.get("sampling") for name, entry in cards.items()},
-                             sort_keys=True).encode())
-    return digest.hexdigest()[:16]
-
-
 def cache_key(source_hash: str, quant: str, options: dict) -> str:
     blob = json.dumps([source_hash, quant, TARGET, WICK_VERSION, COMPILER_REVISION,
-                       compiler_digest(), _tvm_version(), options], sort_keys=True)
+                       compiler_digest(), tvm_version(), options], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -473,7 +451,7 @@ def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict
         "source": source,
         "compile_options": options,  # what `wick serve` reuses to build a sibling variant
         "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION,
-                     "digest": compiler_digest(), "tvm": _tvm_version(),
+                     "digest": compiler_digest(), "tvm": tvm_version(),
                      "target": TARGET},
     }
 

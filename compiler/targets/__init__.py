@@ -57,6 +57,17 @@ def targets(chosen: tuple[str, ...] | None = None) -> dict:
     return {m.KIND: m for m in (webgpu, cpu, cuda) if m.KIND in reads}
 
 
+def _kept(name: str, build: Callable) -> Callable:
+    """``build`` through the build cache (compiler/targets/build_cache.py): an LLVM build is
+    seconds to minutes, and a recompile with other options often builds the same functions."""
+    import importlib
+
+    from .build_cache import built
+
+    facts = importlib.import_module(build.__module__).build_facts
+    return lambda lowered: built(name, build, facts, lowered)
+
+
 def builders(chosen: tuple[str, ...] | None = None) -> list[tuple[str, str, Callable, bool]]:
     """(its KERNEL_SETS name, the lowered set it reads, build, heavy: an LLVM build worth a
     thread of its own), in the order the artifact lists the sets: the ``chosen`` ones (every
@@ -76,9 +87,11 @@ def build_all(sets: dict, report: Progress,
     """The ``chosen`` kernel sets (every one for None) of the lowered ``sets``. The LLVM builds
     (CPU, WebAssembly) run on two threads: TVM's build and the linkers release the GIL, so a
     2-core machine compiles a model's kernels in ~60 % of the time; the bytes are the same as
-    built one after the other (tested)."""
+    built one after the other (tested). An LLVM build an earlier compile made is taken from the
+    build cache (compiler/targets/build_cache.py)."""
     jobs = [(read, build, heavy) for _, read, build, heavy in builders(chosen)]
-    heavy = [(i, read, build) for i, (read, build, big) in enumerate(jobs) if big]
+    heavy = [(i, read, _kept(name, build)) for i, (name, read, build, big)
+             in enumerate(builders(chosen)) if big]
     done: dict[int, dict[str, BuiltSet]] = {}
     if heavy:
         report("compile CPU kernels", 0, len(heavy))

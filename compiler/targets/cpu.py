@@ -81,6 +81,12 @@ def build(lowered: CpuSet) -> dict[str, BuiltSet]:
     return library(KIND, "library", LIBRARY, data, entry)
 
 
+def build_facts() -> dict:
+    """What ``build`` depends on besides the functions (compiler/targets/build_cache.py)."""
+    return {"mcpu": host_cpu(), "triple": host_triple(), "cpu_flags": sorted(host_cpu_flags()),
+            "cc": _c_compiler(), "runtime": KERNEL_RUNTIME_ABI}
+
+
 def host_cpu() -> str:
     """LLVM's name for this machine's CPU (e.g. "znver4", "skylake-avx512")."""
     from tvm.target import codegen
@@ -115,7 +121,7 @@ def link(obj: Path, out: Path) -> None:
     """Link the kernels' object with the kernel runtime into the shared library ``out``, with
     the system C compiler. -Bsymbolic: the kernels' calls into the runtime stay inside the
     library even in a process that has TVM's runtime loaded (its symbols have the same names)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    cc = _c_compiler()
     cmd = [cc, "-shared", "-fPIC", "-O2", "-pthread", "-Wl,-Bsymbolic", "-o", str(out),
            "-x", "c", str(RUNTIME_SOURCE), "-x", "none", str(obj), "-lm"]
     try:
@@ -126,6 +132,10 @@ def link(obj: Path, out: Path) -> None:
     if done.returncode:
         detail = (done.stderr or done.stdout).strip()
         raise RuntimeError(f"linking the CPU kernels failed: {detail[-2000:]}")
+
+
+def _c_compiler() -> str:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
 
 
 def host_triple() -> str:

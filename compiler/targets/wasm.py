@@ -99,6 +99,17 @@ def link(obj: Path, out: Path, exports: list[str], threads: bool = False) -> Non
         raise RuntimeError(f"linking the WebAssembly kernels failed: {detail[-2000:]}")
 
 
+def build_facts() -> dict:
+    """What ``build`` depends on besides the functions (compiler/targets/build_cache.py)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        zig = version("ziglang")
+    except PackageNotFoundError:  # (the link will say what is missing)
+        zig = None
+    return {"triple": TRIPLE, "features": list(FEATURES), "ziglang": zig}
+
+
 def build(lowered: CpuSet) -> dict[str, BuiltSet]:
     """Both modules of the CPU's lowered set."""
     out: dict[str, BuiltSet] = {}
