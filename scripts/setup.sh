@@ -55,11 +55,17 @@ step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-d
 # its engine; Ray imports the OpenAI types of vLLM or SGLang. SGLang's, without SGLang's runtime,
 # go into a directory of their own, on that test's PYTHONPATH only (the file says why each).
 RAY_LLM_REQS=tests/server/ray_llm_requirements.txt
+# (in the background, beside the browser engine's build: mostly unpacking, ~45 s; its own log)
+ray_llm=""
 if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt; then
   rm -rf .venv/ray-llm
-  step "installing Ray Serve LLM's OpenAI types for its test (.venv/ray-llm)" \
-    .venv/bin/python -m pip install -q --no-deps --target .venv/ray-llm -r "$RAY_LLM_REQS"
-  cp "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt
+  (
+    LOG="$PWD/.venv/setup-ray-llm.log"; : > "$LOG"
+    step "installing Ray Serve LLM's OpenAI types for its test (.venv/ray-llm)" \
+      .venv/bin/python -m pip install -q --no-deps --target .venv/ray-llm -r "$RAY_LLM_REQS"
+    cp "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt
+  ) &
+  ray_llm=$!
 fi
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
@@ -73,6 +79,10 @@ if command -v npm >/dev/null 2>&1; then
     echo "setup: the server and the Python engine work without the browser engine" >&2
 else
   echo "setup: npm not found; skipping the browser engine build (bash web/build.sh)" >&2
+fi
+
+if [ -n "$ray_llm" ]; then
+  wait "$ray_llm" || exit 1
 fi
 
 # Browser tests drive Debian's Chromium (headless, --enable-unsafe-webgpu) with playwright;
