@@ -11,6 +11,10 @@ from wick.engine.api import EngineAPI
 pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+# the greedy chat's: a short system message of its own makes a 21-token prompt, one prefill
+# tile on lavapipe, where the template's default system prompt made 37 (two tiles, ~15 s more);
+# the answer is the same 8 tokens
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +38,9 @@ def test_chat_template_matches_transformers(core, smollm2_path):
 
 
 def test_greedy_chat_equals_transformers(api, core, smollm2_hf):
-    ids = core.chat_prompt_ids(MESSAGES)
+    ids = core.chat_prompt_ids(CHAT)
     with record(core.runner) as rec:
-        r = api.chat.completions.create(messages=MESSAGES, temperature=0, max_tokens=16)
+        r = api.chat.completions.create(messages=CHAT, temperature=0, max_tokens=16)
     got = rec.sampled
     want = hf_greedy(smollm2_hf, ids, 16, stop_at_eos=True)
     print(f"wick: {got}\nhf:   {want}\ntext: {r.choices[0].message.content!r}")
