@@ -68,6 +68,7 @@ if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirement
     cp "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt
   ) &
   ray_llm=$!
+  trap 'kill "$ray_llm" 2>/dev/null || true' EXIT  # (a stopped setup stops it too)
 fi
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
@@ -85,6 +86,7 @@ fi
 
 if [ -n "$ray_llm" ]; then
   wait "$ray_llm" || exit 1
+  trap - EXIT
 fi
 
 # Browser tests drive Debian's Chromium (headless, --enable-unsafe-webgpu) with playwright;

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Set before anything imports wick: the compile cache lives here for the whole session.
 os.environ.setdefault("WICK_HOME", str(ROOT / ".wick-test-cache"))
 # ... and the kernel builds, for a test's compile into a WICK_HOME of its own too
-os.environ.setdefault("WICK_KERNEL_CACHE", str(ROOT / ".wick-test-cache" / "kernel-builds"))
+os.environ.setdefault("WICK_KERNEL_CACHE", str(Path(os.environ["WICK_HOME"]) / "kernel-builds"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

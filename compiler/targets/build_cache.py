@@ -46,9 +46,20 @@ def cache_root() -> Path | None:
     return Path(explicit).expanduser() if explicit else wick_home() / "kernel-builds"
 
 
+def tvm_versions() -> list:
+    """TVM's version and its FFI's (pinned apart: another FFI may pass arguments otherwise)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ffi = version("apache-tvm-ffi")
+    except PackageNotFoundError:
+        ffi = None
+    return [tvm_version(), ffi]
+
+
 def build_key(name: str, functions: dict, facts: dict) -> str:
     """The key of building ``functions`` (name -> TIR PrimFunc) as set ``name``."""
-    h = hashlib.sha256(json.dumps({"set": name, "facts": facts, "tvm": tvm_version(),
+    h = hashlib.sha256(json.dumps({"set": name, "facts": facts, "tvm": tvm_versions(),
                                    "compiler": compiler_digest()}, sort_keys=True).encode())
     for fname in sorted(functions):
         h.update(b"\0" + fname.encode() + b"\0" + functions[fname].script().encode())
@@ -87,11 +98,14 @@ def _read(entry: Path) -> dict[str, BuiltSet] | None:
             out[kind] = BuiltSet(files, item["entry"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         log.warning("kernel build cache entry %s is damaged (%s): building again", entry, err)
         shutil.rmtree(entry, ignore_errors=True)
         return None
-    os.utime(entry)  # (most recently used: kept longest)
+    try:
+        os.utime(entry)  # (most recently used: kept longest)
+    except OSError:  # (pruned meanwhile by another compile, or a cache we may only read)
+        pass
     return out
 
 

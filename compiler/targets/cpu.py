@@ -19,6 +19,7 @@ TVM's plain loops.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -84,7 +85,7 @@ def build(lowered: CpuSet) -> dict[str, BuiltSet]:
 def build_facts() -> dict:
     """What ``build`` depends on besides the functions (compiler/targets/build_cache.py)."""
     return {"mcpu": host_cpu(), "triple": host_triple(), "cpu_flags": sorted(host_cpu_flags()),
-            "cc": _c_compiler(), "runtime": KERNEL_RUNTIME_ABI}
+            "cc": _c_compiler_version(_c_compiler()), "runtime": KERNEL_RUNTIME_ABI}
 
 
 def host_cpu() -> str:
@@ -132,6 +133,16 @@ def link(obj: Path, out: Path) -> None:
     if done.returncode:
         detail = (done.stderr or done.stdout).strip()
         raise RuntimeError(f"linking the CPU kernels failed: {detail[-2000:]}")
+
+
+@functools.lru_cache(maxsize=4)
+def _c_compiler_version(cc: str) -> str:
+    """``cc`` and what ``cc --version`` says (it compiles the kernel runtime into the library)."""
+    try:
+        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+        return f"{cc}: {done.stdout.strip()}"
+    except (OSError, subprocess.SubprocessError):  # (the link will say what is missing)
+        return cc
 
 
 def _c_compiler() -> str:

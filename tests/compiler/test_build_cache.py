@@ -75,6 +75,10 @@ def test_a_damaged_entry_is_built_again(builds, tmp_path):
     assert sorted(builds) == ["cpu", "cpu", "wasm"]
     build(SMALL)  # (the rebuilt entry is whole again)
     assert sorted(builds) == ["cpu", "cpu", "wasm"]
+    for index in (tmp_path / "kernels").glob("*/built.json"):
+        index.write_text("[]")  # (JSON, but not an index)
+    assert files_and_entries(build(SMALL)) == files_and_entries(first)
+    assert sorted(builds) == ["cpu"] * 3 + ["wasm"] * 2
 
 
 def test_off_builds_every_time_and_keeps_nothing(builds, monkeypatch, tmp_path):
