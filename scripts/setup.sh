@@ -45,14 +45,15 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
 fi
 
 step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
-# (--no-compile: pip would byte-compile every module of torch, ray, transformers... first, more
-# than half of the install's time; Python compiles what is imported, once, when first imported)
-step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q --no-compile -e ".${extras}"
+# (byte-compiled by pip, more than half of the install's time, but needed: Ray's worker
+# processes never write bytecode, and Ray Serve's proxy compiling fastapi from source at each
+# start missed its readiness checks on a busy machine)
+step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q -e ".${extras}"
 # Structured output: xgrammar at the version the browser's web-xgrammar has. Its PyPI metadata
 # asks for torch, triton and transformers, which wick never uses (it loads the C++ bindings
 # only), so it goes in without its dependencies.
 XGRAMMAR=$(.venv/bin/python -c "from wick.native.grammar import XGRAMMAR_VERSION as v; print(v)")
-step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-compile --no-deps "xgrammar==${XGRAMMAR}"
+step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-deps "xgrammar==${XGRAMMAR}"
 # The Ray Serve LLM test (tests/server/test_ray_llm.py) runs Ray's LLM application with wick as
 # its engine; Ray imports the OpenAI types of vLLM or SGLang. SGLang's, without SGLang's runtime,
 # go into a directory of their own, on that test's PYTHONPATH only (the file says why each).
@@ -64,7 +65,7 @@ if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirement
   (
     LOG="$PWD/.venv/setup-ray-llm.log"; : > "$LOG"
     step "installing Ray Serve LLM's OpenAI types for its test (.venv/ray-llm)" \
-      .venv/bin/python -m pip install -q --no-compile --no-deps --target .venv/ray-llm -r "$RAY_LLM_REQS"
+      .venv/bin/python -m pip install -q --no-deps --target .venv/ray-llm -r "$RAY_LLM_REQS"
     cp "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt
   ) &
   ray_llm=$!
