@@ -89,9 +89,9 @@ def build_all(sets: dict, report: Progress,
     2-core machine compiles a model's kernels in ~60 % of the time; the bytes are the same as
     built one after the other (tested). An LLVM build an earlier compile made is taken from the
     build cache (compiler/targets/build_cache.py)."""
-    jobs = [(read, build, heavy) for _, read, build, heavy in builders(chosen)]
-    heavy = [(i, read, _kept(name, build)) for i, (name, read, build, big)
-             in enumerate(builders(chosen)) if big]
+    jobs = builders(chosen)
+    heavy = [(i, read, _kept(name, build)) for i, (name, read, build, big) in enumerate(jobs)
+             if big]
     done: dict[int, dict[str, BuiltSet]] = {}
     if heavy:
         report("compile CPU kernels", 0, len(heavy))
@@ -100,7 +100,7 @@ def build_all(sets: dict, report: Progress,
             for finished, future in enumerate(as_completed(futures), 1):
                 done[futures[future]] = future.result()
                 report("compile CPU kernels", finished, len(heavy))
-    for i, (read, build, big) in enumerate(jobs):
+    for i, (_, read, build, big) in enumerate(jobs):
         if not big:
             done[i] = build(sets[read])
     return {kind: built for i in range(len(jobs)) for kind, built in done[i].items()}
