@@ -73,7 +73,10 @@ def test_huge_request_does_not_stall_running_streams(server, names):
             f.result()
     gaps = [b[0] - a[0] for out in outs for a, b in zip(out, out[1:]) if b[0] > t0 and a[0] < t1]
     assert gaps, "no stream was running while the big request was handled"
-    assert max(gaps) < 1.0, f"a stream waited {max(gaps):.2f} s for its next chunk"
+    # A stall is seconds (the body parsed, or 130,000 messages rendered, on the event loop).
+    # A step of 8 streams beside the parse takes 0.29 s on an idle 2-core machine, 0.6 s beside
+    # two busy processes and 1.08 s once in CI beside the other test worker: hence 2 s.
+    assert max(gaps) < 2.0, f"a stream waited {max(gaps):.2f} s for its next chunk"
     assert max(health) < 1.0, f"/health took {max(health):.2f} s"
     assert all(events(out)[-1] == "[DONE]" for out in outs)
 
