@@ -45,15 +45,21 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
 fi
 
 step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
-# (byte-compiled by pip, more than half of the install's time, but needed: Ray's worker
-# processes never write bytecode, and Ray Serve's proxy compiling fastapi from source at each
-# start missed its readiness checks on a busy machine)
-step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q -e ".${extras}"
+# pip byte-compiles what it installs one file at a time (more than half of the install's
+# time); compileall does it on every core, in the background beside the browser engine's build
+# below. Compiled before anything runs: Ray Serve's actors, starting at once, each compiling
+# fastapi from source missed the proxy's readiness checks on a busy machine. transformers'
+# ~560 model folders are left to the first import of the few the tests load.
+step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q --no-compile -e ".${extras}"
 # Structured output: xgrammar at the version the browser's web-xgrammar has. Its PyPI metadata
 # asks for torch, triton and transformers, which wick never uses (it loads the C++ bindings
 # only), so it goes in without its dependencies.
 XGRAMMAR=$(.venv/bin/python -c "from wick.native.grammar import XGRAMMAR_VERSION as v; print(v)")
-step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-deps "xgrammar==${XGRAMMAR}"
+step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-compile --no-deps "xgrammar==${XGRAMMAR}"
+SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# (a few files of Python 2 in some packages do not compile: the exit status says nothing)
+.venv/bin/python -m compileall -q -j 0 -x '/transformers/models/' "$SITE" >"$PWD/.venv/setup-compile.log" 2>&1 &
+byte_compile=$!
 # The Ray Serve LLM test (tests/server/test_ray_llm.py) runs Ray's LLM application with wick as
 # its engine; Ray imports the OpenAI types of vLLM or SGLang. SGLang's, without SGLang's runtime,
 # go into a directory of their own, on that test's PYTHONPATH only (the file says why each).
@@ -69,8 +75,8 @@ if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirement
     cp "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt
   ) &
   ray_llm=$!
-  trap 'kill "$ray_llm" 2>/dev/null || true' EXIT  # (a stopped setup stops it too)
 fi
+trap 'kill $byte_compile $ray_llm 2>/dev/null || true' EXIT  # (a stopped setup stops them too)
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
 # with node and npm (Debian's, installed when missing); the server and the Python engine work
@@ -87,8 +93,9 @@ fi
 
 if [ -n "$ray_llm" ]; then
   wait "$ray_llm" || exit 1
-  trap - EXIT
 fi
+wait "$byte_compile" || true
+trap - EXIT
 
 # Browser tests drive Debian's Chromium (headless, --enable-unsafe-webgpu) with playwright;
 # `playwright install` is never used.
