@@ -49,7 +49,10 @@ def ray_head():
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
          "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", "--block"],
-        env={**os.environ, "RAY_AUTH_MODE": "token"}, stdout=subprocess.DEVNULL,
+        # (no drain at SIGTERM: with Serve's controller left on it, the node waited out
+        # Ray's 30 s drain for rolling upgrades before it stopped)
+        env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"},
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
