@@ -27,7 +27,10 @@ PROMPTS = [f"request {i}: " + "abc xyz " * (i % 7) for i in range(12)]
 
 @pytest.fixture(scope="module")
 def f16_artifact(tiny_llama_dir, compiled):
-    return compiled(tiny_llama_dir, "q4f16_1", context_window=256, max_batch_size=16)
+    from tests.e2e.conftest import WEBGPU_ONLY
+
+    return compiled(tiny_llama_dir, "q4f16_1", context_window=256, max_batch_size=16,
+                    kernel_sets=WEBGPU_ONLY)  # (run on lavapipe only)
 
 
 def run_all(engine, rounds: int, tokens: int) -> tuple[list[str], list[list[str]]]:
@@ -96,13 +99,16 @@ def test_one_sequence_decodes_bit_identically_alone_and_in_a_batch(tmp_path_fact
     on SmolLM2 itself)."""
     import numpy as np
 
+    from tests.e2e.conftest import WEBGPU_ONLY
     from tests.e2e.helpers import decode_logits, make_core, record
     from tests.tiny_models import make_tiny_model
 
     src = make_tiny_model(tmp_path_factory.mktemp("wide") / "wide-llama", "llama", layers=1,
                           hidden_size=576, intermediate_size=1536, num_attention_heads=9,
                           num_key_value_heads=3)
-    art = compiled(src, "q4f16_1", context_window=128, max_batch_size=4)
+    # (the WGSL kernels only: this model is its own, no other test loads it)
+    art = compiled(src, "q4f16_1", context_window=128, max_batch_size=4,
+                   kernel_sets=WEBGPU_ONLY)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 256, size=n).tolist() for n in (7, 19, 33, 12)]
     for i, p in enumerate(prompts):
