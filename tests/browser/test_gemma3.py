@@ -18,8 +18,8 @@ N = 2
 
 @pytest.fixture(scope="module")
 def gemma_artifact(compiled):
-    # (the native tests' artifact: they run its WebGPU set on lavapipe; here the browser its
-    # wasm set, the native reference (device "auto") its CPU set)
+    # (the native tests' artifact: they run its CPU set; here the browser its wasm set, the
+    # native reference (device "auto") its CPU set)
     return compiled("gemma-3-270m", "q4f32_m", context_window=1024,
                     kernel_sets=("webgpu", "cpu", "wasm"))
 

@@ -4,8 +4,9 @@ sub-path, no wick server anywhere), equals the native engine on the same artifac
 (the CPU's): a greedy JSON-schema chat (web-xgrammar over SmolLM2's vocabulary) streamed in the
 browser joins to the native non-stream text, with its usage chunk equal to the native usage, and
 validates.
-(On SwiftShader's WebGPU each decode step of this model took seconds; the WGSL kernels of its
-shapes are checked on lavapipe by tests/e2e, and in the browser with the tiny models.)"""
+(On SwiftShader's WebGPU each decode step of this model took seconds; the WGSL kernels run on
+lavapipe in tests/e2e (the families' tiny models, the widest vocabulary in
+test_real_shapes.py), and in the browser with the tiny models.)"""
 
 from __future__ import annotations
 

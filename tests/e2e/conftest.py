@@ -44,28 +44,9 @@ def tiny_core(tiny_llama_dir, compiled):
 
 
 @pytest.fixture(scope="session")
-def smollm2_core(compiled, backend):  # backend: only its storage limit
-    """smollm2_core(quantization) -> EngineCore (default compile options), cached."""
-    from wick.engine.runner import DEFAULT_KV_BUDGET, kv_pages_for
-    from tests.e2e.helpers import load_artifact
-
-    cores = {}
-
-    def get(quant: str):
-        if quant not in cores:
-            art_dir = compiled(SMOLLM2, quant)
-            manifest = load_artifact(art_dir).manifest
-            pages = kv_pages_for(manifest, DEFAULT_KV_BUDGET, backend.max_storage_binding)
-            cores[quant] = make_core(art_dir, num_pages=pages)
-        return cores[quant]
-
-    return get
-
-
-@pytest.fixture(scope="session")
 def smollm2_cpu_core(compiled):
     """SmolLM2 q0f32 on the CPU kernel set, 128 KV pages: for tests of the engine's logic on a
-    real model (the WGSL kernels' SmolLM2 tests are smollm2_core's); take a sibling_core of it
+    real model (the WGSL kernels at its sizes: test_real_shapes.py); take a sibling_core of it
     to change core options."""
     from wick.native.cpu_backend import CpuBackend
 

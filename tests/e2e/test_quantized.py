@@ -58,8 +58,7 @@ def wick_perplexity(core, ids) -> tuple[float, np.ndarray]:
 
 @pytest.mark.slow
 def test_q0f32_perplexity_equals_transformers(smollm2_cpu_core, smollm2_hf, text_ids):
-    """On the CPU kernel set, as the variants below (SmolLM2's WGSL kernels run in
-    test_smollm2.py's greedy chat; this took 80 s on lavapipe)."""
+    """On the CPU kernel set, as the variants below (this took 80 s on lavapipe)."""
     core = smollm2_cpu_core
     ppl, logits = wick_perplexity(core, text_ids)
     ref_logits = hf_logits(smollm2_hf, text_ids)
@@ -75,8 +74,8 @@ def test_q0f32_perplexity_equals_transformers(smollm2_cpu_core, smollm2_hf, text
 @pytest.fixture(scope="module")
 def quantized_core(compiled):
     """quantized_core(quantization) -> SmolLM2's variant on the CPU kernel set, cached. (The
-    WGSL q4/q8 kernels are checked on the tiny model below, and SmolLM2's WGSL run is
-    test_smollm2.py's: on lavapipe one of these took 90 s, on the CPU a few.)"""
+    WGSL q4/q8 kernels are checked on the tiny model below: on lavapipe one of these took 90
+    s, on the CPU a few.)"""
     from wick.native.cpu_backend import CpuBackend
 
     cores = {}
