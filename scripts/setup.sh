@@ -48,8 +48,9 @@ step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
 # pip byte-compiles what it installs one file at a time (more than half of the install's
 # time); compileall does it on every core, in the background beside the browser engine's build
 # below. Compiled before anything runs: Ray Serve's actors, starting at once, each compiling
-# fastapi from source missed the proxy's readiness checks on a busy machine. transformers'
-# ~560 model folders are left to the first import of the few the tests load.
+# fastapi from source missed the proxy's readiness checks on a busy machine (where
+# PYTHONDONTWRITEBYTECODE is set, as on these machines, nothing compiled at import is kept).
+# transformers' ~560 model folders are left out but for the families the tests load.
 step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q --no-compile -e ".${extras}"
 # Structured output: xgrammar at the version the browser's web-xgrammar has. Its PyPI metadata
 # asks for torch, triton and transformers, which wick never uses (it loads the C++ bindings
@@ -57,15 +58,25 @@ step "installing wick${extras} into .venv" .venv/bin/python -m pip install -q --
 XGRAMMAR=$(.venv/bin/python -c "from wick.native.grammar import XGRAMMAR_VERSION as v; print(v)")
 step "installing xgrammar ${XGRAMMAR}" .venv/bin/python -m pip install -q --no-compile --no-deps "xgrammar==${XGRAMMAR}"
 SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+HF_USED='auto|bert|gemma|gemma2|gemma3|gpt2|llama|mistral|phi3|qwen2|qwen3'
 # (a few files of Python 2 in some packages do not compile: the exit status says nothing)
-.venv/bin/python -m compileall -q -j 0 -x '/transformers/models/' "$SITE" >"$PWD/.venv/setup-compile.log" 2>&1 &
+.venv/bin/python -m compileall -q -j 0 -x "/transformers/models/(?!($HF_USED)/)[^/]+/" "$SITE" \
+  >"$PWD/.venv/setup-compile.log" 2>&1 &
 byte_compile=$!
+ray_llm=""
+# (a stopped setup stops them, and their workers, too)
+stop_background() {
+  for pid in $byte_compile $ray_llm; do
+    pkill -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+  done
+}
+trap stop_background EXIT
 # The Ray Serve LLM test (tests/server/test_ray_llm.py) runs Ray's LLM application with wick as
 # its engine; Ray imports the OpenAI types of vLLM or SGLang. SGLang's, without SGLang's runtime,
 # go into a directory of their own, on that test's PYTHONPATH only (the file says why each).
 RAY_LLM_REQS=tests/server/ray_llm_requirements.txt
 # (in the background, beside the browser engine's build: mostly unpacking, ~45 s; its own log)
-ray_llm=""
 if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt; then
   rm -rf .venv/ray-llm
   (
@@ -76,7 +87,6 @@ if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirement
   ) &
   ray_llm=$!
 fi
-trap 'kill $byte_compile $ray_llm 2>/dev/null || true' EXIT  # (a stopped setup stops them too)
 
 # The browser engine (web/ + wasm/): JS bundles and Pyodide assets under pyserver/static/, built
 # with node and npm (Debian's, installed when missing); the server and the Python engine work

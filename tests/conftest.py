@@ -49,8 +49,8 @@ ONE_WORKER_GROUPS = {"tests/server/test_replicas.py": "ray", "tests/server/test_
 # then short modules on both workers, not one long module on one while the other idles
 LONGEST_FIRST = ("ray", "tests/e2e/test_gemma3_270m.py", "tests/browser/test_gemma3.py",
                  "tests/e2e/test_qwen25.py", "tests/e2e/test_quantized.py",
-                 "tests/server/test_cli.py", "tests/e2e/test_smollm2.py",
-                 "tests/browser/test_extension.py", "tests/browser/test_build_and_routes.py")
+                 "tests/server/test_cli.py", "tests/browser/test_extension.py",
+                 "tests/browser/test_build_and_routes.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent without it)

@@ -46,8 +46,8 @@ def tiny_core(tiny_llama_dir, compiled):
 @pytest.fixture(scope="session")
 def smollm2_cpu_core(compiled):
     """SmolLM2 q0f32 on the CPU kernel set, 128 KV pages: for tests of the engine's logic on a
-    real model (the WGSL kernels at its sizes: test_real_shapes.py); take a sibling_core of it
-    to change core options."""
+    real model (the WGSL kernels run on the tiny models); take a sibling_core of it to change
+    core options."""
     from wick.native.cpu_backend import CpuBackend
 
     return make_core(compiled(SMOLLM2, "q0f32"), CpuBackend.create(), num_pages=128)

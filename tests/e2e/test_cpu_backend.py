@@ -140,10 +140,8 @@ def test_structured_output_on_the_cpu_backend(tiny_core):
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_equals_transformers(compiled, cpu, smollm2_hf):
-    from tests.e2e.helpers import SMOLLM2
-
-    core = make_core(compiled(SMOLLM2, "q0f32"), cpu, num_pages=64)
+def test_smollm2_greedy_equals_transformers(smollm2_cpu_core, smollm2_hf):
+    core = smollm2_cpu_core  # (the session's: test_smollm2.py's tests run on it too)
     prompt = core.prompt_ids("The three primary colors are")
     (got,) = run_core(core, [prompt], SamplingParams(temperature=0.0, max_tokens=16))
     want = hf_greedy(smollm2_hf, prompt, 16)

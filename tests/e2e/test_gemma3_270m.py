@@ -4,7 +4,8 @@ loading the same GGUF: token ids, the window read from the GGUF, the clear 400 a
 gets from a model without a chat template, and, in q4f32_m (the default: its Q4_K tensors in 4
 bits, its Q5_0/Q6_K/Q8_0 ones and its vocabulary in 8; the artifact the browser test runs), greedy tokens and every position's logits equal to
 transformers holding the artifact's weights, and perplexity within 0.5 % of transformers on
-the GGUF's own weights; on the CPU kernel set (the WGSL kernels at this model's sizes:
+the GGUF's own weights; on the CPU kernel set (Gemma 3's WGSL kernels run on lavapipe on the
+tiny model of test_families.py, and over this model's vocabulary, attention and MLP widths in
 test_real_shapes.py).
 
 (q0f32 is not compiled here: a second 1 GB artifact cost 1.5 min of CI, and what it showed --
@@ -48,9 +49,8 @@ def gemma_hf(gemma_path):
 @pytest.fixture(scope="module")
 def gemma_artifact(compiled):
     # (the browser test's artifact: the browser runs its WebAssembly set, its native reference
-    # (device "auto") and the tests here its CPU set; its WebGPU set is lowered, and the WGSL
-    # kernels at Gemma-3-270m's sizes run in test_real_shapes.py: a forward pass of 32 rows of
-    # this model took 33 s on lavapipe)
+    # (device "auto") and the tests here its CPU set; its WebGPU set is lowered at this size
+    # but not run: a forward pass of 32 rows of this model took 33 s on lavapipe)
     return compiled(GEMMA, QUANT, context_window=1024, kernel_sets=("webgpu", "cpu", "wasm"))
 
 
@@ -93,7 +93,7 @@ def test_greedy_completion_equals_transformers(gemma_core, gemma_hf, gemma_artif
     core = gemma_core
     # The windowed layers read their window from the GGUF as transformers does; what the
     # window does to attention is proven on tiny Gemma 3 (tests/e2e/test_families.py) with
-    # prompts past it (560 tokens here).
+    # prompts past it (a window of 20 there, of 512 here).
     window = load_artifact(gemma_artifact).model
     assert window["kv_window_pool"] == gemma_hf[0].config.sliding_window == 512
     prompt = core.prompt_ids(GENESIS)[:NUM_TOKENS]

@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct (the bundled GGUF) compiled to q0f32, through the OpenAI-shaped API,
 against transformers loading the same GGUF, on the CPU kernel set (a forward pass of 32 rows
-took 20 s on lavapipe: the WGSL kernels at SmolLM2's widths and vocabulary are
-test_real_shapes.py's)."""
+took 20 s on lavapipe; the Llama family's WGSL kernels run on lavapipe on the tiny models of
+test_tiny_parity.py, at SmolLM2's widths in test_batch_invariance.py, and over the widest
+vocabulary in test_real_shapes.py)."""
 
 from __future__ import annotations
 
@@ -87,8 +88,7 @@ def test_greedy_completion_equals_transformers(smollm2_cpu_core, smollm2_hf):
 
 def test_json_schema_output_validates(smollm2_cpu_core):
     """Structured output on a real model (the grammar's masks over its 49k-token vocabulary):
-    on the CPU kernel set, whose q0f32 SmolLM2 the completion test above checks against
-    transformers (the chat test checks the WGSL kernels'; 40 tokens took 48 s on lavapipe)."""
+    on the CPU kernel set, whose q0f32 SmolLM2 the tests above check against transformers."""
     import json
 
     import jsonschema
