@@ -20,6 +20,8 @@ import random
 
 import pytest
 
+from tests.e2e.conftest import WEBGPU_ONLY
+
 pytestmark = pytest.mark.slow
 
 PROMPTS = [f"request {i}: " + "abc xyz " * (i % 7) for i in range(12)]
@@ -27,8 +29,6 @@ PROMPTS = [f"request {i}: " + "abc xyz " * (i % 7) for i in range(12)]
 
 @pytest.fixture(scope="module")
 def f16_artifact(tiny_llama_dir, compiled):
-    from tests.e2e.conftest import WEBGPU_ONLY
-
     return compiled(tiny_llama_dir, "q4f16_1", context_window=256, max_batch_size=16,
                     kernel_sets=WEBGPU_ONLY)  # (run on lavapipe only)
 
@@ -76,7 +76,7 @@ def test_f16_kernels_accumulate_in_f32(quant, tiny_llama_dir, tiny_hf, compiled)
 
     from tests.e2e.helpers import decode_logits, hf_logits, make_core, prefill_logits
 
-    from tests.e2e.conftest import TINY_OPTIONS, WEBGPU_ONLY
+    from tests.e2e.conftest import TINY_OPTIONS
 
     # (the artifacts of tests/e2e/test_quantized.py: one compile each per session)
     sets = WEBGPU_ONLY if quant == "q0f16" else None  # (q4f16_1: the CPU tests' too)
@@ -99,7 +99,6 @@ def test_one_sequence_decodes_bit_identically_alone_and_in_a_batch(tmp_path_fact
     on SmolLM2 itself)."""
     import numpy as np
 
-    from tests.e2e.conftest import WEBGPU_ONLY
     from tests.e2e.helpers import decode_logits, make_core, record
     from tests.tiny_models import make_tiny_model
 

@@ -19,14 +19,10 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def core(smollm2_cpu_core):
-    return smollm2_cpu_core
-
-
-def test_chat_template_matches_transformers(core, smollm2_path):
+def test_chat_template_matches_transformers(smollm2_cpu_core, smollm2_path):
     from transformers import AutoTokenizer
 
+    core = smollm2_cpu_core
     hf_tok = AutoTokenizer.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name)
     text = hf_tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
@@ -34,7 +30,8 @@ def test_chat_template_matches_transformers(core, smollm2_path):
     assert core.chat_prompt_ids(MESSAGES) == core.tokenizer.encode(text)
 
 
-def test_greedy_chat_equals_transformers(core, smollm2_hf):
+def test_greedy_chat_equals_transformers(smollm2_cpu_core, smollm2_hf):
+    core = smollm2_cpu_core
     ids = core.chat_prompt_ids(CHAT)
     with record(core.runner) as rec:
         r = EngineAPI(core).chat.completions.create(messages=CHAT, temperature=0, max_tokens=16)
