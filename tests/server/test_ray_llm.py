@@ -25,6 +25,7 @@ from .conftest import free_port, still_running  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY_LLM = ROOT / ".venv" / "ray-llm"  # (scripts/setup.sh --test)
+RAY_LLM_SITE = Path(__file__).with_name("ray_llm_site")
 MESSAGES = [{"role": "user", "content": "count with me"}]
 
 
@@ -34,8 +35,9 @@ def ray_llm_env() -> dict[str, str]:
 
     if not (RAY_LLM / "sglang").is_dir():
         tool_missing("Ray Serve LLM's OpenAI types are not installed (.venv/ray-llm)")
+    # (ray_llm_site first: its sitecustomize keeps SGLang's package start-up out of each process)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(RAY_LLM), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        [str(RAY_LLM_SITE), str(RAY_LLM), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,22 @@
+"""Imported at start-up by every Python process of tests/server/test_ray_llm.py's Ray cluster (its
+driver and Ray's worker processes inherit this folder on PYTHONPATH, test_ray_llm.ray_llm_env).
+
+Ray Serve LLM takes its OpenAI request and response types from ``sglang.srt.entrypoints.openai
+.protocol`` (pydantic models over ``openai`` and ``msgspec``), installed for the test without its
+dependencies (.venv/ray-llm). Importing it runs ``sglang/__init__.py`` first, which imports torch
+and patches transformers for SGLang's own runtime: ~6 s in each of the cluster's processes
+(driver, ingress, one server per model), none of it used here. The ``sglang`` package is
+registered here without running its ``__init__``, so its submodules load as they are."""
+
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+_spec = importlib.machinery.PathFinder.find_spec("sglang")
+if _spec is not None and _spec.submodule_search_locations and "sglang" not in sys.modules:
+    _package = types.ModuleType("sglang")
+    _package.__spec__ = _spec
+    _package.__path__ = list(_spec.submodule_search_locations)
+    _package.__file__ = _spec.origin
+    sys.modules["sglang"] = _package
