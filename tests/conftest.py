@@ -45,12 +45,21 @@ def wick_process_env(**extra: str) -> dict[str, str]:
 # Ray share a group, so no two Ray clusters run at once. The workers share WICK_HOME: a compile
 # takes the build lock there, so a second worker asking for the same artifact waits and reuses it.
 ONE_WORKER_GROUPS = {"tests/server/test_replicas.py": "ray", "tests/server/test_ray_llm.py": "ray"}
-# the longest groups (a few minutes each on 2 cores) start first: the run's last minutes are
-# then short modules on both workers, not one long module on one while the other idles
+# the longest groups start first, about longest first (a CI run's per-module times): the run's
+# last minutes are then short modules on both workers, not one long module on one while the
+# other idles (a 41 s module handed out last left a worker idle for a minute). Gemma's browser
+# module follows its e2e module, on the worker that compiled the artifact they share.
 LONGEST_FIRST = ("ray", "tests/e2e/test_gemma3_270m.py", "tests/browser/test_gemma3.py",
                  "tests/e2e/test_qwen25.py", "tests/e2e/test_quantized.py",
                  "tests/server/test_cli.py", "tests/browser/test_extension.py",
-                 "tests/browser/test_build_and_routes.py")
+                 "tests/browser/test_build_and_routes.py", "tests/e2e/test_families.py",
+                 "tests/browser/test_engine.py", "tests/browser/test_wasm.py",
+                 "tests/e2e/test_batch_invariance.py", "tests/e2e/test_tiny_parity.py",
+                 "tests/e2e/test_embeddings.py", "tests/native/test_cuda_backend.py",
+                 "tests/browser/test_loading.py", "tests/server/test_api.py",
+                 "tests/compiler/test_cpu_attention.py", "tests/e2e/test_real_shapes.py",
+                 "tests/e2e/test_speculative_real.py", "tests/browser/test_embeddings.py",
+                 "tests/compiler/test_cpu_sampling_kernels.py", "tests/browser/test_export.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent without it)
