@@ -9,7 +9,9 @@ same batch (bench/embeddings.py measured 79 sentences/s against 393). Here a til
 rows by ``C`` output columns keeps ``R x C`` partial sums in registers: per chunk of ``LANES``
 ``k`` it loads ``R + C`` vectors and does ``R x C`` multiply-adds.
 
-* Natively 4 rows x 4 columns of 16 lanes (16 of AVX-512's 32 registers hold the sums);
+* With AVX-512, 4 rows x 4 columns of 16 lanes (16 of its 32 registers hold the sums); with
+  AVX2's 16 registers of 8 lanes, 4 rows x 2 columns of 8 (that AVX-512 tile's sums took all
+  16 and spilled: 4 rows cost 3x what they cost in this tile, 8 rows 3.4x, on a Zen 3 VM);
   WebAssembly's 128-bit registers take 4 lanes, and V8 maps them on 16 of the CPU's, so there
   4 rows x 2 columns.
 * Rows go in blocks of ``ROW_BLOCK`` (their inputs stay in the core's L2 while every column of
@@ -29,8 +31,11 @@ from tvm.script import tirx as T
 from .cpu_gemv import KERNEL_ADDS as ADDS, without_unused_adds
 
 ROW_BLOCK = 64  # rows whose inputs (64 x K floats: 384 KiB at K = 1536) stay in L2
-NATIVE = {"lanes": 16, "rows": 4, "cols": 4}
-WASM = {"lanes": 4, "rows": 4, "cols": 2}
+# the tile per vector instruction set (cpu_schedules.vector_isa: a CPU without AVX-512 takes
+# "avx2", whose budget of 16 registers fits ARM's NEON too)
+TILE_SHAPES = {"avx512": {"lanes": 16, "rows": 4, "cols": 4},
+         "avx2": {"lanes": 8, "rows": 4, "cols": 2},
+         "wasm": {"lanes": 4, "rows": 4, "cols": 2}}
 
 
 def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
@@ -54,7 +59,7 @@ def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
         return None
     if not (len(x.shape) == 2 and len(out.shape) == 2 and isinstance(x.shape[1], tirx.IntImm)
             and int(x.shape[1]) == K and isinstance(out.shape[1], tirx.IntImm)
-            and int(out.shape[1]) == N and K % NATIVE["lanes"] == 0
+            and int(out.shape[1]) == N and K % max(t["lanes"] for t in TILE_SHAPES.values()) == 0
             and all(str(t.dtype) == "float32" for t in (x, w, out))):
         return None
     kinds = []
@@ -90,13 +95,13 @@ def store(out, i, j, value, bias, res, BIAS, RESIDUAL):
 
 @functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes)
 def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
-                         wasm: bool = False) -> tirx.PrimFunc:
+                         isa: str = "avx512") -> tirx.PrimFunc:
     """The kernel, with the matched function's parameters: x (b, K), w (N, K), one parameter
     per add (``adds``: "bias" (N,) and/or "residual" (b, N), added in that order), out (b,
-    N)."""
+    N); its tile for the vector instruction set ``isa`` (a key of TILE_SHAPES)."""
     if adds not in ADDS:
         raise ValueError(f"no kernel for the adds {adds}")
-    shape = WASM if wasm else NATIVE
+    shape = TILE_SHAPES[isa]
     L, R = shape["lanes"], shape["rows"]
     C = next(c for c in (shape["cols"], 2, 1) if N % c == 0)
     assert R in (1, 2, 4, 8), R  # (the remainder below takes four halving tile sizes)
@@ -131,9 +136,10 @@ def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
         # each output's lanes pairwise (vector adds), then the adds in the TE function's order
         for r in T.unroll(rows):
             for c in T.unroll(C):
-                if L == 16:  # (Python constants: one branch is built)
+                if L == 16:  # (Python constants: only the branches that apply are built)
                     for h in T.vectorized(8):
                         acc[r, c, h] = acc[r, c, h] + acc[r, c, h + 8]
+                if L >= 8:
                     for h in T.vectorized(4):
                         acc[r, c, h] = acc[r, c, h] + acc[r, c, h + 4]
                 for h in T.vectorized(2):
@@ -174,13 +180,16 @@ def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
     return without_unused_adds(f32_matmul, 2, BIAS, RESIDUAL)
 
 
-# rows in lanes: 16 rows per vector natively (16 columns' sums in 16 registers), 4 in wasm
-ROWS_IN_LANES = {"native": {"lanes": 16, "cols": 16}, "wasm": {"lanes": 4, "cols": 8}}
+# rows in lanes: 16 rows per vector natively, with 16 columns' sums in 16 of AVX-512's
+# registers, 4 with AVX2 (8 of its 16 registers; 16 columns spilled: 256 rows 2.8x slower on a
+# Zen 3 VM); 4 rows per vector in wasm
+ROWS_IN_LANES = {"avx512": {"lanes": 16, "cols": 16}, "avx2": {"lanes": 16, "cols": 4},
+                 "wasm": {"lanes": 4, "cols": 8}}
 
 
 @functools.lru_cache(maxsize=None)
 def f32_matmul_rows_in_lanes(N: int, K: int, adds: tuple[str, ...] = (),
-                             wasm: bool = False) -> tirx.PrimFunc:
+                             isa: str = "avx512") -> tirx.PrimFunc:
     """The same function for batches of many rows (an encoder's forward, no decode steps): a
     vector holds one column's sums for ``lanes`` rows, so nothing is summed across lanes at
     the end. The input rows are transposed once per call into tiles of ``lanes`` rows (k-major,
@@ -190,9 +199,9 @@ def f32_matmul_rows_in_lanes(N: int, K: int, adds: tuple[str, ...] = (),
     ``f32_matmul_prim_func`` on a decode step, 2x faster on 256 rows (this machine)."""
     if adds not in ADDS:
         raise ValueError(f"no kernel for the adds {adds}")
-    shape = ROWS_IN_LANES["wasm" if wasm else "native"]
+    shape = ROWS_IN_LANES[isa]
     L = shape["lanes"]
-    C = next(c for c in (shape["cols"], 8, 4, 2, 1) if N % c == 0)
+    C = next(c for c in (shape["cols"], 8, 4, 2, 1) if c <= shape["cols"] and N % c == 0)
     RT = ROW_BLOCK // L  # row tiles per row block
     BIAS, RESIDUAL = "bias" in adds, "residual" in adds
 

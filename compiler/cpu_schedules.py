@@ -67,15 +67,15 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     from .cpu_gemm import f32_matmul_prim_func, f32_matmul_rows_in_lanes, match_f32_matmul
     from .cpu_gemv import match_q4_matmul, q4_matmul_prim_func
 
-    wasm = "wasm" in str(target.attrs.get("mtriple", ""))
+    isa = vector_isa(target)
     q4 = match_q4_matmul(func)
     if q4 is not None:  # the float32 q4/q8 matmul: a kernel written for it (cpu_gemv.py)
-        return q4_matmul_prim_func(**q4, wasm=wasm)
+        return q4_matmul_prim_func(**q4, wasm=isa == "wasm")
     f32 = match_f32_matmul(func)
     if f32 is not None:  # the float32 matmul of plain weights: another (cpu_gemm.py)
         if func.attrs is not None and func.attrs.get(WIDE_BATCHES):
-            return f32_matmul_rows_in_lanes(**f32, wasm=wasm)
-        return f32_matmul_prim_func(**f32, wasm=wasm)
+            return f32_matmul_rows_in_lanes(**f32, isa=isa)
+        return f32_matmul_prim_func(**f32, isa=isa)
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     _inline_elementwise(sch)
@@ -83,6 +83,17 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         if not _schedule_matmul(sch, block):
             _parallel_outer(sch, block)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def vector_isa(target) -> str:
+    """"wasm", "avx512" or "avx2": the register budget the hand-written kernels' tiles are
+    sized for (a CPU without AVX-512 has 16 vector registers, as AVX2 has; ARM's NEON 32 of a
+    quarter of AVX-512's width)."""
+    if "wasm" in str(target.attrs.get("mtriple", "")):
+        return "wasm"
+    from tvm.target import codegen
+
+    return "avx512" if codegen.target_has_features("avx512f", target) else "avx2"
 
 
 def _iter_types(sch, block) -> list[str]:

@@ -11,9 +11,14 @@ tvm = pytest.importorskip("tvm")
 
 from tvm import te  # noqa: E402
 
-from wick.compiler.cpu_gemm import ROW_BLOCK, match_f32_matmul  # noqa: E402
+from wick.compiler.cpu_gemm import (  # noqa: E402
+    ROW_BLOCK,
+    f32_matmul_prim_func,
+    f32_matmul_rows_in_lanes,
+    match_f32_matmul,
+)
 from wick.compiler.targets.cpu import cpu_target  # noqa: E402
-from wick.compiler.cpu_schedules import WIDE_BATCHES, schedule  # noqa: E402
+from wick.compiler.cpu_schedules import WIDE_BATCHES, schedule, vector_isa  # noqa: E402
 
 ADDS = [(), ("residual",), ("bias",), ("bias", "residual")]
 
@@ -39,17 +44,38 @@ def te_f32_matmul(N: int, K: int, *, adds: tuple[str, ...] = (), dtype: str = "f
     return te.create_prim_func([x, w, *extra, out])
 
 
-KINDS = ["tiles", "rows_in_lanes"]
+# each kernel with each native tile (an AVX-512 tile runs on an AVX2 machine too, its vectors
+# in halves; an AVX2 one anywhere)
+KINDS = [f"{kind}-{isa}" for kind in ("tiles", "rows_in_lanes") for isa in ("avx512", "avx2")]
 
 
-def _build(func, kind="tiles"):
-    if kind == "rows_in_lanes":
-        func = func.with_attr(WIDE_BATCHES, True)
-    f = schedule(func, cpu_target())
-    assert ("f32_matmul_rows" in f.script()) == (kind == "rows_in_lanes")
-    assert "f32_matmul" in f.script()  # (not the scheduled TE version)
+def _build(func, kind="tiles-avx512"):
+    kind, isa = kind.split("-")
+    match = match_f32_matmul(func)
+    f = (f32_matmul_rows_in_lanes if kind == "rows_in_lanes" else f32_matmul_prim_func)(
+        **match, isa=isa)
     return tvm.tirx.build(tvm.IRModule({"f": f.with_attr("global_symbol", "f")}),
                           target=cpu_target())
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_the_schedule_takes_the_kernel_with_this_machines_tile(wide):
+    func = te_f32_matmul(48, 64)
+    if wide:
+        func = func.with_attr(WIDE_BATCHES, True)
+    got = schedule(func, cpu_target())
+    build = f32_matmul_rows_in_lanes if wide else f32_matmul_prim_func
+    assert got.script() == build(48, 64, isa=vector_isa(cpu_target())).script()
+    other = "avx2" if vector_isa(cpu_target()) == "avx512" else "avx512"
+    assert got.script() != build(48, 64, isa=other).script()
+
+
+def test_the_tile_follows_the_vector_registers():
+    from wick.compiler.targets.wasm import wasm_target
+
+    assert vector_isa(cpu_target("skylake-avx512")) == vector_isa(cpu_target("znver4")) == "avx512"
+    assert vector_isa(cpu_target("znver3")) == vector_isa(cpu_target("haswell")) == "avx2"
+    assert vector_isa(wasm_target()) == "wasm"
 
 
 def _run(lib, x, w, extra, N):
