@@ -34,8 +34,8 @@ ROW_BLOCK = 64  # rows whose inputs (64 x K floats: 384 KiB at K = 1536) stay in
 # the tile per vector instruction set (cpu_schedules.vector_isa: a CPU without AVX-512 takes
 # "avx2", whose budget of 16 registers fits ARM's NEON too)
 TILE_SHAPES = {"avx512": {"lanes": 16, "rows": 4, "cols": 4},
-         "avx2": {"lanes": 8, "rows": 4, "cols": 2},
-         "wasm": {"lanes": 4, "rows": 4, "cols": 2}}
+               "avx2": {"lanes": 8, "rows": 4, "cols": 2},
+               "wasm": {"lanes": 4, "rows": 4, "cols": 2}}
 
 
 def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
@@ -180,9 +180,9 @@ def f32_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (),
     return without_unused_adds(f32_matmul, 2, BIAS, RESIDUAL)
 
 
-# rows in lanes: 16 rows per vector natively, with 16 columns' sums in 16 of AVX-512's
-# registers, 4 with AVX2 (8 of its 16 registers; 16 columns spilled: 256 rows 2.8x slower on a
-# Zen 3 VM); 4 rows per vector in wasm
+# rows in lanes: 16 rows per vector natively; with AVX-512 16 columns at a time (their sums:
+# 16 of its 32 registers), with AVX2 4 columns (a 16-lane sum takes two of its 16 registers: 16
+# columns spilled, 256 rows ran 2.8x slower on a Zen 3 VM); in wasm 4 rows per vector, 8 columns
 ROWS_IN_LANES = {"avx512": {"lanes": 16, "cols": 16}, "avx2": {"lanes": 16, "cols": 4},
                  "wasm": {"lanes": 4, "cols": 8}}
 
@@ -196,7 +196,7 @@ def f32_matmul_rows_in_lanes(N: int, K: int, adds: tuple[str, ...] = (),
     zeros past the last row); then per ``k`` one vector load and one multiply-add per column,
     each with its weight broadcast from memory. A row's sum runs over ``k`` in order wherever
     it sits (batch invariance). At one row it wastes the other lanes: 2x slower than
-    ``f32_matmul_prim_func`` on a decode step, 2x faster on 256 rows (this machine)."""
+    ``f32_matmul_prim_func`` on a decode step, 2x faster on 256 rows (an AVX-512 VM)."""
     if adds not in ADDS:
         raise ValueError(f"no kernel for the adds {adds}")
     shape = ROWS_IN_LANES[isa]

@@ -88,7 +88,9 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
 def vector_isa(target) -> str:
     """"wasm", "avx512" or "avx2": the register budget the hand-written kernels' tiles are
     sized for (a CPU without AVX-512 has 16 vector registers, as AVX2 has; ARM's NEON 32 of a
-    quarter of AVX-512's width)."""
+    quarter of AVX-512's width; an x86 CPU without AVX2 would spill the AVX2 tile's 8-lane
+    sums into its 16 SSE registers, slower but correct). Read from the target's CPU, as LLVM
+    reads it to emit the code."""
     if "wasm" in str(target.attrs.get("mtriple", "")):
         return "wasm"
     from tvm.target import codegen

@@ -48,7 +48,8 @@ ONE_WORKER_GROUPS = {"tests/server/test_replicas.py": "ray", "tests/server/test_
 # the longest groups start first, about longest first (a CI run's per-module times): the run's
 # last minutes are then short modules on both workers, not one long module on one while the
 # other idles (a 41 s module handed out last left a worker idle for a minute). Gemma's browser
-# module follows its e2e module, on the worker that compiled the artifact they share.
+# module comes soon after its e2e module (the artifact they share is compiled once: the build
+# lock makes the other worker wait for it).
 LONGEST_FIRST = ("ray", "tests/e2e/test_gemma3_270m.py", "tests/browser/test_gemma3.py",
                  "tests/e2e/test_qwen25.py", "tests/e2e/test_quantized.py",
                  "tests/server/test_cli.py", "tests/browser/test_extension.py",

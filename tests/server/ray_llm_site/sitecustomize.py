@@ -6,10 +6,12 @@ Ray Serve LLM takes its OpenAI request and response types from ``sglang.srt.entr
 dependencies (.venv/ray-llm). Importing it runs ``sglang/__init__.py`` first, which imports torch
 and patches transformers for SGLang's own runtime: ~6 s in each of the cluster's processes
 (driver, ingress, one server per model), none of it used here. The ``sglang`` package is
-registered here without running its ``__init__``, so its submodules load as they are."""
+registered here without running its ``__init__``, so its submodules load as they are. Then the
+next ``sitecustomize`` on the path, if any, runs as it would have without this one."""
 
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 
@@ -20,3 +22,10 @@ if _spec is not None and _spec.submodule_search_locations and "sglang" not in sy
     _package.__path__ = list(_spec.submodule_search_locations)
     _package.__file__ = _spec.origin
     sys.modules["sglang"] = _package
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_next = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or os.curdir) != _here])
+if _next is not None and _next.loader is not None:
+    _module = importlib.util.module_from_spec(_next)
+    _next.loader.exec_module(_module)
