@@ -36,6 +36,7 @@ ROW_BLOCK = 64  # rows whose inputs (64 x K floats: 384 KiB at K = 1536) stay in
 TILE_SHAPES = {"avx512": {"lanes": 16, "rows": 4, "cols": 4},
                "avx2": {"lanes": 8, "rows": 4, "cols": 2},
                "wasm": {"lanes": 4, "rows": 4, "cols": 2}}
+WIDEST_LANES = max(t["lanes"] for t in TILE_SHAPES.values())  # (K comes in chunks of these)
 
 
 def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
@@ -59,7 +60,7 @@ def match_f32_matmul(func: tirx.PrimFunc) -> dict | None:
         return None
     if not (len(x.shape) == 2 and len(out.shape) == 2 and isinstance(x.shape[1], tirx.IntImm)
             and int(x.shape[1]) == K and isinstance(out.shape[1], tirx.IntImm)
-            and int(out.shape[1]) == N and K % max(t["lanes"] for t in TILE_SHAPES.values()) == 0
+            and int(out.shape[1]) == N and K % WIDEST_LANES == 0
             and all(str(t.dtype) == "float32" for t in (x, w, out))):
         return None
     kinds = []
