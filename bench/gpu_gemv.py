@@ -9,7 +9,7 @@ close to a step of one (issue #28's verify steps, batched decode)?
 A decode step's dequantize-matmul functions (the model's own TIR, from its decode plan: Llama-3-8B
 shapes, one layer is enough, every shape is there) are scheduled for CUDA by each candidate rule
 (``CANDIDATES``: dlight's LowBatchGEMV padded to 1..16 rows a block, dlight's tiled Matmul, and
-compiler/cuda_gemv.py's warp GEMV with 1..16 rows a pass, which the decode plans use)
+compiler/batched_gemv.py's warp GEMV with 1..16 rows a pass, which the decode plans use)
 and written as one CUDA source per candidate with its launches (the artifact's format:
 compiler/targets/cuda.py). On the GPU each function runs at each batch size on random inputs,
 timed with CUDA events (best of a few reps of 20 launches), and its output is compared with
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # candidate -> dlight rules for the decode plan's functions (compiler/lower.schedule_rules shape);
 # "webgpu4" is LowBatchGEMV(4) with the WebGPU target's parameters, lowered for CUDA: what the
 # CUDA set ran before dlight's in-place scheduling was noticed (64-thread blocks, no vectors)
-# "warpRxO": compiler/cuda_gemv.py's schedule, R rows a pass, O outputs a warp
+# "warpRxO": compiler/batched_gemv.py's schedule, R rows a pass, O outputs a warp
 CANDIDATES = ("webgpu4", "lowbatch1", "lowbatch2", "lowbatch4", "lowbatch8", "lowbatch16",
               "matmul", "warp1x4", "warp4x4", "warp8x4", "warp8x2", "warp16x2")
-BASELINE = "lowbatch4"  # the reference outputs: dlight's rule, the decode plans' before cuda_gemv
+BASELINE = "lowbatch4"  # the reference outputs: dlight's rule, the decode plans' before batched_gemv
 
 
 def candidate_rules(name: str) -> list:
@@ -94,10 +94,10 @@ def build_candidate(funcs: dict, name: str) -> tuple[bytes, dict]:
 
     target = cuda_target()
     if name.startswith("warp"):
-        from wick.compiler.targets.cuda import batched_gemv
+        from wick.compiler.batched_gemv import batched_gemv
 
         rows, outputs = (int(v) for v in name.removeprefix("warp").split("x"))
-        funcs = {n: batched_gemv(f, rows, outputs) for n, f in funcs.items()}
+        funcs = {n: batched_gemv(f, rows, outputs=outputs) for n, f in funcs.items()}
         name = "lowbatch4"  # (for any function the schedule does not take)
     with webgpu_target() if name == "webgpu4" else target:
         scheduled = dl.ApplyDefaultSchedule(*candidate_rules(name))(

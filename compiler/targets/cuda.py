@@ -12,24 +12,23 @@ The manifest's ``kernel_sets.cuda`` entry holds what the engine needs to launch 
 kernel's scalar parameters, thread block and dynamic shared memory, and the TIR functions'
 launches (the WebGPU set's format, docs/artifact.md). Kernels whose GPU form differs by target
 (attention's tiles) are rebuilt for CUDA (the twin map's ``"cuda"`` part: compiler/compile.py
-``kernel_twins``); the decode plans' dequantize-GEMVs take compiler/cuda_gemv.py's schedule, the
-rest dlight's.
+``kernel_twins``); the decode plans' dequantize-GEMVs take compiler/batched_gemv.py's schedule,
+the rest dlight's.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import tvm
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
+from ..batched_gemv import decode_gemvs
 from ..tir_lower import (TirFunction, host_launches, lower_split, same_code, scalar_dtype,
                          schedule_rules)
 from .built import BuiltSet, library
 
-log = logging.getLogger("wick")
 KIND = "cuda"
 SOURCE = "kernels/cuda/kernels.cu"
 
@@ -61,25 +60,6 @@ class SimtMatmul(dl.gpu.Matmul):
         return super().apply(func, cuda_target("sm_60"), tunable)
 
 
-# Rows of a decode step that one pass over the weights serves (compiler/cuda_gemv.py). A row's
-# sum does not depend on it, so decode and decode1 agree bit for bit.
-DECODE_GEMV_ROWS = {"decode": 8, "decode1": 1}
-
-
-def batched_gemv(func: tirx.PrimFunc, rows: int, outputs: int = 4) -> tirx.PrimFunc:
-    """``func`` scheduled by cuda_gemv when it is a dequantize-GEMV it takes, else as it is."""
-    from ..cuda_gemv import schedule_batched_gemv
-
-    if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
-        return func
-    try:
-        return schedule_batched_gemv(func, rows=rows, outputs=outputs) or func
-    except (RuntimeError, ValueError) as e:  # (TVM's errors: a form it does not foresee)
-        log.debug("cuda_gemv left %s to dlight: %s", func.attrs.get("global_symbol"),
-                  str(e).splitlines()[-1])
-        return func
-
-
 @dataclass
 class CudaSet:
     """One lowering's CUDA kernels (device functions by name) and TIR functions' launches."""
@@ -100,9 +80,7 @@ def lower(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc])
     scheduled by ``cuda_schedule_rules(schedule)`` and lowered for CUDA."""
     target = cuda_target()
     funcs = {gv: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()}
-    rows = DECODE_GEMV_ROWS.get(schedule)
-    if rows is not None:  # the decode steps' dequantize-GEMVs: each weight read once a step
-        funcs = {gv: batched_gemv(f, rows) for gv, f in funcs.items()}
+    funcs = decode_gemvs(funcs, schedule)  # (warp reductions: shuffles)
     with target:
         scheduled = dl.ApplyDefaultSchedule(*cuda_schedule_rules(schedule))(tvm.IRModule(funcs))
     devices, dmod, hosts = lower_split(scheduled, target)

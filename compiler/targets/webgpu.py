@@ -1,4 +1,5 @@
-"""The WebGPU kernel set: the plans' TIR functions scheduled by dlight and lowered to WGSL.
+"""The WebGPU kernel set: the plans' TIR functions scheduled by dlight and lowered to WGSL (the
+decode plans' dequantize-GEMVs by compiler/batched_gemv.py, its sums meeting in workgroup memory).
 
 Each TIR function's device parts become WGSL kernels (one file each in the artifact); its host
 part becomes launches read as data (compiler/tir_lower.py), which the engine replays: a browser
@@ -13,10 +14,15 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import tirx
 
+from ..batched_gemv import decode_gemvs
 from ..tir_lower import TirFunction, host_launches, lower_split, scalar_dtype, schedule_rules
 from .built import BuiltSet, digest
 
 KIND = "webgpu"
+# The decode GEMV's form here: no subgroup operations (an optional WebGPU feature), no 8-lane
+# vectors, and 2 warps of 32 threads, whose 8 KiB of workgroup memory for the sums leaves room
+# under the 16 KiB every WebGPU device has.
+DECODE_GEMV = {"reduction": "shared", "warps": 2, "vector_loads": False}
 _STORAGE_DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read_write|read)>")
 
 
@@ -58,6 +64,7 @@ def lower(tir_mod: tvm.IRModule, schedule: str, twins: dict[str, tirx.PrimFunc])
 
     target = webgpu_target()
     funcs = {gv: twins.get(gv.name_hint, f) for gv, f in tir_mod.functions.items()}
+    funcs = decode_gemvs(funcs, schedule, **DECODE_GEMV)
     with target:  # (dlight schedules a module in place: a copy of the caller's)
         scheduled = dl.ApplyDefaultSchedule(*schedule_rules(schedule))(tvm.IRModule(funcs))
     kernels, functions = build_kernels(scheduled, target)

@@ -1,7 +1,8 @@
 """Greedy output that does not depend on what else runs, in q4f16_1 on lavapipe.
 
 The step kernels differ with the batch: ``decode1`` (one sequence) and ``decode`` (several)
-are both batched GEMV, padded to 1 and 4 rows, and sum each row in the same order; ``forward``
+are both batched GEMV (compiler/batched_gemv.py), 1 and 8 rows a pass over the weights, and sum
+each row in the same order; ``forward``
 (tiled GEMM) sums in another. The f16 variants accumulate in float32, which brings them to the
 f32 variants' level; batch-invariant mode (the default) makes it exact: decode rows always run
 the decode plans and prompt rows the GEMM kernels, never mixed in one step.

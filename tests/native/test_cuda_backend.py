@@ -310,7 +310,7 @@ def test_cuda_set_is_scheduled_for_cuda(tiny_f16_artifact):
 
 
 def test_decode_gemvs_are_batched_warp_gemvs(tiny_f16_artifact):
-    """The decode plans' dequantize-GEMVs are compiler/cuda_gemv.py's: four warps a block
+    """The decode plans' dequantize-GEMVs are compiler/batched_gemv.py's: four warps a block
     (threadIdx.y), each warp's lanes (up to 32, threadIdx.x) splitting the reduction, in decode
     and decode1 alike (dlight's LowBatchGEMV runs 64x4 or 32x16 blocks)."""
     _, entry = _source(tiny_f16_artifact)

@@ -1,4 +1,4 @@
-"""compiler/cuda_gemv.py's batched dequantize-GEMV schedule, run here: the same scheduled TIR
+"""compiler/batched_gemv.py's batched dequantize-GEMV schedule, run here: the same scheduled TIR
 lowered for WebGPU (WGSL has no 8-lane vectors, so each row's inputs load one by one) on
 lavapipe, against numpy's dequantize-then-matmul. The CUDA lowering of the same schedule ran on
 an H200 (bench/results/README.md: parity, batch invariance, bench/gpu_gemv.py)."""
@@ -12,12 +12,12 @@ tvm = pytest.importorskip("tvm")
 
 from tvm import te, tirx  # noqa: E402
 
-from wick.compiler.cuda_gemv import schedule_batched_gemv  # noqa: E402
+from wick.compiler.batched_gemv import schedule_batched_gemv  # noqa: E402
 
-N, K = 48, 512  # (48 outputs: three blocks of 16; 512 = 64 words: two steps of 32 lanes)
+N, K = 48, 512  # (48 outputs: six blocks of 2 warps x 4; 512 = 64 words: two steps of 32 lanes)
 
 
-def q4_gemv(with_residual: bool, dtype: str = "float16") -> tirx.PrimFunc:
+def q4_gemv(with_residual: bool, dtype: str = "float16", K: int = K) -> tirx.PrimFunc:
     """The shape of a decode plan's q4 GEMV: ``w = nibble * scale + min`` in groups of 32, an
     f32 sum over K (q4f16_1: cast to f16, optionally plus a residual; q4f32_1: the sum is the
     output)."""
@@ -45,6 +45,7 @@ def q4_gemv(with_residual: bool, dtype: str = "float16") -> tirx.PrimFunc:
 
 def reference(arrays: list[np.ndarray]) -> np.ndarray:
     x, q, scale, low = arrays[:4]
+    K = x.shape[1]
     shifts = ((np.arange(K) % 8) * 4).astype(np.uint32)
     nibbles = (np.repeat(q, 8, axis=1) >> shifts) & 15
     w = nibbles.astype(x.dtype) * np.repeat(scale, 32, axis=1) + np.repeat(low, 32, axis=1)
@@ -80,7 +81,7 @@ def run(backend, func: tirx.PrimFunc, arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def inputs(rows: int, with_residual: bool, dtype: str = "float16",
-           seed: int = 0) -> list[np.ndarray]:
+           seed: int = 0, K: int = K) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays = [(rng.standard_normal((rows, K)) * 0.5).astype(dtype),
               rng.integers(0, 1 << 32, (N, K // 8), dtype=np.uint64).astype(np.uint32),
@@ -91,14 +92,20 @@ def inputs(rows: int, with_residual: bool, dtype: str = "float16",
     return arrays + [np.zeros((rows, N), dtype)]
 
 
-@pytest.mark.parametrize("tile,with_residual,dtype", [(4, True, "float16"),
-                                                      (1, False, "float16"),
-                                                      (4, False, "float32"),
-                                                      (1, False, "float32")])
-def test_batched_gemv_equals_numpy_and_each_row_its_own(backend, tile, with_residual, dtype):
-    func = schedule_batched_gemv(q4_gemv(with_residual, dtype), rows=tile, vector_loads=False)
+@pytest.mark.parametrize("reduction", ["warp", "shared"])
+@pytest.mark.parametrize("tile,with_residual,dtype,k", [(4, True, "float16", K),
+                                                        (1, False, "float16", K),
+                                                        (8, False, "float32", K),
+                                                        (1, False, "float32", K),
+                                                        (8, True, "float16", 576)])
+def test_batched_gemv_equals_numpy_and_each_row_its_own(backend, tile, with_residual, dtype, k,
+                                                        reduction):
+    """(K = 576, SmolLM2's width: 72 words, split over 8 lanes, not 32; a tile of 8 rows x 4
+    outputs then has more sums than lanes, each lane summing 4 in the shared form.)"""
+    schedule = {"vector_loads": False, "reduction": reduction, "warps": 2}
+    func = schedule_batched_gemv(q4_gemv(with_residual, dtype, k), rows=tile, **schedule)
     assert func is not None and func.attrs["tirx.is_scheduled"]
-    batch = inputs(9, with_residual, dtype)  # (tiles of 4: two full passes and a partial one)
+    batch = inputs(9, with_residual, dtype, K=k)  # (tiles of 4 or 8: a partial pass at the end)
     got = run(backend, func, batch)
     want = reference(batch[:-1])
     scale = float(np.abs(want.astype(np.float32)).max())
@@ -107,7 +114,7 @@ def test_batched_gemv_equals_numpy_and_each_row_its_own(backend, tile, with_resi
     # and the same as with one row a pass (decode1's tile: nor on the tile)
     alone = run(backend, func, [a[:1] if a.shape[0] == 9 else a for a in batch])
     assert np.array_equal(alone[0], got[0])
-    one_row = schedule_batched_gemv(q4_gemv(with_residual, dtype), rows=1, vector_loads=False)
+    one_row = schedule_batched_gemv(q4_gemv(with_residual, dtype, k), rows=1, **schedule)
     assert np.array_equal(run(backend, one_row, batch), got)
 
 
