@@ -3,7 +3,7 @@
     python bench/gpu.py [--config bench/configs/llama-3-8b.json] [--quant q4f16_1 q0f16]
                         [--backends cuda vulkan] [--batches 1 8 32 64] [--prefill 512]
                         [--tokens 32] [--prompt 64] [--peer torch|none] [--artifacts DIR]
-                        [--compile-only]
+                        [--compile-only [--webgpu-gemv batched|dlight]]
 
 The model is a synthetic artifact (``wick compile --synthetic``): the config's shapes, weights
 generated on the device at load. ``--compile-only`` builds the artifacts (TVM, here) into
@@ -244,9 +244,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", help="write the results here (one object per quantization)")
     p.add_argument("--artifacts", default=str(ROOT / "build/gpu"))
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--webgpu-gemv", choices=["batched", "dlight"], default="batched",
+                   help="compiling: the WebGPU set's decode GEMVs as the compiler makes them "
+                        "(compiler/batched_gemv.py), or dlight's LowBatchGEMV as before it, to "
+                        "measure the two side by side on Vulkan")
     args = p.parse_args(argv)
 
     import_wick_from_tree()
+    if args.webgpu_gemv == "dlight":
+        import wick.compiler.targets.webgpu as webgpu
+
+        webgpu.decode_gemvs = lambda funcs, schedule, **options: funcs
     arts = {q: ensure_artifact(args, q) for q in args.quant}
     if args.compile_only:
         for q, path in arts.items():

@@ -41,6 +41,10 @@ out=${WICK_GPU_CARRY:-build/gpu}
 py=.venv/bin/python
 
 "$py" bench/gpu.py --config "$config" --compile-only --artifacts "$out"
+# the q4 artifact with the WebGPU set's decode GEMVs as before compiler/batched_gemv.py took them
+# (dlight's LowBatchGEMV): gpu_session.sh's vulkan stage measures both in one run
+"$py" bench/gpu.py --config "$config" --quant q4f16_1 --compile-only --webgpu-gemv dlight \
+  --artifacts "$out/dlight-gemv"
 # the parity references: tiny and SmolLM2-shaped artifacts, their outputs on lavapipe
 "$py" bench/gpu_parity.py record --artifacts "$out/parity"
 # the decode GEMV's CUDA schedules, side by side (bench/gpu_gemv.py)

@@ -8,7 +8,9 @@
 #   (device) WICK_COMMIT=<sha> bash bench/gpu_session.sh [stage ...]
 #            # carry: build/gpu/wheels build/gpu/gl build/gpu/pack.tar.xz (unpacked here first)
 #
-# Stages (default: all, in this order): env parity q4 profile q0. Not by default: ncu (Nsight
+# Stages (default: all, in this order): env parity q4 vulkan profile q0 (vulkan: the q4
+# artifact on Vulkan with the WebGPU set's decode GEMVs as dlight made them before
+# compiler/batched_gemv.py, beside q4's own Vulkan rows, issue #28). Not by default: ncu (Nsight
 # Compute's counters for the decode step's attention and batched GEMV, where a kernel's time
 # alone does not say why it is slow), gemv (bench/gpu_gemv.py: the batched GEMV's schedules side
 # by side), embed (bench/gpu_embed.py: all-MiniLM-L6-v2 on CUDA, issue #29).
@@ -24,7 +26,7 @@ if [ -f build/gpu/pack.tar.xz ]; then  # (bench/gpu_carry.sh packs the artifacts
 tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' build/gpu/pack.tar.xz build/gpu &&
     echo "$sum" > build/gpu/.unpacked; }
 fi
-stages=${*:-env parity q4 profile q0}
+stages=${*:-env parity q4 vulkan profile q0}
 
 stage() {  # NAME SECONDS COMMAND...
   local name=$1 limit=$2
@@ -42,6 +44,9 @@ for s in $stages; do
     parity) stage parity "${T_PARITY:-100}" bash bench/gpu_device.sh parity ;;
     q4) stage q4 "${T_Q4:-180}" bash bench/gpu_device.sh bench --quant q4f16_1 \
           --json "$out/gpu-llama-3-8b-q4f16_1.json" ;;
+    vulkan) stage vulkan "${T_VULKAN:-120}" bash bench/gpu_device.sh bench --quant q4f16_1 \
+          --backends vulkan --peer none --artifacts build/gpu/dlight-gemv \
+          --json "$out/gpu-vulkan-dlight-gemv.json" ;;
     profile) for b in 1 8; do
           stage "profile-b$b" "${T_PROFILE:-30}" bash bench/gpu_device.sh profile \
             build/gpu/llama-3-8b-q4f16_1 --batch "$b" --json "$out/gpu-profile-q4f16_1-b$b.json"
