@@ -244,6 +244,9 @@ class AsyncEngineAPI(_Frontend):
         self._queues: dict[str, asyncio.Queue[SequenceOutput | BaseException]] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
+        # the last step's failure ("Type: message") until a step succeeds: a device lost stays
+        # so, and a replica's health check (Ray Serve) reads it to have the replica replaced
+        self.step_error: str | None = None
         self.chat = _ChatNamespace(lambda **kwargs: self._create("chat", kwargs))
         self.completions = _Namespace(lambda **kwargs: self._create("completion", kwargs))
         self.embeddings = _Namespace(lambda **kwargs: self._create("embeddings", kwargs))
@@ -335,14 +338,18 @@ class AsyncEngineAPI(_Frontend):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
+            ran = core.runner_steps
             try:
                 outputs = await core.step_async()
             except Exception as e:  # the runner failed: fail every waiting request with it
+                self.step_error = f"{type(e).__name__}: {e}"
                 core.abort_all()
                 for q in self._queues.values():
                     q.put_nowait(e)
                 await asyncio.sleep(0)
                 continue
+            if core.runner_steps != ran:  # (a step that ran the runner: the device works)
+                self.step_error = None
             for out in outputs:
                 q = self._queues.get(out.request_id)
                 if q is not None:

@@ -230,6 +230,8 @@ class EngineCore:
         self.step_cost = StepCost()  # what a verify row adds to a decode step
         self.stats = EngineStats()
         self.metrics = EngineMetrics()  # (monitoring: pyserver/metrics.py exposes them)
+        self.runner_steps = 0  # batches the runner ran and returned from (a step of aborts only
+        # runs none: it says nothing of the device)
         self._mask_hash = hashlib.sha256()
         self._clock = clock
         self._seq_ids = itertools.count()
@@ -467,6 +469,7 @@ class EngineCore:
                             "AsyncEngineAPI", code="runner_contract")
         if state.batch is not None:
             tokens = self.runner.step(state.batch)
+            self.runner_steps += 1
         return self.finish_step(state, tokens)
 
     async def step_async(self) -> list[SequenceOutput]:
@@ -481,6 +484,7 @@ class EngineCore:
             step_async = getattr(self.runner, "step_async", None)
             tokens = (await step_async(state.batch) if step_async is not None
                       else self.runner.step(state.batch))
+            self.runner_steps += 1
         return self.finish_step(state, tokens)
 
     def begin_step(self) -> StepState:

@@ -110,8 +110,13 @@ class WickEngine(LLMEngine):
                                   code="lora_not_supported")
 
     async def check_health(self) -> None:
+        """Ray Serve LLM's health check: unhealthy before the engine starts, and while its last
+        step failed with none run since (ray_serve.raise_if_failing)."""
+        from .ray_serve import raise_if_failing
+
         if self.engine is None:
             raise RuntimeError("the wick engine has not started")
+        raise_if_failing({self.model_id: self.engine})
 
     async def reset_prefix_cache(self) -> None:
         self.engine.core.reset_prefix_cache()

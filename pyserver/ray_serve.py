@@ -249,6 +249,14 @@ def core_snapshot(core) -> dict:
             "max_total_tokens": core.max_total_tokens}
 
 
+def raise_if_failing(engines: dict) -> None:
+    """RuntimeError naming each engine (by model) whose last step failed (``step_error``)."""
+    failing = {name: e.step_error for name, e in engines.items() if e.step_error is not None}
+    if failing:
+        raise RuntimeError("the wick engine's last step failed: " + "; ".join(
+            f"{name}: {error}" for name, error in failing.items()))
+
+
 def engine_snapshot(engine) -> dict:
     """core_snapshot, and where the engine's artifact is and what it runs on."""
     return {**core_snapshot(engine.core), "artifact_dir": str(engine.artifact_dir),
@@ -284,6 +292,12 @@ class EngineReplica:
 
     async def info(self) -> dict:
         return {name: engine_snapshot(e) for name, e in self.pool.engines.items()}
+
+    def check_health(self) -> None:
+        """Ray Serve's health check (every ``health_check_period_s``): a replica whose engine's
+        last step failed, with none run since (a lost device stays lost), raises, and Ray puts
+        a new replica in its place."""
+        raise_if_failing(self.pool.engines)
 
     async def create(self, model: str, api: str, body: dict) -> AsyncIterator[dict]:
         """A completion's chunks (stream) or its one reply, as dicts; an error as data."""

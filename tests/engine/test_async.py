@@ -164,6 +164,34 @@ def test_a_runner_failure_reaches_every_waiting_request():
     assert not unfinished and free == 256
 
 
+def test_a_failed_step_is_the_engines_health_until_a_step_succeeds():
+    """``step_error`` (what a Ray replica's health check reads): set by a failed step, kept
+    while no step runs (a lost device stays lost), cleared by the next step that succeeds."""
+    class Flaky(FakeRunner):
+        fail = True
+
+        def step(self, batch):
+            if Flaky.fail:
+                raise RuntimeError("device lost")
+            return super().step(batch)
+
+    async def main():
+        api, _ = build_async(Flaky)
+        before = api.step_error
+        with pytest.raises(RuntimeError):
+            await api.completions.create(prompt="a", max_tokens=3)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        failed = api.step_error
+        Flaky.fail = False
+        reply = await api.completions.create(prompt="b", max_tokens=3)
+        after = api.step_error
+        await api.aclose()
+        return before, failed, reply.usage.completion_tokens, after
+
+    assert asyncio.run(main()) == (None, "RuntimeError: device lost", 3, None)
+
+
 def test_dropping_a_stream_without_aclose_aborts_it():
     async def main():
         api, runner = build_async(num_pages=64)

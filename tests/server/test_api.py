@@ -445,6 +445,35 @@ def test_failed_load_reports_503():
         live.stop()
 
 
+def test_health_reports_a_failed_step_until_one_succeeds(tiny_a):
+    """A step the device fails (the runner raises) fails the request with a 5xx and shows in
+    /health as the engine's ``step_error``; the next step that runs clears it."""
+    from wick.server.local import AsyncEngine
+
+    engine = AsyncEngine(str(tiny_a))
+    runner = engine.core.runner
+
+    def lost(batch):
+        raise RuntimeError("device lost")
+
+    app = create_app(ModelPool.of(engine))
+    live = LiveServer(app)
+    try:
+        live.wait_ready()
+        name = next(iter(app.state.pool.engines))
+        runner.step = lost
+        r = post(live, "/v1/completions", {"prompt": "a", "max_tokens": 2})
+        assert r.status_code >= 500 and "device lost" not in r.text  # (no internals out)
+        assert httpx.get(f"{live.url}/health").json()["engines"][name]["step_error"] == \
+            "RuntimeError: device lost"
+        del runner.step  # (the class's step again)
+        r = post(live, "/v1/completions", {"prompt": "a", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert "step_error" not in httpx.get(f"{live.url}/health").json()["engines"][name]
+    finally:
+        live.stop()
+
+
 def test_cors_when_enabled():
     from starlette.testclient import TestClient
 

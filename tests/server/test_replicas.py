@@ -439,6 +439,23 @@ def test_health_forgets_replicas_that_are_gone():
     assert idle["info"] == {"model": "m"}
 
 
+def test_a_replica_whose_engine_failed_its_last_step_is_unhealthy():
+    """Ray Serve calls ``check_health`` on each replica: it raises, naming the model and the
+    error, while an engine's last step failed (``step_error``), and returns once none has."""
+    from types import SimpleNamespace
+
+    from wick.server.ray_serve import EngineReplica
+
+    good = SimpleNamespace(step_error=None)
+    lost = SimpleNamespace(step_error="DeviceError: the GPU was lost")
+    replica = SimpleNamespace(pool=SimpleNamespace(engines={"a": good, "b": lost}))
+    with pytest.raises(RuntimeError, match="b: DeviceError: the GPU was lost") as e:
+        EngineReplica.check_health(replica)
+    assert "a:" not in str(e.value)
+    replica.pool.engines["b"] = good
+    assert EngineReplica.check_health(replica) is None
+
+
 def test_a_flooded_prefix_replica_is_passed_over():
     """A shared prompt goes to the replica holding it, unless that replica has IMBALANCE more
     requests in flight than the least loaded one (then every replica is one rank again)."""
