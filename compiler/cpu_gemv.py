@@ -11,13 +11,13 @@ load (16 bytes in q4, 32 in q8), dequantized once for a tile of rows:
   so ``bytes & 15`` and ``bytes >> 4`` are the group's even and odd weights, 16 lanes each;
   q8: the group's two halves of 16 bytes;
 * the input rows are split once per call to match (even and odd elements; q8: halves);
-* a tile of rows (``NATIVE_TILES``/``WASM_TILES``) multiplies the dequantized group into each
+* a tile of rows (``ISA_TILES``, per vector ISA) multiplies the dequantized group into each
   row's partial sums: a step of 8 rows reads and dequantizes each weight once, not 8 times.
 
 Turning bytes into floats: x86 converts 16 bytes in two instructions, but LLVM's WebAssembly
 backend lowers ``uitofp <16 x i8>`` (or 8) lane by lane (0.9 GB/s of weights measured); four
 lanes at a time it widens and converts in vector instructions (2.2 GB/s). So for WebAssembly
-the 16 lanes go as four unrolled chunks of 4 (``wasm=True``).
+the 16 lanes go as four unrolled chunks of 4 (``isa="wasm"``).
 
 The sums run in another order than the GPU's (16 lanes per group, then groups), as any
 reordering of float sums does; the results agree to float32 rounding (tests compare the
@@ -33,16 +33,18 @@ from tvm.script import tirx as T
 
 GROUP = 32  # weights per scale/minimum (compiler/quantization.py GROUP_SIZE)
 HALF = GROUP // 2
-# Rows per tile, widest first: a tile dequantizes each group's weights once for all its rows,
-# a step's rows go in as many of the widest tiles as fit, the rest in narrower ones (no row
-# tests inside a tile). Natively 8 rows x 2 partial sums of 16 lanes are 16 of AVX-512's 32
-# registers; WebAssembly's 128-bit registers hold a quarter of a row's lanes (V8 maps them on
-# 16 of the CPU's), so there tiles stop at 4 rows with one partial sum per row.
-NATIVE_TILES = (8, 4, 2, 1)
+# Rows per tile, widest first, per vector ISA (cpu_schedules.vector_isa): a tile dequantizes
+# each group's weights once for all its rows, a step's rows go in as many of the widest tiles
+# as fit, the rest in narrower ones (no row tests inside a tile). With AVX-512, 8 rows x 2
+# partial sums of 16 lanes are 16 of its 32 registers. AVX2's 16 registers of 8 lanes take
+# 4 rows of one 16-lane sum (8 registers; two sums a row, as AVX-512 keeps, spilled: a step of
+# 8 rows on one Zen 3 core 0.94-1.17 ms -> 0.56-0.60, 4 rows 0.42-0.48 -> 0.29-0.34, 1 row
+# the same, a 3072x576 matmul). WebAssembly's 128-bit registers hold a quarter of a row's
+# lanes (V8 maps them on 16 of the CPU's), so there tiles stop at 4 rows with one partial sum.
+ISA_TILES = {"avx512": (8, 4, 2, 1), "avx2": (4, 2, 1), "wasm": (4, 2, 1)}
 # the adds after the matmul a kernel exists for (a biased projection, a projection into the
 # residual stream, or both)
 KERNEL_ADDS = ((), ("bias",), ("residual",), ("bias", "residual"))
-WASM_TILES = (4, 2, 1)
 COLS = 16  # outputs per task (a chunk's q4 weights, K = 576: 4.5 KB + scales)
 
 
@@ -113,24 +115,27 @@ def _block_names(func: tirx.PrimFunc) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes; parsing takes ~0.3 s)
-def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), wasm: bool = False,
+def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "avx512",
                         bits: int = 4) -> tirx.PrimFunc:
     """The kernel, with the matched function's parameters: x (b, K), w (N, K * bits / 32)
     uint32, scale (N, K/32), minimum (N, K/32), one parameter per add (``adds``: "bias" (N,)
-    or "residual" (b, N), added in that order), out (b, N). ``wasm``: for WebAssembly
-    (weights converted 4 lanes at a time, narrower tiles, one partial sum). ``bits`` 8: the
+    or "residual" (b, N), added in that order), out (b, N). ``isa``: the vector registers the
+    tiles are sized for (cpu_schedules.vector_isa: "avx512", "avx2", or "wasm": weights
+    converted 4 lanes at a time, narrower tiles, one partial sum). ``bits`` 8: the
     q8 packing, a group's 32 bytes its 32 weights in order (its two halves take the places of
     the q4 group's even and odd weights)."""
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, not {bits}")
     G = K // GROUP
     q8 = bits == 8
+    wasm = isa == "wasm"
     lanes = 4 if wasm else HALF
-    tiles = WASM_TILES if wasm else NATIVE_TILES
+    tiles = ISA_TILES[isa]
     tiles = tiles + (1,) * (4 - len(tiles))
-    # natively a row keeps two partial sums (even weights, odd weights): two chains of
-    # multiply-adds instead of one, so a lone decode row is not bound by their latency
-    split = not wasm
+    # with AVX-512 a row keeps two partial sums (even weights, odd weights): two chains of
+    # multiply-adds instead of one, so a lone decode row is not bound by their latency (one
+    # tile's rows all do, or a row's sum would change order with its tile)
+    split = isa == "avx512"
 
     # (a macro sees the names the functions that use it see: K, N, G, module globals and the
     # arguments; tile sizes and flags are passed in)

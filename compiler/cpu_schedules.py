@@ -70,7 +70,7 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     isa = vector_isa(target)
     q4 = match_q4_matmul(func)
     if q4 is not None:  # the float32 q4/q8 matmul: a kernel written for it (cpu_gemv.py)
-        return q4_matmul_prim_func(**q4, wasm=isa == "wasm")
+        return q4_matmul_prim_func(**q4, isa=isa)
     f32 = match_f32_matmul(func)
     if f32 is not None:  # the float32 matmul of plain weights: another (cpu_gemm.py)
         if func.attrs is not None and func.attrs.get(WIDE_BATCHES):

@@ -115,3 +115,36 @@ def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(adds, bits):
     alone = np.concatenate([run([i]) for i in range(9)])
     for rows in (list(range(9)), [4, 0, 8, 2, 6], [7, 3]):
         assert np.array_equal(run(rows), alone[rows]), rows
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "wasm"])
+def test_each_isas_tiles_match_numpy_and_keep_a_rows_bits(isa):
+    """Every vector ISA's tiles (cpu_gemv.ISA_TILES; wider vectors than the host's run in
+    parts) on this CPU: 11 rows go in full and partial tiles of each size, equal numpy on the
+    dequantized weights, and each row's bits are its bits alone."""
+    from wick.compiler.cpu_gemv import ISA_TILES, q4_matmul_prim_func
+
+    N, K, adds = 40, 96, ("bias", "residual")
+    quant = get_quantization("q4f32_1")
+    rng = np.random.default_rng(5)
+    packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
+    func = q4_matmul_prim_func(**match_q4_matmul(te_matmul(N, K, adds=adds)), isa=isa)
+    lib = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
+                         target=cpu_target())
+    rows = sum(ISA_TILES[isa]) + ISA_TILES[isa][0]  # (two of the widest, one of each other)
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    extra = _arrays(rng, rows, N)
+
+    def run(r):
+        args = [x[r], packed, scale, minimum, extra["bias"], extra["residual"][r],
+                np.zeros((len(r), N), np.float32)]
+        tensors = [tvm.runtime.tensor(a) for a in args]
+        lib["f"](*tensors)
+        return tensors[-1].numpy()
+
+    got = run(list(range(rows)))
+    weight = dequantize(packed, scale, minimum).astype(np.float64)
+    want = x.astype(np.float64) @ weight.T + extra["bias"] + extra["residual"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+    alone = np.concatenate([run([i]) for i in range(rows)])
+    assert np.array_equal(got, alone)
