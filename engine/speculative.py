@@ -34,6 +34,11 @@ NGRAM_MAX = 3  # the longest n-gram looked up
 PREDICTION_PRIOR = 0.9  # the acceptance expected of a request's prediction before any verify
 MODEL_PRIOR = 0.8  # ... and of a draft model
 MAX_BACKOFF = 32  # most steps a sequence waits to draft again after failed verify steps
+# Steps in a row without drafts (drafting did not pay) after which one draft is tried anyway.
+# What made drafting look dear (a verify step's extra row, a draft model's step) is measured
+# only while drafts run: one slow measurement on a busy machine would otherwise stop drafting
+# for good. The probe costs at most a row's share of one step in this many.
+PROBE_EVERY = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,19 +126,28 @@ class SequenceDrafter:
         self.num_verify_steps = 0
         self._failures = 0  # verify steps in a row that kept no draft
         self._wait = 0  # steps to go before drafting again
+        self._idle = 0  # steps in a row that drafted nothing because it did not pay
 
     def draft_length(self, room: int, row_cost: float) -> int:
         """How many to draft now, at most ``room``: 0 where drafting does not pay (the
         estimate then relaxes toward its prior: retried later), and for a while after a verify
         step that kept nothing (the wait doubles with each such step in a row, up to
-        ``MAX_BACKOFF`` steps: text whose drafts keep failing stops paying for them)."""
+        ``MAX_BACKOFF`` steps: text whose drafts keep failing stops paying for them). After
+        ``PROBE_EVERY`` steps in a row that did not pay, one draft, so that its costs are
+        measured again."""
         if self._wait > 0:
             self._wait -= 1
             return 0
         k = min(room, best_draft_length(self.acceptance.alpha, self.max_tokens, row_cost))
-        if k < 1:
-            self.acceptance.update(0, 0)
-        return max(k, 0)
+        if k >= 1:
+            self._idle = 0
+            return k
+        self.acceptance.update(0, 0)
+        self._idle += 1
+        if self._idle >= PROBE_EVERY and room > 0:
+            self._idle = 0
+            return 1
+        return 0
 
     def propose(self, tokens: Seq[int], num_prompt: int, k: int,
                 stop_ids: Seq[int]) -> list[int]:

@@ -92,3 +92,19 @@ def test_the_row_cost_without_one_row_steps():
             cost.record(rows, 0.010 + 0.002 * (rows - 1))
     assert abs(cost.one_row_seconds - 0.010) < 1e-4
     assert abs(cost.row_cost - 0.2) < 0.01
+
+
+def test_a_sequence_that_stopped_drafting_for_cost_probes_one_draft_now_and_then():
+    """Where drafts do not pay (rows measured dear), a sequence drafts nothing, but one draft
+    every PROBE_EVERY steps, so that what it costs is measured again (a single slow step on a
+    busy machine must not stop speculation for good); drafting resumes once it pays."""
+    from wick.engine.speculative import PROBE_EVERY, SequenceDrafter
+
+    drafter = SequenceDrafter(max_tokens=8, ngram=True)
+    lengths = [drafter.draft_length(100, row_cost=2.0) for _ in range(3 * PROBE_EVERY)]
+    assert lengths == ([0] * (PROBE_EVERY - 1) + [1]) * 3
+    for _ in range(PROBE_EVERY - 1):
+        drafter.draft_length(100, row_cost=2.0)
+    assert drafter.draft_length(0, row_cost=2.0) == 0  # no room: the probe waits for room
+    assert drafter.draft_length(100, row_cost=2.0) == 1
+    assert drafter.draft_length(100, row_cost=0.05) > 1  # cheap rows: drafting pays again
