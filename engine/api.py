@@ -244,9 +244,6 @@ class AsyncEngineAPI(_Frontend):
         self._queues: dict[str, asyncio.Queue[SequenceOutput | BaseException]] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
-        # the last step's failure ("Type: message") until a step succeeds: a device lost stays
-        # so, and a replica's health check (Ray Serve) reads it to have the replica replaced
-        self.step_error: str | None = None
         self.chat = _ChatNamespace(lambda **kwargs: self._create("chat", kwargs))
         self.completions = _Namespace(lambda **kwargs: self._create("completion", kwargs))
         self.embeddings = _Namespace(lambda **kwargs: self._create("embeddings", kwargs))
@@ -338,23 +335,25 @@ class AsyncEngineAPI(_Frontend):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            ran = core.runner_steps
             try:
                 outputs = await core.step_async()
             except Exception as e:  # the runner failed: fail every waiting request with it
-                self.step_error = f"{type(e).__name__}: {e}"
                 core.abort_all()
                 for q in self._queues.values():
                     q.put_nowait(e)
                 await asyncio.sleep(0)
                 continue
-            if core.runner_steps != ran:  # (a step that ran the runner: the device works)
-                self.step_error = None
             for out in outputs:
                 q = self._queues.get(out.request_id)
                 if q is not None:
                     q.put_nowait(out)
             await asyncio.sleep(0)  # let consumers read and new requests join the next step
+
+    @property
+    def step_error(self) -> str | None:
+        """The runner's last failure until it next runs a batch (``EngineCore.runner_error``):
+        a replica's health check (Ray Serve) reads it to have the replica replaced."""
+        return self.core.runner_error
 
     def abort_all(self, error: WickError | None = None) -> None:
         """Abort every unfinished request. Without ``error`` each ends with finish_reason

@@ -9,6 +9,7 @@ calling ``step()`` until its request is done, the async one from one background 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import time
@@ -230,8 +231,9 @@ class EngineCore:
         self.step_cost = StepCost()  # what a verify row adds to a decode step
         self.stats = EngineStats()
         self.metrics = EngineMetrics()  # (monitoring: pyserver/metrics.py exposes them)
-        self.runner_steps = 0  # batches the runner ran and returned from (a step of aborts only
-        # runs none: it says nothing of the device)
+        # the runner's last failure ("Type: message") until it next runs a batch: a device lost
+        # stays so, and health checks read it (a scheduling or request error is not the runner's)
+        self.runner_error: str | None = None
         self._mask_hash = hashlib.sha256()
         self._clock = clock
         self._seq_ids = itertools.count()
@@ -468,8 +470,8 @@ class EngineCore:
             raise WickError("a grammar matcher answers asynchronously; drive this engine with "
                             "AsyncEngineAPI", code="runner_contract")
         if state.batch is not None:
-            tokens = self.runner.step(state.batch)
-            self.runner_steps += 1
+            with self._runner_errors():
+                tokens = self.runner.step(state.batch)
         return self.finish_step(state, tokens)
 
     async def step_async(self) -> list[SequenceOutput]:
@@ -482,10 +484,21 @@ class EngineCore:
             await self.fill_masks_async(state.batch)
         if state.batch is not None:
             step_async = getattr(self.runner, "step_async", None)
-            tokens = (await step_async(state.batch) if step_async is not None
-                      else self.runner.step(state.batch))
-            self.runner_steps += 1
+            with self._runner_errors():
+                tokens = (await step_async(state.batch) if step_async is not None
+                          else self.runner.step(state.batch))
         return self.finish_step(state, tokens)
+
+    @contextlib.contextmanager
+    def _runner_errors(self):
+        """``runner_error``: set by a runner call that raises (the error goes on), cleared by
+        one that returns."""
+        try:
+            yield
+        except Exception as e:
+            self.runner_error = f"{type(e).__name__}: {e}"
+            raise
+        self.runner_error = None
 
     def begin_step(self) -> StepState:
         """Apply pending aborts, draft (a draft model's steps run here), schedule, and fill

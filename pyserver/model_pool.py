@@ -116,12 +116,16 @@ class ModelPool:
 
 
 def engine_health(core: Any) -> dict[str, Any]:
-    """What /health says of an engine core (of each replica's too, under --replicas)."""
-    return {"requests": core.num_unfinished(), "kv_pages": core.kv.num_pages,
-            "kv_pages_free": core.kv.free_pages, "kv_pages_cached": core.kv.cached_pages,
-            "speculation": core.stats.speculation(),
-            # what a request leaving sampling fields unset gets, and why
-            "sampling_defaults": core.info.sampling_defaults}
+    """What /health says of an engine core (of each replica's too, under --replicas); with
+    ``step_error`` while its runner's last call failed (a lost device)."""
+    health = {"requests": core.num_unfinished(), "kv_pages": core.kv.num_pages,
+              "kv_pages_free": core.kv.free_pages, "kv_pages_cached": core.kv.cached_pages,
+              "speculation": core.stats.speculation(),
+              # what a request leaving sampling fields unset gets, and why
+              "sampling_defaults": core.info.sampling_defaults}
+    if getattr(core, "runner_error", None) is not None:
+        health["step_error"] = core.runner_error
+    return health
 
 
 async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:

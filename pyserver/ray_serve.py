@@ -246,7 +246,7 @@ def core_snapshot(core) -> dict:
             "free_pages": core.kv.free_pages, "cached_pages": core.kv.cached_pages,
             "speculation": core.stats.speculation(), "metrics": metrics,
             "max_batch_size": core.scheduler.max_batch_size,
-            "max_total_tokens": core.max_total_tokens}
+            "max_total_tokens": core.max_total_tokens, "runner_error": core.runner_error}
 
 
 def raise_if_failing(engines: dict) -> None:
@@ -434,6 +434,10 @@ class ReplicaCore:
         return self.snap["max_total_tokens"]
 
     draft = None  # (a draft model's artifact is not hosted for browsers from replicas)
+
+    @property
+    def runner_error(self) -> str | None:  # (combined: the first replica's)
+        return self.snap.get("runner_error")
 
     def requests_by_state(self) -> tuple[int, int]:
         return self.snap["running"], self.snap["waiting"]

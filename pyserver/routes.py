@@ -213,9 +213,6 @@ async def health(request: Request) -> JSONResponse:
     body: dict[str, Any] = {"status": "ok" if pool.state == "ready" else pool.state,
                             "models": list(pool.engines)}
     body["engines"] = {name: engine_health(e.core) for name, e in pool.engines.items()}
-    for name, e in pool.engines.items():  # (a failed step, none run since: a lost device)
-        if getattr(e, "step_error", None) is not None:
-            body["engines"][name]["step_error"] = e.step_error
     replicas = pool.replicas()
     if replicas is not None:
         body["replicas"] = replicas

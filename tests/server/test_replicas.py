@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -442,8 +443,6 @@ def test_health_forgets_replicas_that_are_gone():
 def test_a_replica_whose_engine_failed_its_last_step_is_unhealthy():
     """Ray Serve calls ``check_health`` on each replica: it raises, naming the model and the
     error, while an engine's last step failed (``step_error``), and returns once none has."""
-    from types import SimpleNamespace
-
     from wick.server.ray_serve import EngineReplica
 
     good = SimpleNamespace(step_error=None)
@@ -454,6 +453,20 @@ def test_a_replica_whose_engine_failed_its_last_step_is_unhealthy():
     assert "a:" not in str(e.value)
     replica.pool.engines["b"] = good
     assert EngineReplica.check_health(replica) is None
+
+
+def test_health_shows_a_replicas_failed_runner():
+    """A replica's snapshot carries its core's ``runner_error``: /health's replica entry shows
+    it as ``step_error``, and leaves it out while the runner works."""
+    from wick.server.model_pool import engine_health
+    from wick.server.ray_serve import ReplicaCore
+
+    snap = {"info": SimpleNamespace(sampling_defaults={}), "running": 0, "waiting": 0,
+            "unfinished": 0, "num_pages": 8, "free_pages": 8, "cached_pages": 0,
+            "speculation": {}, "metrics": {}, "max_batch_size": 4, "max_total_tokens": 128}
+    assert "step_error" not in engine_health(ReplicaCore({**snap, "runner_error": None}))
+    lost = engine_health(ReplicaCore({**snap, "runner_error": "DeviceError: the GPU was lost"}))
+    assert lost["step_error"] == "DeviceError: the GPU was lost"
 
 
 def test_a_flooded_prefix_replica_is_passed_over():
