@@ -249,6 +249,10 @@ def main(argv: list[str] | None = None) -> None:
                         "(compiler/batched_gemv.py), or dlight's LowBatchGEMV as before it, to "
                         "measure the two side by side on Vulkan")
     args = p.parse_args(argv)
+    if args.webgpu_gemv == "dlight" and not (
+            args.compile_only and Path(args.artifacts) != ROOT / "build/gpu"):
+        p.error("--webgpu-gemv dlight builds a comparison artifact: with --compile-only and an "
+                "--artifacts folder of its own (not the default one that holds the real set)")
 
     import_wick_from_tree()
     if args.webgpu_gemv == "dlight":

@@ -41,10 +41,10 @@ for s in $stages; do
     env) stage env 60 bash -c 'nvidia-smi; python3 --version;
       python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())";
       ls /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>&1; true' ;;
-    parity) stage parity "${T_PARITY:-100}" bash bench/gpu_device.sh parity ;;
+    parity) stage parity "${T_PARITY:-60}" bash bench/gpu_device.sh parity ;;
     q4) stage q4 "${T_Q4:-180}" bash bench/gpu_device.sh bench --quant q4f16_1 \
           --json "$out/gpu-llama-3-8b-q4f16_1.json" ;;
-    vulkan) stage vulkan "${T_VULKAN:-120}" bash bench/gpu_device.sh bench --quant q4f16_1 \
+    vulkan) stage vulkan "${T_VULKAN:-60}" bash bench/gpu_device.sh bench --quant q4f16_1 \
           --backends vulkan --peer none --artifacts build/gpu/dlight-gemv \
           --json "$out/gpu-vulkan-dlight-gemv.json" ;;
     profile) for b in 1 8; do

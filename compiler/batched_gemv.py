@@ -113,7 +113,7 @@ def schedule_batched_gemv(func: tirx.PrimFunc, rows: int = 8, outputs: int = 4,
             _spread_over_lanes(sch, sch.fuse(*sch.get_loops(epilogue)[3:]), lanes)
     sch.set_scope(rf, 0, "local")
     sch.set_scope(mm, 0, "local")
-    if reduction != "warp":  # the lanes' partial sums meet in workgroup memory: one barrier
+    if reduction != "warp":  # the lanes' partial sums meet in workgroup memory: 2 barriers
         meet = sch.cache_read(mm, 0, "shared")  # (placed under io, before mm)
         sch.bind(sch.get_loops(meet)[3], "threadIdx.x")  # (each lane stores its own sums)
         sch.storage_align(meet, 0, axis=0, factor=32, offset=1)  # (lanes' stores: no conflict)

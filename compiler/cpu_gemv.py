@@ -37,10 +37,12 @@ HALF = GROUP // 2
 # each group's weights once for all its rows, a step's rows go in as many of the widest tiles
 # as fit, the rest in narrower ones (no row tests inside a tile). With AVX-512, 8 rows x 2
 # partial sums of 16 lanes are 16 of its 32 registers. AVX2's 16 registers of 8 lanes take
-# 4 rows of one 16-lane sum (8 registers; two sums a row, as AVX-512 keeps, spilled: a step of
-# 8 rows on one Zen 3 core 0.94-1.17 ms -> 0.56-0.60, 4 rows 0.42-0.48 -> 0.29-0.34, 1 row
-# the same, a 3072x576 matmul). WebAssembly's 128-bit registers hold a quarter of a row's
-# lanes (V8 maps them on 16 of the CPU's), so there tiles stop at 4 rows with one partial sum.
+# 4 rows of one 16-lane sum (8 registers; AVX-512's tile spilled: a 3072x576 matmul on one Zen 3
+# core, 8 rows 0.89-0.91 ms -> 0.59-0.66, 4 rows 0.39-0.44 -> 0.29-0.30, 1 row 0.19-0.20 ->
+# 0.18-0.19, bench/results/README.md). ARM's NEON (32 registers of 4 lanes) takes AVX2's tiles
+# too (cpu_schedules.vector_isa; not measured). WebAssembly's 128-bit registers hold a quarter
+# of a row's lanes (V8 maps them on 16 of the CPU's), so there tiles stop at 4 rows with one
+# partial sum.
 ISA_TILES = {"avx512": (8, 4, 2, 1), "avx2": (4, 2, 1), "wasm": (4, 2, 1)}
 # the adds after the matmul a kernel exists for (a biased projection, a projection into the
 # residual stream, or both)

@@ -213,11 +213,12 @@ def lower_split(tir_mod: tvm.IRModule, target
 def schedule_rules(kind: str) -> list:
     """dlight rules: tiled GEMM where many rows share weights (prefill), GEMV where few do.
 
-    ``decode`` and ``decode1`` (the same step for any b, and for b == 1) differ only in how
-    many rows a workgroup pads to (4 or 1). (On the GPU targets the dequantize-GEMVs are
-    compiler/batched_gemv.py's, scheduled before these rules; these take the rest.) Each row of LowBatchGEMV reduces in the same order
-    whatever that number, so a sequence's decode logits are bit-identical alone and in a
-    batch. (dlight's plain GEMV rule, which takes static b == 1 only, sums in another order.)"""
+    ``decode`` and ``decode1`` (the same step for any b, and for b == 1) differ here only in
+    how many rows a workgroup pads to (4 or 1). Each row of LowBatchGEMV reduces in the same
+    order whatever that number, so a sequence's decode logits are bit-identical alone and in
+    a batch. (dlight's plain GEMV rule, which takes static b == 1 only, sums in another
+    order.) On the GPU targets the dequantize-GEMVs are compiler/batched_gemv.py's, scheduled
+    before these rules, which take the rest (q0's GEMVs among them)."""
     from tvm.s_tir import dlight as dl
 
     tail = [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]

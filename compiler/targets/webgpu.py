@@ -20,8 +20,9 @@ from .built import BuiltSet, digest
 
 KIND = "webgpu"
 # The decode GEMV's form here: no subgroup operations (an optional WebGPU feature), no 8-lane
-# vectors, and 2 warps of 32 threads, whose 8 KiB of workgroup memory for the sums leaves room
-# under the 16 KiB every WebGPU device has.
+# vectors, and 2 warps (of up to 32 lanes: fewer where K's words do not split 32 ways), whose
+# sums take at most 8.1 KiB of workgroup memory (8 rows x 4 outputs x 2 warps x 32 lanes, the
+# lanes' stride padded by one), under the 16 KiB every WebGPU device has.
 DECODE_GEMV = {"reduction": "shared", "warps": 2, "vector_loads": False}
 _STORAGE_DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read_write|read)>")
 

@@ -145,3 +145,22 @@ def test_a_result_read_twice_is_left_to_dlight():
     square = te.compute((b, N), lambda i, j: m[i, j] * m[i, j], name="square")
     shared = te.create_prim_func([xs, qs, sc, lo, double, square])
     assert schedule_batched_gemv(shared) is None
+
+
+def test_webgpu_decode_plans_take_it_with_sums_in_workgroup_memory(tiny_f16_artifact):
+    """The WebGPU set's decode plans' dequantize-GEMVs are this schedule's shared form (2 warps
+    a workgroup, the sums in workgroup memory), in decode and decode1 alike: a function taken
+    by one plan and left to dlight by the other would sum its rows in two orders."""
+    import json
+    import re
+
+    manifest = json.loads((tiny_f16_artifact / "wick-artifact.json").read_text())
+    gemvs = {k["name"]: (tiny_f16_artifact / k["file"]).read_text()
+             for k in manifest["kernel_sets"]["webgpu"]["kernels"]
+             if k["name"].startswith(("decode_", "decode1_")) and "dequantize_matmul" in k["name"]}
+    batched = {name for name, wgsl in gemvs.items() if "var<workgroup>" in wgsl
+               and re.search(r"@workgroup_size\((32|16|8|4|2|1), 2, 1\)", wgsl)}
+    assert len(batched) >= 6, sorted(gemvs)
+    by_plan = {plan: {n.split("_", 1)[1] for n in batched if n.split("_", 1)[0] == plan}
+               for plan in ("decode", "decode1")}
+    assert by_plan["decode"] and by_plan["decode"] == by_plan["decode1"], by_plan
