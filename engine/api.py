@@ -349,12 +349,6 @@ class AsyncEngineAPI(_Frontend):
                     q.put_nowait(out)
             await asyncio.sleep(0)  # let consumers read and new requests join the next step
 
-    @property
-    def step_error(self) -> str | None:
-        """The runner's last failure until it next runs a batch (``EngineCore.runner_error``):
-        a replica's health check (Ray Serve) reads it to have the replica replaced."""
-        return self.core.runner_error
-
     def abort_all(self, error: WickError | None = None) -> None:
         """Abort every unfinished request. Without ``error`` each ends with finish_reason
         "abort" (the engine's interrupt); with one, each waiting caller gets ``error`` raised

@@ -111,7 +111,7 @@ class WickEngine(LLMEngine):
 
     async def check_health(self) -> None:
         """Ray Serve LLM's health check: unhealthy before the engine starts, and while its last
-        step failed with none run since (ray_serve.raise_if_failing)."""
+        runner call failed, with none returning since (ray_serve.raise_if_failing)."""
         from .ray_serve import raise_if_failing
 
         if self.engine is None:

@@ -250,8 +250,10 @@ def core_snapshot(core) -> dict:
 
 
 def raise_if_failing(engines: dict) -> None:
-    """RuntimeError naming each engine (by model) whose last step failed (``step_error``)."""
-    failing = {name: e.step_error for name, e in engines.items() if e.step_error is not None}
+    """RuntimeError naming each engine (by model) whose runner's last call failed
+    (``EngineCore.runner_error``)."""
+    failing = {name: e.core.runner_error for name, e in engines.items()
+               if e.core.runner_error is not None}
     if failing:
         raise RuntimeError("the wick engine's last step failed: " + "; ".join(
             f"{name}: {error}" for name, error in failing.items()))
@@ -397,11 +399,13 @@ class ReplicaCore:
 
     @classmethod
     def combined(cls, cores: list[ReplicaCore]) -> ReplicaCore:
-        """Requests and KV pages summed over ``cores``; the rest (info, limits, metrics,
-        speculation) the first one's."""
+        """Requests and KV pages summed over ``cores``, a runner error if any has one; the rest
+        (info, limits, metrics, speculation) the first one's."""
         snap = dict(cores[0].snap)
         for key in SUMMED:
             snap[key] = sum(c.snap[key] for c in cores)
+        # (a failing replica's error, whichever replica it is)
+        snap["runner_error"] = next((c.runner_error for c in cores if c.runner_error), None)
         return cls(snap)
 
     def idle(self) -> ReplicaCore:
@@ -436,7 +440,7 @@ class ReplicaCore:
     draft = None  # (a draft model's artifact is not hosted for browsers from replicas)
 
     @property
-    def runner_error(self) -> str | None:  # (combined: the first replica's)
+    def runner_error(self) -> str | None:
         return self.snap.get("runner_error")
 
     def requests_by_state(self) -> tuple[int, int]:

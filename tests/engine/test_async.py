@@ -165,8 +165,9 @@ def test_a_runner_failure_reaches_every_waiting_request():
 
 
 def test_a_failed_step_is_the_engines_health_until_a_step_succeeds():
-    """``step_error`` (what a Ray replica's health check reads): set by a failed step, kept
-    while no step runs (a lost device stays lost), cleared by the next step that succeeds."""
+    """``core.runner_error`` (what a Ray replica's health check reads): set by a failed step,
+    kept while no step runs (a lost device stays lost), cleared by the next step that
+    succeeds."""
     class Flaky(FakeRunner):
         fail = True
 
@@ -177,15 +178,15 @@ def test_a_failed_step_is_the_engines_health_until_a_step_succeeds():
 
     async def main():
         api, _ = build_async(Flaky)
-        before = api.step_error
+        before = api.core.runner_error
         with pytest.raises(RuntimeError):
             await api.completions.create(prompt="a", max_tokens=3)
         for _ in range(3):
             await asyncio.sleep(0)
-        failed = api.step_error
+        failed = api.core.runner_error
         Flaky.fail = False
         reply = await api.completions.create(prompt="b", max_tokens=3)
-        after = api.step_error
+        after = api.core.runner_error
         await api.aclose()
         return before, failed, reply.usage.completion_tokens, after
 

@@ -442,11 +442,12 @@ def test_health_forgets_replicas_that_are_gone():
 
 def test_a_replica_whose_engine_failed_its_last_step_is_unhealthy():
     """Ray Serve calls ``check_health`` on each replica: it raises, naming the model and the
-    error, while an engine's last step failed (``step_error``), and returns once none has."""
+    error, while an engine's runner's last call failed (``core.runner_error``), and returns
+    once none has."""
     from wick.server.ray_serve import EngineReplica
 
-    good = SimpleNamespace(step_error=None)
-    lost = SimpleNamespace(step_error="DeviceError: the GPU was lost")
+    good = SimpleNamespace(core=SimpleNamespace(runner_error=None))
+    lost = SimpleNamespace(core=SimpleNamespace(runner_error="DeviceError: the GPU was lost"))
     replica = SimpleNamespace(pool=SimpleNamespace(engines={"a": good, "b": lost}))
     with pytest.raises(RuntimeError, match="b: DeviceError: the GPU was lost") as e:
         EngineReplica.check_health(replica)
@@ -467,6 +468,10 @@ def test_health_shows_a_replicas_failed_runner():
     assert "step_error" not in engine_health(ReplicaCore({**snap, "runner_error": None}))
     lost = engine_health(ReplicaCore({**snap, "runner_error": "DeviceError: the GPU was lost"}))
     assert lost["step_error"] == "DeviceError: the GPU was lost"
+    # the model's entry (all replicas combined) shows it whichever replica failed
+    both = ReplicaCore.combined([ReplicaCore({**snap, "runner_error": None}),
+                                 ReplicaCore({**snap, "runner_error": "DeviceError: lost"})])
+    assert engine_health(both)["step_error"] == "DeviceError: lost"
 
 
 def test_a_flooded_prefix_replica_is_passed_over():
