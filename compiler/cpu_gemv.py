@@ -12,7 +12,10 @@ load (16 bytes in q4, 32 in q8), dequantized once for a tile of rows:
   q8: the group's two halves of 16 bytes;
 * the input rows are split once per call to match (even and odd elements; q8: halves);
 * a tile of rows (``ISA_TILES``, per vector ISA) multiplies the dequantized group into each
-  row's partial sums: a step of 8 rows reads and dequantizes each weight once, not 8 times.
+  row's partial sums: a step of 8 rows reads and dequantizes each weight once, not 8 times;
+* a step of more than two of the widest tiles (a prompt, a long verify step) dequantizes each
+  task's chunk of outputs once into floats that all its tiles read (``CHUNK_BYTES``), instead
+  of once per tile: the same expressions, so the same bits.
 
 Turning bytes into floats: x86 converts 16 bytes in two instructions, but LLVM's WebAssembly
 backend lowers ``uitofp <16 x i8>`` (or 8) lane by lane (0.9 GB/s of weights measured); four
@@ -27,6 +30,7 @@ logits with the WGSL kernels and transformers).
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 from tvm import tirx
 from tvm.script import tirx as T
@@ -48,6 +52,12 @@ ISA_TILES = {"avx512": (8, 4, 2, 1), "avx2": (4, 2, 1), "wasm": (4, 2, 1)}
 # residual stream, or both)
 KERNEL_ADDS = ((), ("bias",), ("residual",), ("bias", "residual"))
 COLS = 16  # outputs per task (a chunk's q4 weights, K = 576: 4.5 KB + scales)
+# A step of many rows dequantizes each chunk's weights once, into COLS x K floats that its
+# tiles then read, where those fit this many bytes (in L2 beside the tiles' inputs). On a
+# Zen 3 VM (AVX2, bench/cpu_gemv.py, 16-128 rows) against dequantizing per tile: K = 576
+# (36 KiB) 1.16-1.43x, K = 1536 (96 KiB) 0.95-1.22x, K = 4864 (304 KiB) 0.76-0.97x
+# (bench/results/cpu-gemv-chunks-zen3.txt).
+CHUNK_BYTES = 96 * 1024
 
 
 def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
@@ -118,14 +128,16 @@ def _block_names(func: tirx.PrimFunc) -> list[str]:
 
 @functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes; parsing takes ~0.3 s)
 def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "avx512",
-                        bits: int = 4) -> tirx.PrimFunc:
+                        bits: int = 4, dequantized_chunks: bool | None = None) -> tirx.PrimFunc:
     """The kernel, with the matched function's parameters: x (b, K), w (N, K * bits / 32)
     uint32, scale (N, K/32), minimum (N, K/32), one parameter per add (``adds``: "bias" (N,)
     or "residual" (b, N), added in that order), out (b, N). ``isa``: the vector registers the
     tiles are sized for (cpu_schedules.vector_isa: "avx512", "avx2", or "wasm": weights
     converted 4 lanes at a time, narrower tiles, one partial sum). ``bits`` 8: the
     q8 packing, a group's 32 bytes its 32 weights in order (its two halves take the places of
-    the q4 group's even and odd weights)."""
+    the q4 group's even and odd weights). ``dequantized_chunks``: whether a step of more
+    than two of the widest tiles dequantizes each task's chunk of weights once for all its tiles
+    (default: where the chunk's floats fit ``CHUNK_BYTES``; False: never, True: always)."""
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, not {bits}")
     G = K // GROUP
@@ -138,49 +150,66 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
     # multiply-adds instead of one, so a lone decode row is not bound by their latency (one
     # tile's rows all do, or a row's sum would change order with its tile)
     split = isa == "avx512"
+    if dequantized_chunks is None:
+        dequantized_chunks = COLS * K * 4 <= CHUNK_BYTES
 
     # (a macro sees the names the functions that use it see: K, N, G, module globals and the
     # arguments; tile sizes and flags are passed in)
     @T.macro(hygienic=False)
-    def tile(row0, rows, xs, wb, s, m, out, j, lanes, split, q8):
-        # (inside the parallel loop: private) ``rows`` rows share each group's weights,
-        # dequantized once
+    def dequantize_group(dst, base, wb, s, m, j, g, lanes, q8):
+        # output j's group g as floats: dst[base : base + HALF] its even weights (q8: its
+        # first half), dst[base + HALF : base + GROUP] its odd ones (q8: its second half)
+        for c in T.unroll(HALF // lanes):
+            # (no let-bound index here: TVM's vectorizer keeps a let scalar)
+            for u in T.vectorized(lanes):
+                # (byte offsets: an output's weights take K * bits / 8 bytes, a group's
+                # GROUP * bits / 8)
+                if q8:  # (a Python constant: one branch is built)
+                    dst[base + c * lanes + u] = T.Cast(
+                        "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                      + c * lanes + u]) * s[j, g] + m[j, g]
+                    dst[base + HALF + c * lanes + u] = T.Cast(
+                        "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                      + HALF + c * lanes + u]) * s[j, g] + m[j, g]
+                else:
+                    dst[base + c * lanes + u] = T.Cast(
+                        "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                      + c * lanes + u] & T.uint8(15)) * s[j, g] + m[j, g]
+                    dst[base + HALF + c * lanes + u] = T.Cast(
+                        "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
+                                      + c * lanes + u] >> T.uint8(4)) * s[j, g] + m[j, g]
+
+    @T.macro(hygienic=False)
+    def accumulate(row0, rows, acc, acc2, xs, src, base, g, split):
+        # the tile's rows times one group's dequantized weights (src[base : base + GROUP]):
+        # the same expressions whichever buffer holds the weights, so the same bits
+        for r in T.unroll(rows):
+            for t in T.vectorized(HALF):
+                if split:
+                    acc[r, t] = acc[r, t] + src[base + t] * xs[row0 + r, g, 0, t]
+                    acc2[r, t] = acc2[r, t] + src[base + HALF + t] * xs[row0 + r, g, 1, t]
+                else:
+                    acc[r, t] = (acc[r, t] + src[base + t] * xs[row0 + r, g, 0, t]
+                                 + src[base + HALF + t] * xs[row0 + r, g, 1, t])
+
+    @T.macro(hygienic=False)
+    def tile(row0, rows, xs, wb, s, m, out, j, lanes, split, q8, wd, jj, chunk, k):
+        # (inside the parallel loop: private) ``rows`` rows share each group's weights:
+        # dequantized here once per group, or (``chunk``) read from the chunk's weights that
+        # the task dequantized once for all its tiles (``wd``, output ``jj`` of the chunk)
         acc = T.alloc_buffer((rows, HALF), "float32")
         acc2 = T.alloc_buffer((rows, HALF), "float32")
-        lo = T.alloc_buffer((HALF,), "float32")
-        hi = T.alloc_buffer((HALF,), "float32")
+        wg = T.alloc_buffer((GROUP,), "float32")
         for r in T.unroll(rows):
             for t in T.vectorized(HALF):
                 acc[r, t] = T.float32(0)
                 acc2[r, t] = T.float32(0)
         for g in range(G):
-            for c in T.unroll(HALF // lanes):
-                # (no let-bound index here: TVM's vectorizer keeps a let scalar)
-                for u in T.vectorized(lanes):
-                    # (byte offsets: an output's weights take K * bits / 8 bytes, a
-                    # group's GROUP * bits / 8)
-                    if q8:  # (a Python constant: one branch is built)
-                        lo[c * lanes + u] = T.Cast(
-                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
-                                          + c * lanes + u]) * s[j, g] + m[j, g]
-                        hi[c * lanes + u] = T.Cast(
-                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
-                                          + HALF + c * lanes + u]) * s[j, g] + m[j, g]
-                    else:
-                        lo[c * lanes + u] = T.Cast(
-                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
-                                          + c * lanes + u] & T.uint8(15)) * s[j, g] + m[j, g]
-                        hi[c * lanes + u] = T.Cast(
-                            "float32", wb[j * (K * bits // 8) + g * (GROUP * bits // 8)
-                                          + c * lanes + u] >> T.uint8(4)) * s[j, g] + m[j, g]
-            for r in T.unroll(rows):
-                for t in T.vectorized(HALF):
-                    if split:
-                        acc[r, t] = acc[r, t] + lo[t] * xs[row0 + r, g, 0, t]
-                        acc2[r, t] = acc2[r, t] + hi[t] * xs[row0 + r, g, 1, t]
-                    else:
-                        acc[r, t] = (acc[r, t] + lo[t] * xs[row0 + r, g, 0, t]
-                                     + hi[t] * xs[row0 + r, g, 1, t])
+            if chunk:  # (a Python constant)
+                k.accumulate(row0, rows, acc, acc2, xs, wd, (jj * G + g) * GROUP, g, split)
+            else:
+                k.dequantize_group(wg, 0, wb, s, m, j, g, lanes, q8)
+                k.accumulate(row0, rows, acc, acc2, xs, wg, 0, g, split)
         # each row's lanes pairwise (vector adds): the same sums in the same order whatever
         # the tile, so a row's result never depends on the rows beside it (batch invariance)
         for r in T.unroll(rows):
@@ -196,7 +225,28 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
             out[row0 + r, j] = acc[r, 0] + acc[r, 1]
 
     @T.macro(hygienic=False)
-    def body(b, x, w, s, m, out, tile, tiles, lanes, split, q8):
+    def row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, wd, chunk, k):
+        # as many of the widest tiles as fit, then at most one of each narrower size
+        for i0 in range(b // tiles[0]):
+            for jj in range(COLS):
+                if N % COLS == 0 or jc * COLS + jj < N:
+                    k.tile(i0 * tiles[0], tiles[0], xs, wb, s, m, out, jc * COLS + jj,
+                           lanes, split, q8, wd, jj, chunk, k)
+        for jj in range(COLS):
+            if N % COLS == 0 or jc * COLS + jj < N:
+                # (tiles: four sizes; a repeated 1 at the end never runs: b % 1 is 0)
+                if b % tiles[0] >= tiles[1]:
+                    k.tile(b - b % tiles[0], tiles[1], xs, wb, s, m, out, jc * COLS + jj,
+                           lanes, split, q8, wd, jj, chunk, k)
+                if b % tiles[1] >= tiles[2]:
+                    k.tile(b - b % tiles[1], tiles[2], xs, wb, s, m, out, jc * COLS + jj,
+                           lanes, split, q8, wd, jj, chunk, k)
+                if b % tiles[2] >= tiles[3]:
+                    k.tile(b - b % tiles[2], tiles[3], xs, wb, s, m, out, jc * COLS + jj,
+                           lanes, split, q8, wd, jj, chunk, k)
+
+    @T.macro(hygienic=False)
+    def body(b, x, w, s, m, out, tiles, lanes, split, q8, chunks, k):
         wb = T.decl_buffer((N * K * bits // 8,), "uint8", data=w.data)  # the bytes one by one
         # the input rows split into each group's even and odd elements (q8: its halves)
         xs = T.alloc_buffer((b, G, 2, HALF), "float32")
@@ -216,26 +266,29 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
         # output: prefill ran at a third of the matmul's speed, bound by L2 reads.) Each
         # (row, output) sum is the same whatever the order: the bits do not change.
         for jc in T.parallel((N + COLS - 1) // COLS):
-            # as many of the widest tiles as fit, then at most one of each narrower size
-            for i0 in range(b // tiles[0]):
-                for jj in range(COLS):
-                    if N % COLS == 0 or jc * COLS + jj < N:
-                        tile(i0 * tiles[0], tiles[0], xs, wb, s, m, out, jc * COLS + jj,
-                             lanes, split, q8)
-            for jj in range(COLS):
-                if N % COLS == 0 or jc * COLS + jj < N:
-                    # (tiles: four sizes; a repeated 1 at the end never runs: b % 1 is 0)
-                    if b % tiles[0] >= tiles[1]:
-                        tile(b - b % tiles[0], tiles[1], xs, wb, s, m, out, jc * COLS + jj,
-                             lanes, split, q8)
-                    if b % tiles[1] >= tiles[2]:
-                        tile(b - b % tiles[1], tiles[2], xs, wb, s, m, out, jc * COLS + jj,
-                             lanes, split, q8)
-                    if b % tiles[2] >= tiles[3]:
-                        tile(b - b % tiles[2], tiles[3], xs, wb, s, m, out, jc * COLS + jj,
-                             lanes, split, q8)
+            if chunks:  # (a Python constant; the next test is the step's)
+                if b > 2 * tiles[0]:
+                    # more than two tiles: the chunk's weights dequantized once (COLS x K
+                    # floats, in L2) rather than once per tile (at two tiles, batch-8 decode
+                    # on AVX2, it measured no faster)
+                    wd = T.alloc_buffer((COLS * K,), "float32")
+                    for jj in range(COLS):
+                        if N % COLS == 0 or jc * COLS + jj < N:
+                            for g in range(G):
+                                k.dequantize_group(wd, (jj * G + g) * GROUP, wb, s, m,
+                                                   jc * COLS + jj, g, lanes, q8)
+                    k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, wd, True, k)
+                else:
+                    k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, xs, False,
+                                k)
+            else:
+                k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, xs, False, k)
 
-    TILE, TILES, LANES, SPLIT, Q8 = tile, tiles, lanes, split, q8  # (seen below)
+    TILES, LANES, SPLIT, Q8, CHUNKS = tiles, lanes, split, q8, dequantized_chunks
+    # (macros that call macros get them through one argument: a macro sees only the names
+    # the function that uses it sees)
+    MACROS = SimpleNamespace(dequantize_group=dequantize_group, accumulate=accumulate, tile=tile,
+                             row_tiles=row_tiles)  # (seen below)
 
     # The adds after the matmul: each one float32 addition (x + y == y + x exactly), in the
     # TE function's order, so the bits are its bits. One source for the four signatures: the
@@ -257,7 +310,7 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
         bias = T.match_buffer(var_bias, (N,), "float32")
         r = T.match_buffer(var_r, (b, N), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        body(b, x, w, s, m, out, TILE, TILES, LANES, SPLIT, Q8)
+        body(b, x, w, s, m, out, TILES, LANES, SPLIT, Q8, CHUNKS, MACROS)
         if BIAS and RESIDUAL:  # (Python constants: one branch is built)
             for i, j in T.grid(b, N):
                 out[i, j] = (out[i, j] + bias[j]) + r[i, j]

@@ -148,3 +148,42 @@ def test_each_isas_tiles_match_numpy_and_keep_a_rows_bits(isa):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
     alone = np.concatenate([run([i]) for i in range(rows)])
     assert np.array_equal(got, alone)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "wasm"])
+def test_a_step_of_many_rows_dequantizes_each_chunk_once_with_the_same_bits(isa, bits):
+    """A step of more than two of the widest tiles reads each chunk's weights from floats
+    dequantized once per task (prefill, long verify steps); every (row, output) sum is the
+    same expression as the tile-by-tile kernel's, so the bits equal it, row by row, past the
+    last full chunk of outputs too (N = 40)."""
+    from wick.compiler.cpu_gemv import CHUNK_BYTES, COLS, GROUP, ISA_TILES, q4_matmul_prim_func
+
+    N, K, adds = 40, 96, ("bias", "residual")
+    quant = get_quantization(f"q{bits}f32_1")
+    rng = np.random.default_rng(7)
+    packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32), quant)
+    libs = {}
+    for chunks in (True, False):
+        func = q4_matmul_prim_func(N, K, adds, isa=isa, bits=bits, dequantized_chunks=chunks)
+        libs[chunks] = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
+                                      target=cpu_target())
+    rows = 2 * ISA_TILES[isa][0] + 3  # (two full tiles and a remainder)
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    extra = _arrays(rng, rows, N)
+    got = {}
+    for chunks, lib in libs.items():
+        args = [x, packed, scale, minimum, extra["bias"], extra["residual"],
+                np.zeros((rows, N), np.float32)]
+        tensors = [tvm.runtime.tensor(a) for a in args]
+        lib["f"](*tensors)
+        got[chunks] = tensors[-1].numpy()
+    assert np.array_equal(got[True], got[False])
+    weight = dequantize(packed, scale, minimum).astype(np.float64)
+    want = x.astype(np.float64) @ weight.T + extra["bias"] + extra["residual"]
+    np.testing.assert_allclose(got[True], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+    # by default only where a chunk's floats fit CHUNK_BYTES (a wide K streamed them from
+    # further out than the packed weights: slower)
+    wide = CHUNK_BYTES // (4 * COLS) + GROUP
+    assert "wd" in q4_matmul_prim_func(N, K, isa=isa, bits=bits).script()
+    assert "wd" not in q4_matmul_prim_func(N, wide, isa=isa, bits=bits).script()
