@@ -13,7 +13,8 @@ load (16 bytes in q4, 32 in q8), dequantized once for a tile of rows:
 * the input rows are split once per call to match (even and odd elements; q8: halves);
 * a tile of rows (``ISA_TILES``, per vector ISA) multiplies the dequantized group into each
   row's partial sums: a step of 8 rows reads and dequantizes each weight once, not 8 times;
-* a step of more than two of the widest tiles (a prompt, a long verify step) dequantizes each
+* a step of several of the widest tiles (``CHUNK_TILES``: a prompt, a long verify step, wasm's
+  batch-8 decode) dequantizes each
   task's chunk of outputs once into floats that all its tiles read (``CHUNK_BYTES``), instead
   of once per tile: the same expressions, so the same bits.
 
@@ -58,6 +59,11 @@ COLS = 16  # outputs per task (a chunk's q4 weights, K = 576: 4.5 KB + scales)
 # (36 KiB) 1.16-1.43x, K = 1536 (96 KiB) 0.95-1.22x, K = 4864 (304 KiB) 0.76-0.97x
 # (bench/results/cpu-gemv-chunks-zen3.txt).
 CHUNK_BYTES = 96 * 1024
+# ... from this many of the widest tiles a step. WebAssembly's dequantization costs more (4
+# lanes converted at a time, no fused multiply-add): batch-8 decode's matmuls (two tiles) took
+# 0.87-0.89x the time chunked, in Chromium on a Zen 3 VM (bench/cpu.py --browser's kernel
+# table). On AVX2 two tiles measured no faster, three and more did.
+CHUNK_TILES = {"avx512": 3, "avx2": 3, "wasm": 2}
 
 
 def match_q4_matmul(func: tirx.PrimFunc) -> dict | None:
@@ -135,9 +141,10 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
     tiles are sized for (cpu_schedules.vector_isa: "avx512", "avx2", or "wasm": weights
     converted 4 lanes at a time, narrower tiles, one partial sum). ``bits`` 8: the
     q8 packing, a group's 32 bytes its 32 weights in order (its two halves take the places of
-    the q4 group's even and odd weights). ``dequantized_chunks``: whether a step of more
-    than two of the widest tiles dequantizes each task's chunk of weights once for all its tiles
-    (default: where the chunk's floats fit ``CHUNK_BYTES``; False: never, True: always)."""
+    the q4 group's even and odd weights). ``dequantized_chunks``: whether a step of
+    ``CHUNK_TILES[isa]`` of the widest tiles or more dequantizes each task's chunk of weights
+    once for all its tiles (default: where the chunk's floats fit ``CHUNK_BYTES``; False:
+    never, True: always)."""
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, not {bits}")
     G = K // GROUP
@@ -246,7 +253,7 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
                            lanes, split, q8, wd, jj, chunk, k)
 
     @T.macro(hygienic=False)
-    def body(b, x, w, s, m, out, tiles, lanes, split, q8, chunks, k):
+    def body(b, x, w, s, m, out, tiles, lanes, split, q8, chunks, chunk_tiles, k):
         wb = T.decl_buffer((N * K * bits // 8,), "uint8", data=w.data)  # the bytes one by one
         # the input rows split into each group's even and odd elements (q8: its halves)
         xs = T.alloc_buffer((b, G, 2, HALF), "float32")
@@ -267,10 +274,9 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
         # (row, output) sum is the same whatever the order: the bits do not change.
         for jc in T.parallel((N + COLS - 1) // COLS):
             if chunks:  # (a Python constant; the next test is the step's)
-                if b > 2 * tiles[0]:
-                    # more than two tiles: the chunk's weights dequantized once (COLS x K
-                    # floats, in L2) rather than once per tile (at two tiles, batch-8 decode
-                    # on AVX2, it measured no faster)
+                if b >= chunk_tiles * tiles[0]:
+                    # enough tiles: the chunk's weights dequantized once (COLS x K floats,
+                    # in L2) rather than once per tile
                     wd = T.alloc_buffer((COLS * K,), "float32")
                     for jj in range(COLS):
                         if N % COLS == 0 or jc * COLS + jj < N:
@@ -285,6 +291,7 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
                 k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, xs, False, k)
 
     TILES, LANES, SPLIT, Q8, CHUNKS = tiles, lanes, split, q8, dequantized_chunks
+    CHUNK_TILES_ = CHUNK_TILES[isa]
     # (macros that call macros get them through one argument: a macro sees only the names
     # the function that uses it sees)
     MACROS = SimpleNamespace(dequantize_group=dequantize_group, accumulate=accumulate, tile=tile,
@@ -310,7 +317,7 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
         bias = T.match_buffer(var_bias, (N,), "float32")
         r = T.match_buffer(var_r, (b, N), "float32")
         out = T.match_buffer(var_out, (b, N), "float32")
-        body(b, x, w, s, m, out, TILES, LANES, SPLIT, Q8, CHUNKS, MACROS)
+        body(b, x, w, s, m, out, TILES, LANES, SPLIT, Q8, CHUNKS, CHUNK_TILES_, MACROS)
         if BIAS and RESIDUAL:  # (Python constants: one branch is built)
             for i, j in T.grid(b, N):
                 out[i, j] = (out[i, j] + bias[j]) + r[i, j]

@@ -153,11 +153,12 @@ def test_each_isas_tiles_match_numpy_and_keep_a_rows_bits(isa):
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "wasm"])
 def test_a_step_of_many_rows_dequantizes_each_chunk_once_with_the_same_bits(isa, bits):
-    """A step of more than two of the widest tiles reads each chunk's weights from floats
-    dequantized once per task (prefill, long verify steps); every (row, output) sum is the
+    """A step of CHUNK_TILES of the widest tiles or more reads each chunk's weights from
+    floats dequantized once per task (prefill, long verify steps); every (row, output) sum is the
     same expression as the tile-by-tile kernel's, so the bits equal it, row by row, past the
     last full chunk of outputs too (N = 40)."""
-    from wick.compiler.cpu_gemv import CHUNK_BYTES, COLS, GROUP, ISA_TILES, q4_matmul_prim_func
+    from wick.compiler.cpu_gemv import (CHUNK_BYTES, CHUNK_TILES, COLS, GROUP, ISA_TILES,
+                                        q4_matmul_prim_func)
 
     N, K, adds = 40, 96, ("bias", "residual")
     quant = get_quantization(f"q{bits}f32_1")
@@ -168,7 +169,7 @@ def test_a_step_of_many_rows_dequantizes_each_chunk_once_with_the_same_bits(isa,
         func = q4_matmul_prim_func(N, K, adds, isa=isa, bits=bits, dequantized_chunks=chunks)
         libs[chunks] = tvm.tirx.build(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}),
                                       target=cpu_target())
-    rows = 2 * ISA_TILES[isa][0] + 3  # (two full tiles and a remainder)
+    rows = CHUNK_TILES[isa] * ISA_TILES[isa][0] + 3  # (full tiles and a remainder)
     x = rng.standard_normal((rows, K)).astype(np.float32)
     extra = _arrays(rng, rows, N)
     got = {}
