@@ -47,7 +47,7 @@ def assemble_core(art: Artifact, backend: Any, *,
     runs ``draft_artifact`` with a KV pool of its own, on ``draft_backend`` (default: the same
     backend; the browser's WebAssembly executor holds one kernel module, so a draft there has an
     executor of its own); ``runner_options`` go to the runner (``progress``,
-    ``batched_decode``, ``upload_weights``)."""
+    ``upload_weights``)."""
     pages = kv_pages_for(art.manifest, kv_cache_bytes or DEFAULT_KV_BUDGET,
                          backend.max_storage_binding)
     runner = runner_class(art, backend, num_pages=pages, **runner_options)

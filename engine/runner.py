@@ -133,11 +133,8 @@ class StepTimings:
 class Runner:
     def __init__(self, artifact: Artifact, backend: Backend, *, num_pages: int,
                  progress: Callable[[str, int, int], None] | None = None,
-                 batched_decode: bool = True, upload_weights: bool = True) -> None:
-        """``batched_decode=False`` leaves the ``decode`` plan and its kernels unloaded (steps of
-        one token per sequence, b > 1, then run ``forward``).
-
-        A step of generating sequences only (``Batch.decode_only``) runs ``decode1`` (b == 1)
+                 upload_weights: bool = True) -> None:
+        """A step of generating sequences only (``Batch.decode_only``) runs ``decode1`` (b == 1)
         or ``decode``, any other step ``forward`` (tiled GEMM). The decode plans sum each
         sequence's row in the same order (compiler/tir_lower.py ``schedule_rules``), ``forward``
         in another; in f16 variants the two round apart now and then. So a sequence's tokens
@@ -166,8 +163,7 @@ class Runner:
         # an embedding model's forward returns (b, dimensions) pooled vectors: nothing samples
         self.embedding = m.get("embedding") if m.get("task") == "embed" else None
         entries = [e for e in ("forward", "decode", "decode1", "sample", "process_logits",
-                               "logprobs")
-                   if e in plans and (batched_decode or e != "decode")]
+                               "logprobs") if e in plans]
         fill_functions = artifact.manifest.get("synthetic", {}).get("fill_functions", {})
         self.kernels, tir = self._kernel_set(artifact, backend, entries,
                                              set(fill_functions.values()))

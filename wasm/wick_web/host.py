@@ -226,15 +226,10 @@ async def _load(executor: Any, js_tokenizer: Any, get_file: Any, post: Callable,
                                       param="speculative")
         draft_art = Artifact.load(_reader(get_draft_file))
         draft_backend = backend if draft_executor is None else _backend(draft_executor)
-    # SwiftShader lost the device compiling some batched-decode GEMV kernels (SmolLM2's
-    # down_proj, when dlight's LowBatchGEMV with K=1536 made them; not tried since the decode
-    # plans took compiler/batched_gemv.py's): on a software adapter, batched decode runs
-    # ``forward``.
     core = assemble_core(art, backend, kv_cache_bytes=kv_cache_bytes or None,
                          tokenizer=lambda tok_json: WebTokenizer(js_tokenizer, tok_json),
                          grammar=grammar, prefix_cache=prefix_cache, speculative=speculative,
                          draft_artifact=draft_art, draft_backend=draft_backend,
-                         batched_decode=not backend.is_software,
                          upload_weights=False)
     await backend.check()
     return Host(AsyncEngineAPI(core), backend, post)
