@@ -55,14 +55,15 @@ KERNEL_ADDS = ((), ("bias",), ("residual",), ("bias", "residual"))
 COLS = 16  # outputs per task (a chunk's q4 weights, K = 576: 4.5 KB + scales)
 # A step of many rows dequantizes each chunk's weights once, into COLS x K floats that its
 # tiles then read, where those fit this many bytes (in L2 beside the tiles' inputs). On a
-# Zen 3 VM (AVX2, bench/cpu_gemv.py, 16-128 rows) against dequantizing per tile: K = 576
-# (36 KiB) 1.16-1.43x, K = 1536 (96 KiB) 0.95-1.22x, K = 4864 (304 KiB) 0.76-0.97x
-# (bench/results/cpu-gemv-chunks-zen3.txt).
+# Zen 3 VM (AVX2, bench/cpu_gemv.py, 16-128 rows, four runs) against dequantizing per tile:
+# K = 576 (36 KiB) 0.98-1.48x, K = 1536 (96 KiB) 0.90-1.22x (about even), K = 4864 (304 KiB)
+# 0.75-0.97x (bench/results/cpu-gemv-chunks-zen3.txt).
 CHUNK_BYTES = 96 * 1024
 # ... from this many of the widest tiles a step. WebAssembly's dequantization costs more (4
 # lanes converted at a time, no fused multiply-add): batch-8 decode's matmuls (two tiles) took
 # 0.87-0.89x the time chunked, in Chromium on a Zen 3 VM (bench/cpu.py --browser's kernel
-# table). On AVX2 two tiles measured no faster, three and more did.
+# tables, one run each way; kernels that did not change drifted up to 9% between them). On
+# AVX2, two tiles measured no faster in runs by hand (not committed); three and more did.
 CHUNK_TILES = {"avx512": 3, "avx2": 3, "wasm": 2}
 
 
@@ -272,22 +273,21 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
         # a prompt's rows, all K floats each, streamed through the cache again for every
         # output: prefill ran at a third of the matmul's speed, bound by L2 reads.) Each
         # (row, output) sum is the same whatever the order: the bits do not change.
-        for jc in T.parallel((N + COLS - 1) // COLS):
-            if chunks:  # (a Python constant; the next test is the step's)
-                if b >= chunk_tiles * tiles[0]:
-                    # enough tiles: the chunk's weights dequantized once (COLS x K floats,
-                    # in L2) rather than once per tile
-                    wd = T.alloc_buffer((COLS * K,), "float32")
-                    for jj in range(COLS):
-                        if N % COLS == 0 or jc * COLS + jj < N:
-                            for g in range(G):
-                                k.dequantize_group(wd, (jj * G + g) * GROUP, wb, s, m,
-                                                   jc * COLS + jj, g, lanes, q8)
-                    k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, wd, True, k)
-                else:
-                    k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, xs, False,
-                                k)
-            else:
+        if chunks and b >= chunk_tiles * tiles[0]:  # (``chunks``: a Python constant)
+            for jc in T.parallel((N + COLS - 1) // COLS):
+                # enough tiles: the chunk's weights dequantized once (COLS x K floats, in L2)
+                # rather than once per tile. (A loop of its own: TVM allocates a parallel
+                # body's scratch at the top of the body, so a test inside it would have had
+                # every step, a one-row decode too, allocate the chunk's buffer for nothing.)
+                wd = T.alloc_buffer((COLS * K,), "float32")
+                for jj in range(COLS):
+                    if N % COLS == 0 or jc * COLS + jj < N:
+                        for g in range(G):
+                            k.dequantize_group(wd, (jj * G + g) * GROUP, wb, s, m,
+                                               jc * COLS + jj, g, lanes, q8)
+                k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, wd, True, k)
+        else:
+            for jc in T.parallel((N + COLS - 1) // COLS):
                 k.row_tiles(b, jc, xs, wb, s, m, out, tiles, lanes, split, q8, xs, False, k)
 
     TILES, LANES, SPLIT, Q8, CHUNKS = tiles, lanes, split, q8, dequantized_chunks

@@ -183,8 +183,15 @@ def test_a_step_of_many_rows_dequantizes_each_chunk_once_with_the_same_bits(isa,
     weight = dequantize(packed, scale, minimum).astype(np.float64)
     want = x.astype(np.float64) @ weight.T + extra["bias"] + extra["residual"]
     np.testing.assert_allclose(got[True], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+    # the chunk's buffer in a parallel loop of its own, which a step of fewer rows never
+    # enters (TVM allocates a parallel body's scratch at its top, whatever tests follow)
+    lines = q4_matmul_prim_func(N, K, isa=isa, bits=bits).script().splitlines()
+    loops = [i for i, line in enumerate(lines) if "T.parallel" in line]
+    buffers = [i for i, line in enumerate(lines) if "wd = T.alloc_buffer" in line]
+    assert len(loops) == 2 and len(buffers) == 1 and loops[0] < buffers[0] < loops[1]
+    rows_needed = CHUNK_TILES[isa] * ISA_TILES[isa][0]
+    assert f"b >= T.int64({rows_needed})" in lines[loops[0] - 1]
     # by default only where a chunk's floats fit CHUNK_BYTES (a wide K streamed them from
     # further out than the packed weights: slower)
     wide = CHUNK_BYTES // (4 * COLS) + GROUP
-    assert "wd" in q4_matmul_prim_func(N, K, isa=isa, bits=bits).script()
-    assert "wd" not in q4_matmul_prim_func(N, wide, isa=isa, bits=bits).script()
+    assert "wd = " not in q4_matmul_prim_func(N, wide, isa=isa, bits=bits).script()

@@ -115,7 +115,7 @@ export class Executor {
     const name = `webgpu: ${info?.description || info?.device || info?.vendor || "adapter"}` +
       `${info?.architecture ? ` (${info.architecture})` : ""}`;
     const ex = new Executor(device, name);
-    // a CPU implementation (SwiftShader): some large kernels are better left unloaded there
+    // a CPU implementation (SwiftShader): "auto" prefers the WebAssembly kernels to it
     ex.fallback = Boolean((info as { isFallbackAdapter?: boolean } | undefined)?.isFallbackAdapter ??
       (adapter as unknown as { isFallbackAdapter?: boolean }).isFallbackAdapter);
     return ex;
