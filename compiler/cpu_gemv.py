@@ -207,7 +207,8 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
         # the task dequantized once for all its tiles (``wd``, output ``jj`` of the chunk)
         acc = T.alloc_buffer((rows, HALF), "float32")
         acc2 = T.alloc_buffer((rows, HALF), "float32")
-        wg = T.alloc_buffer((GROUP,), "float32")
+        if not chunk:  # (a Python constant: a chunk's tiles read ``wd``)
+            wg = T.alloc_buffer((GROUP,), "float32")
         for r in T.unroll(rows):
             for t in T.vectorized(HALF):
                 acc[r, t] = T.float32(0)

@@ -123,7 +123,7 @@ def engine_health(core: Any) -> dict[str, Any]:
               "speculation": core.stats.speculation(),
               # what a request leaving sampling fields unset gets, and why
               "sampling_defaults": core.info.sampling_defaults}
-    if getattr(core, "runner_error", None) is not None:
+    if core.runner_error is not None:
         health["step_error"] = core.runner_error
     return health
 
