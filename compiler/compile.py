@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .._version import __version__ as WICK_VERSION
-from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER
+from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER, cpu_kernels_misfit
 from ..engine.errors import InvalidRequestError
 from . import paths
 from .artifact_writer import artifact_problems, build_lock, sweep_stale_builds, write_artifact
@@ -251,10 +251,19 @@ def _embedding_section(module, cfg, hf: dict, tokenizer_json: str,
 def _reusable(out: Path, key: str) -> bool:
     """Whether ``out`` holds an intact artifact for ``key`` (see ``artifact_problems``)."""
     try:
-        if json.loads((out / MANIFEST_NAME).read_text()).get("cache_key") != key:
+        manifest = json.loads((out / MANIFEST_NAME).read_text())
+        if manifest.get("cache_key") != key:
             return False
+        cpu_set = manifest.get("kernel_sets", {}).get("cpu")
     except (OSError, ValueError, AttributeError):
         return False  # none yet, or an unreadable manifest: build it
+    # The key names no CPU: a cache that moved to (or is shared with) a machine lacking
+    # features the CPU kernels were built for is rebuilt here, not refused at load.
+    misfit = cpu_kernels_misfit(cpu_set) if isinstance(cpu_set, dict) else None
+    if misfit:
+        log.warning("the cached artifact %s cannot run here (%s): rebuilding it", out.name,
+                    misfit.split(":")[0])
+        return False
     problems = artifact_problems(out)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

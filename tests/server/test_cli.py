@@ -227,7 +227,8 @@ def test_killed_compile_leaves_nothing_in_the_cache(wick_env):
 
 def test_compile_rebuilds_a_damaged_cached_artifact(artifact, tiny_llama_dir, wick_env, tmp_path):
     """Sizes are checked on every cache hit; a load that finds a bad hash marks the artifact,
-    and the next compile checks every hash and rebuilds it."""
+    and the next compile checks every hash and rebuilds it. So is an artifact whose CPU kernels
+    this machine cannot run (the cache key names no CPU)."""
     import json
 
     out = tmp_path / "art"
@@ -255,6 +256,18 @@ def test_compile_rebuilds_a_damaged_cached_artifact(artifact, tiny_llama_dir, wi
     result = wick(wick_env, *args)
     assert "is damaged" in result.stderr and shard.read_bytes() == good
     assert not (out / ".verify-hashes").exists()
+
+    # a cache moved from a machine with more CPU features: rebuilt, not refused at load
+    manifest_path = out / "wick-artifact.json"
+    manifest = json.loads(manifest_path.read_text())
+    here = list(manifest["kernel_sets"]["cpu"]["cpu_flags"])
+    manifest["kernel_sets"]["cpu"].update(cpu_flags=[*here, "avx9000"], mcpu="zen9")
+    manifest_path.write_text(json.dumps(manifest))
+    result = wick(wick_env, *args)
+    assert result.returncode == 0 and "cannot run here" in result.stderr, result.stderr
+    assert "lacks avx9000" in result.stderr and "lower (TVM)" in result.stderr
+    rebuilt = json.loads(manifest_path.read_text())["kernel_sets"]["cpu"]
+    assert rebuilt["cpu_flags"] == here and rebuilt["mcpu"] != "zen9"
 
 
 def test_load_rebuilds_a_corrupt_artifact_it_compiled(tiny_llama_dir, wick_env):
