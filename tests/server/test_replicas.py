@@ -1,8 +1,9 @@
 """``wick serve --replicas``: the tiny model on two Ray Serve replicas behind one server (joining
 one Ray cluster for the module, started with ``ray start --head``): greedy parity with one
 engine, concurrent streams on both replicas, prefix-aware routing (a shared prompt goes where its
-pages are cached, a burst of one included), a disconnect aborting the request in its replica,
-/health and /metrics per replica, the API key, and no Ray left behind."""
+pages are cached, a burst of one included), a disconnect aborting the request in its replica, a
+killed replica replaced by Ray Serve while the other answers, /health and /metrics per replica,
+the API key, and no Ray left behind."""
 
 from __future__ import annotations
 
@@ -358,6 +359,44 @@ def test_a_second_server_on_the_cluster_needs_its_own_app_name(replicated, tiny_
                                max_tokens=2, temperature=0)
     assert got.usage.completion_tokens == 2
     assert "wick" in serve.status().applications
+
+
+def test_a_killed_replica_is_replaced_and_requests_go_on(replicated):
+    """A replica's process dies (its Ray actor killed, as a crash or an OOM kill does): the
+    requests sent meanwhile are answered by the other replica, Ray Serve starts a replacement,
+    and /health and /metrics follow: the dead replica leaves them, the new one joins them and
+    serves."""
+    import ray
+
+    before = set(settled_health(replicated)["replicas"])
+    actors = {a["name"]: a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
+              if a["name"].startswith("SERVE_REPLICA::wick#engines#")}
+    assert {name.rsplit("#", 1)[1] for name in actors} == before, (actors, before)
+    victim = sorted(actors)[0]
+    dead = victim.rsplit("#", 1)[1]
+    ray.kill(ray.get_actor(victim, namespace=actors[victim]), no_restart=True)
+    c = client(replicated)
+    model = c.models.list().data[0].id
+    for i in range(6):
+        got = c.completions.create(model=model, prompt=f"after the crash {i}", max_tokens=2,
+                                   temperature=0)
+        assert got.usage.completion_tokens == 2
+    deadline = time.monotonic() + 180
+    while True:
+        now = set(settled_health(replicated)["replicas"])
+        if len(now) == 2 and dead not in now:
+            break
+        assert time.monotonic() < deadline, now
+    new = (now - before).pop()
+    assert now == before - {dead} | {new}
+    assert set(prompt_tokens_by_replica(replicated)) <= now
+    with ThreadPoolExecutor(8) as pool:  # the new replica takes its share
+        list(pool.map(lambda i: c.completions.create(
+            model=model, prompt=f"a new replica's topic {i}", max_tokens=2, temperature=0),
+            range(16)))
+    deadline = time.monotonic() + 15
+    while prompt_tokens_by_replica(replicated).get(new, 0) == 0:
+        assert time.monotonic() < deadline, "the new replica served nothing"
 
 
 def metric_families(live) -> dict:
