@@ -2,9 +2,11 @@
 WebAssembly, npm ``@wllama/wllama``) in the same headless Chromium, on the same SmolLM2 GGUF.
 
 wick serves the model's artifact (``--quantization``, default q4f32_1) as ``wick serve`` does
-and runs ``createEngine(model, {backend: "wasm"})``; wllama loads the GGUF from the same origin
-with ``n_gpu_layers: 0``. Chromium runs without WebGPU. Both get the same prompt text and
-greedy decoding with EOS ignored:
+and runs ``createEngine(model, {backend: "wasm"})`` twice: on the relaxed-SIMD kernels (fused
+multiply-adds, the default where the browser has them) and on the plain SIMD ones
+(``relaxedSimd: false``); wllama loads the GGUF from the same origin with ``n_gpu_layers: 0``.
+Chromium runs without WebGPU. All get the same prompt text and greedy decoding with EOS
+ignored:
 
 * prefill tok/s: the prompt's tokens over the time to the first new token;
 * decode tok/s at batch 1: the new tokens after the first over the time after it; wick also at
@@ -50,9 +52,10 @@ def bench_files(gguf: Path) -> str:
     return str(d)
 
 
-WICK = """async ([model, quantization, prompt, tokens, batch]) => {
+WICK = """async ([model, quantization, prompt, tokens, batch, relaxedSimd]) => {
   const wick = await import('/static/wick.js');
-  const engine = await wick.createEngine(model, {quantization, backend: "wasm", prefixCache: false});
+  const engine = await wick.createEngine(model, {quantization, backend: "wasm", prefixCache: false,
+                                                 relaxedSimd});
   const body = {prompt, max_tokens: tokens + 1, temperature: 0, ignore_eos: true, stream: true,
                 stream_options: {include_usage: true}};
   const one = async () => {
@@ -106,7 +109,7 @@ WLLAMA_RUN = """async ([prompt, tokens, threads]) => {
 
 def bench_browser(artifact: Path, model: str, gguf: Path, prompt: str, tokens: int,
                   batch: int, threads: int) -> tuple[dict, dict]:
-    """(wick's numbers, wllama's numbers) in one Chromium."""
+    """(wick's numbers {"relaxed": .., "plain": ..}, wllama's numbers) in one Chromium."""
     from playwright.sync_api import sync_playwright
 
     from wick.server.app import ModelPool, create_app
@@ -136,10 +139,14 @@ def bench_browser(artifact: Path, model: str, gguf: Path, prompt: str, tokens: i
                 p.goto(live.url + PAGE)
                 return p
 
-            t0 = time.time()
-            ours = page(threads > 1).evaluate(WICK, [model, artifact_quantization(artifact),
-                                                     prompt, tokens, batch])
-            print(f"wick (wasm) measured in {time.time() - t0:.0f} s", flush=True)
+            ours = {}
+            for kernels in ("relaxed", "plain"):
+                t0 = time.time()
+                ours[kernels] = page(threads > 1).evaluate(
+                    WICK, [model, artifact_quantization(artifact), prompt, tokens, batch,
+                           kernels == "relaxed"])
+                print(f"wick (wasm, {kernels} SIMD) measured in {time.time() - t0:.0f} s",
+                      flush=True)
             t0 = time.time()
             theirs = page(threads > 1).evaluate(WLLAMA_RUN, [prompt, tokens, threads])
             print(f"wllama measured in {time.time() - t0:.0f} s", flush=True)
@@ -155,17 +162,21 @@ def artifact_quantization(artifact: Path) -> str:
     return json.loads((artifact / "wick-artifact.json").read_text())["quantization"]
 
 
-def print_table(ours: dict, theirs: dict, batch: int) -> None:
+def print_table(both: dict, theirs: dict, batch: int) -> None:
+    ours, plain = both["relaxed"], both["plain"]
     print(f"\nbrowser (Chromium, no WebGPU): wick on {ours['device']} "
-          f"({ours['helper_tasks']} loop tasks on helper threads); wllama "
-          f"{theirs['threads']} thread(s){' (isolated page)' if theirs['isolated'] else ''}")
+          f"({ours['helper_tasks']} loop tasks on helper threads), and on {plain['device']}; "
+          f"wllama {theirs['threads']} thread(s){' (isolated page)' if theirs['isolated'] else ''}")
     print(f"prompt {ours['prompt_tokens']} tokens (wllama counts {theirs['prompt_tokens']})\n")
-    print(f"{'':<26}{'wick wasm':>10}{'wllama':>12}{'wick/wllama':>16}")
+    print(f"{'':<26}{'wick':>8}{'wick plain':>12}{'wllama':>9}{'wick/wllama':>13}"
+          f"{'wick/plain':>12}")
     for name, key in (("prefill tok/s (batch 1)", "prefill_tps"),
                       ("decode tok/s (batch 1)", "decode_tps")):
-        print(f"{name:<26}{ours[key]:>10.1f}{theirs[key]:>12.1f}{ours[key] / theirs[key]:>15.2f}x")
-    print(f"{f'decode tok/s (batch {batch})':<26}{ours['batch_decode_tps']:>10.1f}{'-':>12}"
-          f"{'(one sequence)':>16}")
+        print(f"{name:<26}{ours[key]:>8.1f}{plain[key]:>12.1f}{theirs[key]:>9.1f}"
+              f"{ours[key] / theirs[key]:>12.2f}x{ours[key] / plain[key]:>11.2f}x")
+    key = "batch_decode_tps"
+    print(f"{f'decode tok/s (batch {batch})':<26}{ours[key]:>8.1f}{plain[key]:>12.1f}{'-':>9}"
+          f"{'':>13}{ours[key] / plain[key]:>11.2f}x")
     ms = ours["step_ms"]
     print(f"\nwick host ms per step (batch 1): engine {ms['engine']:.1f} (plan {ms['plan']:.1f}, "
           f"backend call {ms['backend']:.1f} = kernels {ms['kernels']:.1f} + JS {ms['js']:.1f})")

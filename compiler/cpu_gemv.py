@@ -188,17 +188,25 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
                                       + c * lanes + u] >> T.uint8(4)) * s[j, g] + m[j, g]
 
     @T.macro(hygienic=False)
-    def accumulate(row0, rows, acc, acc2, xs, src, base, g, split):
+    def accumulate(row0, rows, acc, acc2, xs, src, base, g, split, lanes):
         # the tile's rows times one group's dequantized weights (src[base : base + GROUP]):
-        # the same expressions whichever buffer holds the weights, so the same bits
+        # the same expressions whichever buffer holds the weights, so the same bits. (In
+        # vectors of ``lanes``, the machine's width: LLVM fuses a multiply and its add into
+        # wasm's relaxed_madd only in vectors of the width it has, not in wider ones it splits)
         for r in T.unroll(rows):
-            for t in T.vectorized(HALF):
-                if split:
-                    acc[r, t] = acc[r, t] + src[base + t] * xs[row0 + r, g, 0, t]
-                    acc2[r, t] = acc2[r, t] + src[base + HALF + t] * xs[row0 + r, g, 1, t]
-                else:
-                    acc[r, t] = (acc[r, t] + src[base + t] * xs[row0 + r, g, 0, t]
-                                 + src[base + HALF + t] * xs[row0 + r, g, 1, t])
+            for c in T.unroll(HALF // lanes):
+                for u in T.vectorized(lanes):
+                    if split:
+                        acc[r, c * lanes + u] = (acc[r, c * lanes + u] + src[base + c * lanes + u]
+                                                 * xs[row0 + r, g, 0, c * lanes + u])
+                        acc2[r, c * lanes + u] = (
+                            acc2[r, c * lanes + u]
+                            + src[base + HALF + c * lanes + u] * xs[row0 + r, g, 1, c * lanes + u])
+                    else:
+                        acc[r, c * lanes + u] = (
+                            acc[r, c * lanes + u]
+                            + src[base + c * lanes + u] * xs[row0 + r, g, 0, c * lanes + u]
+                            + src[base + HALF + c * lanes + u] * xs[row0 + r, g, 1, c * lanes + u])
 
     @T.macro(hygienic=False)
     def tile(row0, rows, xs, wb, s, m, out, j, lanes, split, q8, wd, jj, chunk, k):
@@ -215,10 +223,11 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
                 acc2[r, t] = T.float32(0)
         for g in range(G):
             if chunk:  # (a Python constant)
-                k.accumulate(row0, rows, acc, acc2, xs, wd, (jj * G + g) * GROUP, g, split)
+                k.accumulate(row0, rows, acc, acc2, xs, wd, (jj * G + g) * GROUP, g, split,
+                             lanes)
             else:
                 k.dequantize_group(wg, 0, wb, s, m, j, g, lanes, q8)
-                k.accumulate(row0, rows, acc, acc2, xs, wg, 0, g, split)
+                k.accumulate(row0, rows, acc, acc2, xs, wg, 0, g, split, lanes)
         # each row's lanes pairwise (vector adds): the same sums in the same order whatever
         # the tile, so a row's result never depends on the rows beside it (batch invariance)
         for r in T.unroll(rows):

@@ -25,6 +25,10 @@ from .errors import ArtifactError
 
 FORMAT_VERSION = 2  # 2: the kernel sets in one shape (``kernel_sets``)
 MANIFEST_NAME = "wick-artifact.json"
+# The WebAssembly kernel sets, as compiler/targets/wasm.py ``MODULES`` builds them: one thread or
+# helper threads over a shared memory, plain SIMD or relaxed SIMD (a browser's executor runs the
+# one its features allow: web/src/wasm_executor.ts ``libraries``)
+WASM_KINDS = ("wasm", "wasm_threads", "wasm_relaxed", "wasm_threads_relaxed")
 SHARD_MAX_BYTES = 32 << 20
 PARAM_ALIGN = 256  # parameter offsets inside a shard
 # Left in an artifact directory by a host whose load found a corrupt file: the next compile of
@@ -100,8 +104,8 @@ class Artifact:
         what to do when the artifact was compiled without it."""
         entry = self.manifest["kernel_sets"].get(kind)
         if entry is None:
-            what = {"cpu": "CPU", "cuda": "CUDA", "webgpu": "WebGPU", "wasm": "WebAssembly",
-                    "wasm_threads": "WebAssembly"}.get(kind, kind)
+            what = ("WebAssembly" if kind in WASM_KINDS else
+                    {"cpu": "CPU", "cuda": "CUDA", "webgpu": "WebGPU"}.get(kind, kind))
             name = self.location or self.model_id
             chosen = (self.manifest.get("compile_options") or {}).get("kernel_sets")
             if chosen:  # (compiled with `--kernel-sets`: its own choice, not a stale artifact)

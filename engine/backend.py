@@ -14,7 +14,9 @@ The kernel sets run the same plans (``Backend.kind``):
 * ``"cpu"``: one native library holding each TIR function whole (compiler/targets/cpu.py); a
   plan call becomes one ``Call`` with its tensors, and the function reads their shapes itself.
 * ``"wasm"`` / ``"wasm_threads"``: the same, as one WebAssembly module (compiler/targets/wasm.py),
-  on one thread or over a shared memory with helper threads.
+  on one thread or over a shared memory with helper threads; ``"wasm_relaxed"`` /
+  ``"wasm_threads_relaxed"`` the same compiled with relaxed SIMD (fused multiply-adds), where the
+  browser has it (artifact.py ``WASM_KINDS``).
 * ``"cuda"``: CUDA C the backend compiles with NVRTC (compiler/targets/cuda.py), with launches
   of its own; a plan call becomes ``Dispatch``es as for WebGPU.
 
@@ -132,7 +134,7 @@ class Backend:
 
     name: str = "backend"  # e.g. "wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)"
     # the manifest's kernel set it runs (``kernel_sets[kind]``): "webgpu" (load_kernels +
-    # Dispatch), a library ("cpu", "wasm", "wasm_threads": load_library + Call) or "cuda"
+    # Dispatch), a library ("cpu", the WASM_KINDS: load_library + Call) or "cuda"
     # (load_library + Dispatch)
     kind: str = "webgpu"
     features: frozenset[str] = frozenset()  # WebGPU feature names, e.g. {"shader-f16"}

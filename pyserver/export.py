@@ -27,14 +27,14 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..engine.artifact import MANIFEST_NAME, kernel_files
+from ..engine.artifact import MANIFEST_NAME, WASM_KINDS, kernel_files
 from ..engine.errors import InvalidRequestError, WickError
 from .artifact_host import ArtifactHost, scrub_manifest
 from .extension_build import STATIC, chat_page_with, check_built
 
 MARKER = "wick-export.json"  # what says a directory is an export this command may replace
 # the kernel sets a browser runs (the manifest's ``kernel_sets``)
-BROWSER_KERNELS = ("webgpu", "wasm", "wasm_threads")
+BROWSER_KERNELS = ("webgpu", *WASM_KINDS)
 # what `wick serve` sends with its pages, and a static host must send for threads
 ISOLATION_HEADERS = ("Cross-Origin-Opener-Policy: same-origin",
                      "Cross-Origin-Embedder-Policy: require-corp")

@@ -28,7 +28,7 @@ from .built import BuiltSet
 
 
 # What a compile may be asked to build (``wick compile --kernel-sets``; every one by default):
-# each names one build of ``builders()`` ("wasm" builds both WebAssembly modules).
+# each names one build of ``builders()`` ("wasm" builds every WebAssembly module).
 KERNEL_SETS = ("webgpu", "cpu", "wasm", "cuda")
 BROWSER_KERNEL_SETS = ("webgpu", "wasm")  # what a browser engine runs
 

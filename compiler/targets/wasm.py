@@ -10,7 +10,13 @@ self-contained module, ``kernels/wasm/kernels.wasm``, that the worker's wasm exe
 Two modules are linked from the same object: ``kernels.wasm`` imports nothing and runs on one
 thread; ``kernels-threads.wasm`` imports a shared memory and splits parallel loops between
 the worker and helper threads instantiated over that memory (only a cross-origin isolated page
-may share memory). Each holds, besides the kernels:
+may share memory). The same two are built again from an object compiled with relaxed SIMD
+(``*-relaxed.wasm``, kinds ``wasm_relaxed`` and ``wasm_threads_relaxed``): LLVM fuses each
+multiply and its add into ``f32x4.relaxed_madd``, which a CPU with FMA runs as one instruction
+(WebAssembly's own SIMD has no fused multiply-add). The executor runs them where the browser
+validates relaxed SIMD (Chrome 114+), else the plain ones. A relaxed multiply-add may be fused
+or not, as the browser's CPU has it; on one machine it is always the same, so a row's result is
+still the same whatever rows share its step. Each holds, besides the kernels:
 
 * the runtime hooks TVM's code calls (compiler/kernel_runtime.c: scratch memory, parallel
   loops, error messages) and the executor's allocator (``wick_alloc`` / ``wick_free``);
@@ -27,6 +33,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import tvm
@@ -35,12 +42,15 @@ from tvm import tirx
 from .built import BuiltSet, library
 from .cpu import RUNTIME_SOURCE, CpuSet
 
-# kind -> (threads, the module's file in the artifact)
-MODULES = {"wasm": (False, "kernels/wasm/kernels.wasm"),
-           "wasm_threads": (True, "kernels/wasm/kernels-threads.wasm")}
+# kind -> (threads, relaxed SIMD, the module's file in the artifact)
+MODULES = {"wasm": (False, False, "kernels/wasm/kernels.wasm"),
+           "wasm_threads": (True, False, "kernels/wasm/kernels-threads.wasm"),
+           "wasm_relaxed": (False, True, "kernels/wasm/kernels-relaxed.wasm"),
+           "wasm_threads_relaxed": (True, True, "kernels/wasm/kernels-threads-relaxed.wasm")}
 # what every browser with WebAssembly SIMD (Chrome 91+, Firefox 89+, Safari 16.4+) also has
 FEATURES = ("+simd128", "+bulk-memory", "+nontrapping-fptoint", "+sign-ext", "+mutable-globals",
             "+atomics")  # (atomics: the threaded module's pool and its shared memory)
+RELAXED = "+relaxed-simd"  # (Chrome 114+: the relaxed modules' one more feature)
 TRIPLE = "wasm32-unknown-unknown-wasm"
 STACK_BYTES = 1 << 20  # kernels keep scratch under 1 KiB on the stack; the rest is malloc'd
 MAX_MEMORY = 65535 * 65536  # wasm32 allows 65536 pages; zig takes a 32-bit number
@@ -48,37 +58,45 @@ INITIAL_MEMORY = 16 << 20  # the threaded module's shared memory starts this big
 EXPORT_PREFIX = "__tvm_ffi_"
 
 
-def wasm_target() -> tvm.target.Target:
-    return tvm.target.Target({"kind": "llvm", "mtriple": TRIPLE, "mattr": list(FEATURES),
+def features(relaxed: bool = False) -> list[str]:
+    return [*FEATURES, RELAXED] if relaxed else list(FEATURES)
+
+
+def wasm_target(relaxed: bool = False) -> tvm.target.Target:
+    return tvm.target.Target({"kind": "llvm", "mtriple": TRIPLE, "mattr": features(relaxed),
                               "vector-width": 128})  # (stated, or TVM warns on every build)
 
 
-def build_wasm_libraries(functions: dict[str, tirx.PrimFunc]) -> dict[str, tuple[bytes, dict]]:
-    """Compile ``functions`` into the two WebAssembly modules: per kind (``"wasm"``, one
-    thread; ``"wasm_threads"``, shared memory), its bytes and its manifest entry (without file
-    and hash)."""
+def build_wasm_libraries(functions: dict[str, tirx.PrimFunc],
+                         relaxed: bool = False) -> dict[str, tuple[bytes, dict]]:
+    """Compile ``functions`` into two WebAssembly modules: per kind (``"wasm"``, one thread;
+    ``"wasm_threads"``, shared memory; with ``relaxed``, ``"wasm_relaxed"`` and
+    ``"wasm_threads_relaxed"``), its bytes and its manifest entry (without file and hash)."""
     from ..cpu_schedules import build_scheduled
 
-    lib = build_scheduled(functions, wasm_target())
-    entry = {"triple": TRIPLE, "features": list(FEATURES), "export_prefix": EXPORT_PREFIX,
+    lib = build_scheduled(functions, wasm_target(relaxed))
+    entry = {"triple": TRIPLE, "features": features(relaxed), "export_prefix": EXPORT_PREFIX,
              "functions": sorted(functions)}
     exports = [EXPORT_PREFIX + name for name in sorted(functions)]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "kernels.o"
         lib.write_to_file(str(obj))
-        for kind, (threads, _) in MODULES.items():
+        for kind, (threads, relaxed_kind, _) in MODULES.items():
+            if relaxed_kind != relaxed:
+                continue
             path = Path(tmp) / f"{kind}.wasm"
-            link(obj, path, exports, threads=threads)
+            link(obj, path, exports, threads=threads, relaxed=relaxed)
             extra = {"initial_memory": INITIAL_MEMORY, "max_memory": MAX_MEMORY} if threads else {}
             out[kind] = (path.read_bytes(), {**entry, "threads": threads, **extra})
     return out
 
 
-def link(obj: Path, out: Path, exports: list[str], threads: bool = False) -> None:
+def link(obj: Path, out: Path, exports: list[str], threads: bool = False,
+         relaxed: bool = False) -> None:
     """Link the kernels' object with the runtime hooks and wasi-libc into ``out``; with
     ``threads``, over an imported shared memory, with the helper threads' entry point."""
-    flags = [f.replace("+", "-m", 1) for f in FEATURES if f != "+mutable-globals"]
+    flags = [f.replace("+", "-m", 1) for f in features(relaxed) if f != "+mutable-globals"]
     if threads:  # (each helper instance gets its own stack: __stack_pointer is exported)
         flags += ["-DWICK_THREADS", "-Wl,--shared-memory", "-Wl,--import-memory",
                   f"-Wl,--initial-memory={INITIAL_MEMORY}", "-Wl,--export=__stack_pointer"]
@@ -107,12 +125,18 @@ def build_facts() -> dict:
         zig = version("ziglang")
     except PackageNotFoundError:  # (the link will say what is missing)
         zig = None
-    return {"triple": TRIPLE, "features": list(FEATURES), "ziglang": zig}
+    return {"triple": TRIPLE, "features": list(FEATURES), "relaxed": RELAXED, "ziglang": zig}
 
 
 def build(lowered: CpuSet) -> dict[str, BuiltSet]:
-    """Both modules of the CPU's lowered set."""
+    """The four modules of the CPU's lowered set (the relaxed object compiled on a thread of
+    its own: TVM's build and the linker release the GIL)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="wick-wasm-relaxed") as pool:
+        relaxed = pool.submit(build_wasm_libraries, lowered.functions, True)
+        built = build_wasm_libraries(lowered.functions)
+        built.update(relaxed.result())
     out: dict[str, BuiltSet] = {}
-    for kind, (data, entry) in build_wasm_libraries(lowered.functions).items():
-        out.update(library(kind, "library", MODULES[kind][1], data, entry))
+    for kind in MODULES:  # (in the table's order)
+        data, entry = built[kind]
+        out.update(library(kind, "library", MODULES[kind][2], data, entry))
     return out

@@ -316,7 +316,7 @@ def test_only_model_files_come_from_the_host(ctx, ext_id, host, native):
         if m.group(2).endswith((".wasm", ".js", ".mjs")):
             executable.append(m.group(2))
     assert any("/params/" in p for p in asked)
-    assert executable and all(re.fullmatch(r"kernels/wasm/kernels(-threads)?\.wasm", e)
+    assert executable and all(re.fullmatch(r"kernels/wasm/kernels(-threads)?(-relaxed)?\.wasm", e)
                               for e in executable), executable
 
 

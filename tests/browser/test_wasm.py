@@ -44,9 +44,9 @@ def native(tiny_artifact, tiny_q4_artifact):
     return out
 
 
-RUN = """async ([model, quantization, backend, messages, prompt, n, speculative]) => {
+RUN = """async ([model, quantization, backend, messages, prompt, n, speculative, relaxedSimd]) => {
     const progress = [];
-    const engine = await wick.createEngine(model, {quantization, backend, speculative,
+    const engine = await wick.createEngine(model, {quantization, backend, speculative, relaxedSimd,
         onProgress: (p) => progress.push(p.stage)});
     const chat = await engine.chat.completions.create({messages, max_tokens: n, temperature: 0});
     const comp = await engine.completions.create({prompt, max_tokens: n, temperature: 0, logprobs: 2});
@@ -78,20 +78,56 @@ def _same(out: dict, want: dict) -> None:
     assert len(got["logprobs"]["tokens"]) == N
 
 
-@pytest.mark.parametrize("quantization", ["q0f32", "q4f32_1"])
+@pytest.mark.parametrize("quantization,relaxed", [("q0f32", None), ("q4f32_1", False)])
 def test_auto_backend_without_webgpu_runs_wasm_kernels_with_native_tokens(
-        context, web_server, native, quantization):
+        context, web_server, native, quantization, relaxed):
+    """The relaxed-SIMD kernels by default (Chromium has relaxed SIMD), the plain ones with
+    ``relaxedSimd: false``: both give the native engine's tokens."""
     page = Page(context, web_server.url)
-    out = page.run(RUN, [native["model"], quantization, None, MESSAGES, PROMPT, N])
+    out = page.run(RUN, [native["model"], quantization, None, MESSAGES, PROMPT, N, None, relaxed])
     assert not out["gpu"]  # no adapter in this browser
     info = out["info"]
     assert info["backend"] == "wasm" and info["threads"] == 1  # (not cross-origin isolated)
     assert out["stats"]["helperTasks"] == 0
-    assert info["device"].startswith("wasm: WebAssembly SIMD")
+    simd = "SIMD" if relaxed is False else "relaxed SIMD"
+    assert info["device"].startswith(f"wasm: WebAssembly {simd} (1 thread")
     assert info["quantization"] == quantization
     assert "compile" in out["progress"] and out["progress"][-1] == "ready"
     _same(out, native[quantization])
     assert out["stats"]["steps"] > N and out["stats"]["device"] == info["device"]
+    assert not page.console_errors
+
+
+def test_an_artifact_without_relaxed_kernels_runs_the_plain_ones(context, native, tiny_q4_artifact,
+                                                                  tmp_path):
+    """An artifact compiled before the relaxed-SIMD modules (its manifest lists only ``wasm``
+    and ``wasm_threads``) runs the plain module in a browser that has relaxed SIMD, with the
+    native engine's tokens; the relaxed ones are never fetched."""
+    import json
+    import shutil
+
+    from wick.server.app import ModelPool, create_app
+    from wick.server.artifact_host import ArtifactHost
+    from wick.server.serve import ServerThread
+
+    art = tmp_path / tiny_q4_artifact.name
+    shutil.copytree(tiny_q4_artifact, art)
+    manifest = json.loads((art / "wick-artifact.json").read_text())
+    for kind in ("wasm_relaxed", "wasm_threads_relaxed"):
+        (art / manifest["kernel_sets"].pop(kind)["file"]).unlink()
+    (art / "wick-artifact.json").write_text(json.dumps(manifest))
+    host = ArtifactHost()
+    host.add(art)
+    live = ServerThread(create_app(ModelPool(state="ready"), artifacts=host))
+    try:
+        page = Page(context, live.url)
+        out = page.run(RUN, [native["model"], "q4f32_1", "wasm", MESSAGES, PROMPT, N])
+    finally:
+        live.stop()
+    assert out["info"]["device"].startswith("wasm: WebAssembly SIMD (1 thread")
+    _same(out, native["q4f32_1"])
+    fetched = [u for u in page.requests if u.endswith(".wasm") and "/artifacts/" in u]
+    assert fetched and all(u.endswith("/kernels/wasm/kernels.wasm") for u in fetched), fetched
     assert not page.console_errors
 
 

@@ -1,9 +1,11 @@
 """The WebAssembly kernel set (compiler/targets/wasm.py) run under node: the q4 matmul (its
-nibbles converted four lanes at a time there) against numpy on the dequantized weights, a kernel's
-own argument check coming back as a message, and a module that imports nothing."""
+nibbles converted four lanes at a time there) against numpy on the dequantized weights, in the
+plain modules and in the relaxed-SIMD ones (fused multiply-adds), a kernel's own argument check
+coming back as a message, and a module that imports nothing."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -26,7 +28,33 @@ DTYPE_WORDS = {"float32": 2 | 32 << 8 | 1 << 16, "uint32": 1 | 32 << 8 | 1 << 16
 pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is missing")
 
 
-def call(wasm: Path, function: str, args: list[np.ndarray], tmp: Path) -> tuple[dict, list]:
+@functools.cache
+def node_with_relaxed_simd() -> list[str]:
+    """node, with relaxed SIMD on (a flag before V8 11.4 / node 22, on by default after)."""
+    for cmd in (["node"], ["node", "--experimental-wasm-relaxed-simd"]):
+        done = subprocess.run([*cmd, "-e", "process.exit(WebAssembly.validate(new Uint8Array("
+                               + json.dumps(list(RELAXED_PROBE)) + ")) ? 0 : 3)"])
+        if done.returncode == 0:
+            return cmd
+    pytest.skip("this node cannot run relaxed SIMD")
+
+
+def _executor_probe() -> bytes:
+    """The module the browser's executor validates to tell relaxed SIMD (a function returning
+    f32x4.relaxed_madd of three vectors), read from web/src/wasm_executor.ts."""
+    import re
+
+    source = (HERE.parents[1] / "web" / "src" / "wasm_executor.ts").read_text()
+    body = re.search(r"const RELAXED_SIMD_PROBE = new Uint8Array\(\[(.*?)\]\);", source, re.S)
+    return bytes(int(h, 16) for h in re.findall(r"0x[0-9a-f]{2}", body.group(1)))
+
+
+RELAXED_PROBE = _executor_probe()
+MADD, MUL = b"\xfd\x85\x02", b"\xfd\xe6\x01"  # f32x4.relaxed_madd, f32x4.mul
+
+
+def call(wasm: Path, function: str, args: list[np.ndarray], tmp: Path,
+         node: tuple[str, ...] = ("node",)) -> tuple[dict, list]:
     """Run ``function`` of the module on ``args`` (outputs included); (its answer, the args
     after the call)."""
     spec = {"function": function, "args": []}
@@ -36,7 +64,7 @@ def call(wasm: Path, function: str, args: list[np.ndarray], tmp: Path) -> tuple[
         spec["args"].append({"file": str(path), "dtype_word": DTYPE_WORDS[str(a.dtype)],
                              "shape": list(a.shape)})
     (tmp / "spec.json").write_text(json.dumps(spec))
-    done = subprocess.run(["node", str(HERE / "wasm_call.mjs"), str(wasm), str(tmp / "spec.json")],
+    done = subprocess.run([*node, str(HERE / "wasm_call.mjs"), str(wasm), str(tmp / "spec.json")],
                           capture_output=True, text=True, check=True)
     out = [np.frombuffer((tmp / f"arg{k}.bin").read_bytes(), dtype=a.dtype).reshape(a.shape)
            for k, a in enumerate(args)]
@@ -64,6 +92,60 @@ def q4_libraries(tmp_path_factory):
 @pytest.fixture(scope="module")
 def q4_module(q4_libraries):
     return q4_libraries["wasm"]
+
+
+@pytest.fixture(scope="module")
+def q4_relaxed(tmp_path_factory):
+    """The same kernels' one-thread module compiled with relaxed SIMD."""
+    data, entry = build_wasm_libraries({name: te_matmul(200, 320, adds=adds)
+                                        for name, adds in KERNELS.items()},
+                                       relaxed=True)["wasm_relaxed"]
+    path = tmp_path_factory.mktemp("relaxed") / "kernels-relaxed.wasm"
+    path.write_bytes(data)
+    return path, entry
+
+
+def test_the_kinds_built_are_the_engines_list():
+    from wick.compiler.targets.wasm import MODULES
+    from wick.engine.artifact import WASM_KINDS
+
+    assert tuple(MODULES) == WASM_KINDS
+    assert [relaxed for _, relaxed, _ in MODULES.values()] == [False, False, True, True]
+
+
+def test_relaxed_simd_fuses_the_q4_matmuls_multiply_adds(q4_module, q4_relaxed, tmp_path):
+    """The relaxed module multiplies and adds in one instruction where the plain one takes two
+    (the accumulation in vectors of the machine's 4 lanes, which LLVM fuses; 16-lane vectors it
+    split were not), and only a browser with relaxed SIMD validates it. Its matmuls agree
+    with numpy, and a row's result is the same bits alone or in a step of five."""
+    (plain, _), (relaxed, entry) = q4_module, q4_relaxed
+    assert "+relaxed-simd" in entry["features"]
+    plain_bytes, relaxed_bytes = plain.read_bytes(), relaxed.read_bytes()
+    muls = plain_bytes.count(MUL)
+    assert muls > 100 and relaxed_bytes.count(MADD) >= 0.9 * muls
+    assert relaxed_bytes.count(MUL) < 0.1 * muls
+    node = node_with_relaxed_simd()
+    check = "process.exit(WebAssembly.validate(require('fs').readFileSync(process.argv[1])) ? 0 : 3)"
+    assert subprocess.run([*node, "-e", check, str(relaxed)]).returncode == 0
+    if node != ["node"]:  # a node without relaxed SIMD by default: only the plain one validates
+        assert subprocess.run(["node", "-e", check, str(relaxed)]).returncode == 3
+    assert subprocess.run(["node", "-e", check, str(plain)]).returncode == 0
+    N, K = 200, 320
+    rng = np.random.default_rng(11)
+    packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32),
+                                      get_quantization("q4f32_1"))
+    weight = dequantize(packed, scale, minimum).astype(np.float64)
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    res = rng.standard_normal((5, N)).astype(np.float32)
+    rows = {}
+    for b in (1, 5):
+        answer, out = call(relaxed, "mm_add", [x[:b], packed, scale, minimum, res[:b],
+                                               np.zeros((b, N), np.float32)], tmp_path, node)
+        assert answer["rc"] == 0, answer
+        want = x[:b].astype(np.float64) @ weight.T + res[:b]
+        np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+        rows[b] = out[-1]
+    assert np.array_equal(rows[1][0], rows[5][0])
 
 
 def test_the_q4_matmul_is_wicks_kernel_converting_four_lanes_at_a_time():

@@ -48,15 +48,16 @@ def test_kernel_sets_have_one_shape_and_one_loader(tiny_artifact):
     and an artifact of another format are refused with what to do."""
     import json
 
-    from wick.engine.artifact import FORMS, kernel_files
+    from wick.engine.artifact import FORMS, WASM_KINDS, kernel_files
     from wick.engine.errors import ArtifactError
     from wick.engine.plan import load_kernel_set
 
     art = _artifact(tiny_artifact)
     sets = art.manifest["kernel_sets"]
-    assert {"webgpu", "cpu", "wasm", "wasm_threads"} <= set(sets)
+    assert {"webgpu", "cpu", "wasm", "wasm_threads", "wasm_relaxed",
+            "wasm_threads_relaxed"} <= set(sets)
     assert {kind: s["form"] for kind, s in sets.items() if kind != "cuda"} == {
-        "webgpu": "shaders", "cpu": "library", "wasm": "library", "wasm_threads": "library"}
+        "webgpu": "shaders", "cpu": "library", **dict.fromkeys(WASM_KINDS, "library")}
     assert all(s["form"] in FORMS for s in sets.values())
     for s in sets.values():
         for f in kernel_files(s):

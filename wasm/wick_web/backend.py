@@ -185,7 +185,7 @@ class WasmBackend(_ExecutorBackend):
     """The Backend contract (``kind = "wasm"``), forwarded to a JS ``WasmExecutor``: the
     artifact's WebAssembly kernel set, one synchronous JS call per step."""
 
-    kind = "wasm"  # or "wasm_threads": the manifest's kernel set the executor runs
+    kind = "wasm"  # or another of artifact.py WASM_KINDS: the manifest's kernel set the executor runs
     prefers_f32 = True
 
     def __init__(self, executor: Any) -> None:

@@ -100,6 +100,11 @@ export interface CreateEngineOptions {
    * kernels on the CPU ("wasm"), or "auto" (default): WebGPU on a hardware adapter that can run
    * the variant, else wasm (no WebGPU, or only a software adapter such as SwiftShader). */
   backend?: Backend;
+  /** The WebAssembly kernels' fused multiply-adds (relaxed SIMD: Chrome 114+), where the
+   * browser has them (default true; `engine.info.device` says "relaxed SIMD" when they run).
+   * false: the plain SIMD kernels, whose results are the same bits on every machine (a relaxed
+   * multiply-add rounds once or twice, as the machine's CPU has it). */
+  relaxedSimd?: boolean;
 }
 
 export interface EngineStats {
@@ -496,7 +501,7 @@ function loadMessage(model: string, options: CreateEngineOptions, baseUrl: strin
     kvCacheBytes: options.kvCacheBytes, prefixCache: options.prefixCache, cache: options.cache,
     speculative: options.speculative,
     stallTimeoutMs: options.stallTimeoutMs,
-    apiKey: options.apiKey, backend: options.backend };
+    apiKey: options.apiKey, backend: options.backend, relaxedSimd: options.relaxedSimd };
 }
 
 async function finish(attach: Attach, options: CreateEngineOptions): Promise<Engine> {

@@ -5,6 +5,9 @@
  * - loadLibrary: instantiates the artifact's kernels.wasm (compiler/targets/wasm.py). The
  *   module's memory holds every buffer of the engine, so a kernel reads weights and writes
  *   activations in place (no copies between "device" and kernels).
+ * - relaxed SIMD: where the browser validates it (Chrome 114+) and the artifact has them, it
+ *   runs the modules compiled with it (kinds `wasm_relaxed` / `wasm_threads_relaxed`: each
+ *   multiply and its add one fused `f32x4.relaxed_madd`), else the plain ones.
  * - threads: in a cross-origin isolated page (SharedArrayBuffer allowed) it runs
  *   kernels-threads.wasm over a shared memory instead, and starts one helper worker per extra
  *   core, each an instance of the same module over the same memory with its own stack, parked
@@ -60,10 +63,16 @@ interface LibraryEntry {
   max_memory?: number;
 }
 
+/** The manifest's WebAssembly kernel sets (engine/artifact.py `WASM_KINDS`). */
+export type WasmLibrary = "wasm" | "wasm_threads" | "wasm_relaxed" | "wasm_threads_relaxed";
+
 export class WasmExecutor {
-  readonly name: string;
   readonly features = ["shader-f16"]; // f16 variants run (each operation rounded through f32)
   readonly threads: number;
+  /** Whether this executor may run relaxed SIMD modules: the browser validates relaxed SIMD
+   * and the engine's options allow it (its modules run where an artifact has them). */
+  readonly relaxedSimd: boolean;
+  private relaxed: boolean; // ... and the artifacts loaded so far have them
   private ex: Exports | null = null;
   private memory: WebAssembly.Memory | null = null;
   private helpers: Worker[] = [];
@@ -78,15 +87,22 @@ export class WasmExecutor {
   encodeMs = 0; // the rest of runCalls (descriptors, writes, reads): the WebGPU executor's name
   get waitMs(): number { return this.callMs; }
 
-  constructor(threads: number) {
+  constructor(threads: number, relaxedSimd = false) {
     this.threads = threads;
-    const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency;
-    this.name = `wasm: WebAssembly SIMD (${threads} thread${threads > 1 ? "s" : ""}` +
-      `${cores ? ` of ${cores} cores` : ""}${threads > 1 ? "" : ", not cross-origin isolated"})`;
+    this.relaxedSimd = this.relaxed = relaxedSimd;
   }
 
-  /** `maxThreads`: at most this many threads (the page's cores, when it may use them). */
-  static async create(maxThreads = MAX_THREADS): Promise<WasmExecutor> {
+  get name(): string {
+    const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency;
+    const threads = this.threads;
+    return `wasm: WebAssembly ${this.relaxed ? "relaxed " : ""}SIMD (${threads} thread` +
+      `${threads > 1 ? "s" : ""}${cores ? ` of ${cores} cores` : ""}` +
+      `${threads > 1 ? "" : ", not cross-origin isolated"})`;
+  }
+
+  /** `maxThreads`: at most this many threads (the page's cores, when it may use them);
+   * `relaxedSimd`: false keeps to the plain SIMD modules (createEngine's option). */
+  static async create(maxThreads = MAX_THREADS, relaxedSimd = true): Promise<WasmExecutor> {
     if (typeof WebAssembly !== "object" || !WebAssembly.validate(SIMD_PROBE)) {
       throw Object.assign(new Error("this browser's WebAssembly lacks SIMD (Chrome 91+, Firefox 89+, " +
         "Safari 16.4+ have it)"), { wickCode: "no_wasm_simd" });
@@ -96,11 +112,24 @@ export class WasmExecutor {
     const shared = Boolean(globalThis.crossOriginIsolated) && typeof SharedArrayBuffer === "function" &&
       typeof Worker === "function";
     const cores = (globalThis.navigator as Navigator | undefined)?.hardwareConcurrency ?? 1;
-    return new WasmExecutor(shared ? Math.max(1, Math.min(cores, maxThreads, MAX_THREADS)) : 1);
+    return new WasmExecutor(shared ? Math.max(1, Math.min(cores, maxThreads, MAX_THREADS)) : 1,
+      relaxedSimd && WebAssembly.validate(RELAXED_SIMD_PROBE));
   }
 
   /** The manifest's kernel set this executor runs. */
-  get library(): "wasm" | "wasm_threads" { return this.threads > 1 ? "wasm_threads" : "wasm"; }
+  get library(): WasmLibrary { return this.libraries[0]; }
+
+  /** The kernel sets this executor can run, the one it prefers first. */
+  get libraries(): WasmLibrary[] {
+    const plain = this.threads > 1 ? "wasm_threads" : "wasm";
+    return this.relaxed ? [`${plain}_relaxed`, plain] : [plain];
+  }
+
+  /** Keep to the plain modules when an artifact has no relaxed ones (`kernelSets`: its
+   * manifest's; compiled by an older wick, or exported without them). */
+  fitLibrary(kernelSets: string[]): void {
+    if (this.relaxed && !kernelSets.includes(this.library)) this.relaxed = false;
+  }
 
   infoJson(): string {
     return JSON.stringify({
@@ -346,4 +375,11 @@ const SIMD_PROBE = new Uint8Array([
   0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // type: () -> v128
   0x03, 0x02, 0x01, 0x00, // function 0 of type 0
   0x0a, 0x08, 0x01, 0x06, 0x00, 0x41, 0x00, 0xfd, 0x0f, 0x0b, // body: i32.const 0; i8x16.splat; end
+]);
+// the same function returning f32x4.relaxed_madd of three such vectors
+const RELAXED_SIMD_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b,
+  0x03, 0x02, 0x01, 0x00,
+  0x0a, 0x13, 0x01, 0x11, 0x00, 0x41, 0x00, 0xfd, 0x0f, 0x41, 0x00, 0xfd, 0x0f, 0x41, 0x00, 0xfd, 0x0f,
+  0xfd, 0x85, 0x02, 0x0b, // f32x4.relaxed_madd; end
 ]);

@@ -158,7 +158,8 @@ interface ModelEntry {
 
 /** Whether `entry` has the kernel set `exe` runs (an index without the list: assumed). */
 const hasKernelSet = (entry: ModelEntry, exe: Executor | WasmExecutor): boolean =>
-  !entry.kernel_sets?.length || entry.kernel_sets.includes(exe instanceof WasmExecutor ? exe.library : "webgpu");
+  !entry.kernel_sets?.length ||
+  (exe instanceof WasmExecutor ? exe.libraries : ["webgpu"]).some((k) => entry.kernel_sets!.includes(k));
 
 /** The entry of `models` to load on `exe`: one it has the features for, preferring one with
  * its kernel set, then its float width. */
@@ -243,8 +244,8 @@ async function resolveEntry(base: string, msg: Extract<ToWorker, { kind: "load" 
 /** The executor `backend` asks for. "auto": WebGPU on a hardware adapter, else the WebAssembly
  * kernels (no WebGPU, no adapter, or a software one such as SwiftShader: the CPU runs wick's
  * CPU kernels far faster than a GPU emulated on it). */
-async function openExecutor(backend: Backend): Promise<Executor | WasmExecutor> {
-  if (backend === "wasm") return WasmExecutor.create();
+async function openExecutor(backend: Backend, relaxedSimd: boolean): Promise<Executor | WasmExecutor> {
+  if (backend === "wasm") return WasmExecutor.create(undefined, relaxedSimd);
   try {
     const gpu = await Executor.create();
     if (backend === "webgpu" || !gpu.fallback) return gpu;
@@ -252,7 +253,7 @@ async function openExecutor(backend: Backend): Promise<Executor | WasmExecutor> 
   } catch (e) {
     if (backend === "webgpu") throw e;
   }
-  return WasmExecutor.create();
+  return WasmExecutor.create(undefined, relaxedSimd);
 }
 
 /** The executor and the artifact for `msg`: on "auto", a variant the GPU lacks a feature for
@@ -261,6 +262,7 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
                               auth: Record<string, string>, progress: (p: Progress) => void):
     Promise<[Executor | WasmExecutor, ModelEntry]> {
   const backend = msg.backend ?? "auto";
+  const relaxedSimd = msg.relaxedSimd !== false;
   let exe = executor;
   // a WebAssembly executor holds one model's kernels and buffers: a new load gets a new one;
   // so does a load asking for the other backend
@@ -268,7 +270,7 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
     dropExecutors();
     exe = null;
   }
-  exe ??= await openExecutor(backend);
+  exe ??= await openExecutor(backend, relaxedSimd);
   const wasm = exe instanceof WasmExecutor;
   let entry: ModelEntry;
   try {
@@ -277,14 +279,15 @@ async function openAndResolve(base: string, msg: Extract<ToWorker, { kind: "load
     if (backend !== "auto" || wasm || !(e instanceof Failure) || e.p.error.code !== "missing_device_feature") throw e;
     exe.destroy();
     executor = null;
-    const cpu = await WasmExecutor.create();
+    const cpu = await WasmExecutor.create(undefined, relaxedSimd);
     return [cpu, await resolveEntry(base, msg, cpu, auth, progress)];
   }
   if (backend !== "auto" || hasKernelSet(entry, exe)) return [exe, entry];
   // compiled without this executor's kernel set (`wick compile --kernel-sets`): the other
   // backend, where the artifact has its set (WebGPU on any adapter, a software one included);
   // else the engine refuses it with the option to compile it with
-  const other = await (wasm ? Executor.create() : WasmExecutor.create()).catch(() => null);
+  const other = await (wasm ? Executor.create() : WasmExecutor.create(undefined, relaxedSimd))
+    .catch(() => null);
   if (other) {
     const again = await resolveEntry(base, msg, other, auth, progress).catch(() => null);
     if (again && hasKernelSet(again, other)) {
@@ -321,6 +324,7 @@ async function fetchArtifact(base: string, entry: ModelEntry, exe: Executor | Wa
   // WebAssembly module); an artifact without it, or of another format, is refused by the
   // engine with a "recompile" message
   const wasm = exe instanceof WasmExecutor;
+  if (wasm) exe.fitLibrary(Object.keys(manifest.kernel_sets ?? {}));
   const set = manifest.kernel_sets?.[wasm ? exe.library : "webgpu"];
   const kernelFiles: Any[] = set ? kernelSetFiles(set) : [];
   const library = wasm && set ? set : null;
@@ -375,7 +379,7 @@ async function fetchDraft(base: string, msg: Extract<ToWorker, { kind: "load" }>
   const wasm = exe instanceof WasmExecutor;
   // (one thread: its steps alternate with the model's, whose helper threads spin between
   // jobs; a second pool of helpers would fight them for the same cores)
-  const draftExe = wasm ? await WasmExecutor.create(1) : exe;
+  const draftExe = wasm ? await WasmExecutor.create(1, msg.relaxedSimd !== false) : exe;
   try {
     let draftEntry: ModelEntry;
     try {

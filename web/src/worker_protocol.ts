@@ -81,7 +81,7 @@ export type ToWorker =
       protocol: string; version: string; // the client's build (PROTOCOL, VERSION)
       kvCacheBytes?: number; prefixCache?: boolean; cache?: boolean; stallTimeoutMs?: number; apiKey?: string;
       speculative?: { method: string; numTokens?: number; model?: string; quantization?: string };
-      backend?: Backend;
+      backend?: Backend; relaxedSimd?: boolean;
       clientLock?: string } // a Web Lock the client holds while it lives (SharedWorker clients)
   | { kind: "create"; id: number; api: Api; body: string }
   | { kind: "abort"; id: number } // the AbortSignal of request `id` fired
