@@ -1,9 +1,12 @@
 """The CPU q4 matmul kernel (compiler/cpu_gemv.py) in isolation: a step of many rows with each
 task's chunk of weights dequantized once (``dequantized_chunks=True``) against dequantizing per
 tile of rows (``False``), on this machine's vector ISA, and whether their outputs are the same
-bits.
+bits. ``--wasm``: instead, the kernel in WebAssembly under node (V8, Chromium's engine), one
+thread, the relaxed-SIMD module (fused multiply-adds) against the plain one, and how far apart
+their outputs are.
 
     python bench/cpu_gemv.py [--rows 1 8 16 32 128] [--shapes 3072x576 960x576 576x1536 896x4864]
+                             [--wasm]
 
 Threads: TVM_NUM_THREADS (default: every core). Shapes are N x K (outputs x inputs): SmolLM2's
 gate/up, qkv and down projections, and Qwen2.5-0.5B's down projection (a K whose chunk of floats
@@ -23,7 +26,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 128])
     parser.add_argument("--shapes", nargs="+", default=["3072x576", "960x576", "576x1536",
                                                          "896x4864"])
+    parser.add_argument("--wasm", action="store_true",
+                        help="relaxed against plain WebAssembly SIMD, under node")
     args = parser.parse_args()
+    if args.wasm:
+        return wasm_main(args)
 
     import tvm
 
@@ -62,6 +69,63 @@ def main() -> None:
                     else ", both per tile below CHUNK_TILES")
             print(f"{N}x{K}, {rows:4d} rows: per tile {us[False]:8.0f}  chunked "
                   f"{us[True]:8.0f}  ({us[False] / us[True]:.2f}x, {same}{path})", flush=True)
+
+
+def wasm_main(args) -> None:
+    """The one-thread modules of both kinds under node (tests/compiler/wasm_call.mjs calls a
+    kernel ``repeat`` times and says the mean), rounds alternating between them; the best
+    round of each."""
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from wick.compiler.cpu_gemv import q4_matmul_prim_func
+    from wick.compiler.quantization import get_quantization, quantize
+    from wick.compiler.targets.wasm import build_wasm_libraries
+
+    call = Path(__file__).resolve().parents[1] / "tests" / "compiler" / "wasm_call.mjs"
+    node = ["node"]
+    probe = subprocess.run(["node", "--experimental-wasm-relaxed-simd", "-e", ""],
+                           capture_output=True)
+    if probe.returncode == 0:  # (node 20: relaxed SIMD behind this flag; later: on by default)
+        node.append("--experimental-wasm-relaxed-simd")
+    print("q4f32_1 matmul in wasm32 under node, one thread: microseconds per call")
+    tmp = Path(tempfile.mkdtemp())
+    for shape in args.shapes:
+        N, K = (int(d) for d in shape.split("x"))
+        rng = np.random.default_rng(0)
+        packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32),
+                                          get_quantization("q4f32_1"))
+        func = q4_matmul_prim_func(N, K, (), isa="wasm")
+        modules = {}
+        for relaxed in (False, True):
+            data, _ = build_wasm_libraries({"f": func}, relaxed=relaxed)[
+                "wasm_relaxed" if relaxed else "wasm"]
+            modules[relaxed] = tmp / f"{relaxed}.wasm"
+            modules[relaxed].write_bytes(data)
+        for rows in args.rows:
+            x = rng.standard_normal((rows, K)).astype(np.float32)
+            arrays = [x, packed, scale, minimum, np.zeros((rows, N), np.float32)]
+            words = {"float32": 2 | 32 << 8 | 1 << 16, "uint32": 1 | 32 << 8 | 1 << 16}
+            us, out = {False: float("inf"), True: float("inf")}, {}
+            for _ in range(5):
+                for relaxed, module in modules.items():
+                    specs = []
+                    for k, a in enumerate(arrays):
+                        (tmp / f"a{k}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
+                        specs.append({"file": str(tmp / f"a{k}.bin"), "shape": list(a.shape),
+                                      "dtype_word": words[str(a.dtype)]})
+                    (tmp / "spec.json").write_text(json.dumps(
+                        {"function": "f", "repeat": max(3, 3000 // rows), "args": specs}))
+                    done = subprocess.run([*node, str(call), str(module), str(tmp / "spec.json")],
+                                          capture_output=True, text=True, check=True)
+                    us[relaxed] = min(us[relaxed], json.loads(done.stdout)["ms"] * 1e3)
+                    out[relaxed] = np.frombuffer((tmp / "a4.bin").read_bytes(), np.float32)
+            apart = np.abs(out[True] - out[False]).max() / np.abs(out[False]).max()
+            print(f"{N}x{K}, {rows:4d} rows: plain {us[False]:8.0f}  relaxed {us[True]:8.0f}  "
+                  f"(relaxed {us[False] / us[True]:.2f}x as fast; outputs within "
+                  f"{apart:.1e} of the largest)", flush=True)
 
 
 if __name__ == "__main__":
