@@ -63,7 +63,8 @@ CHUNK_BYTES = 96 * 1024
 # lanes converted at a time, no fused multiply-add): batch-8 decode's matmuls (two tiles) took
 # 0.87-0.89x the time chunked, in Chromium on a Zen 3 VM (bench/cpu.py --browser's kernel
 # tables, one run each way; kernels that did not change drifted up to 9% between them). On
-# AVX2, two tiles measured no faster in runs by hand (not committed); three and more did.
+# AVX2, two tiles measured no faster in runs by hand (not committed); three and more did. (Both
+# measured on the plain SIMD kernels, before the relaxed-SIMD ones, which fuse each multiply-add.)
 CHUNK_TILES = {"avx512": 3, "avx2": 3, "wasm": 2}
 
 

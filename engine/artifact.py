@@ -112,7 +112,8 @@ class Artifact:
                 raise ArtifactError(
                     f"artifact {name} has no {what} kernels: it was compiled with "
                     f"--kernel-sets {','.join(chosen)}; compile it again without --kernel-sets "
-                    f"(or with {kind.split('_')[0]} among them)", code="kernel_set_missing")
+                    f"(or with {'wasm_relaxed' if kind.endswith('_relaxed') else kind.split('_')[0]}"
+                    " among them)", code="kernel_set_missing")
             raise ArtifactError(f"artifact {name} has no {what} kernels "
                                 "(compiled by an older wick, or without them): recompile it with "
                                 "`wick compile --force`", code="artifact_stale")

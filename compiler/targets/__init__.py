@@ -28,9 +28,10 @@ from .built import BuiltSet
 
 
 # What a compile may be asked to build (``wick compile --kernel-sets``; every one by default):
-# each names one build of ``builders()`` ("wasm" builds every WebAssembly module).
-KERNEL_SETS = ("webgpu", "cpu", "wasm", "cuda")
-BROWSER_KERNEL_SETS = ("webgpu", "wasm")  # what a browser engine runs
+# each names one build of ``builders()`` ("wasm": the plain SIMD modules, one thread and
+# threaded; "wasm_relaxed": the same two with relaxed SIMD, which browsers run where they can).
+KERNEL_SETS = ("webgpu", "cpu", "wasm", "wasm_relaxed", "cuda")
+BROWSER_KERNEL_SETS = ("webgpu", "wasm", "wasm_relaxed")  # what a browser engine runs
 
 
 def chosen_kernel_sets(names) -> tuple[str, ...] | None:
@@ -75,7 +76,9 @@ def builders(chosen: tuple[str, ...] | None = None) -> list[tuple[str, str, Call
     from . import cpu, cuda, wasm, webgpu
 
     every = [("webgpu", webgpu.KIND, webgpu.build, False), ("cpu", cpu.KIND, cpu.build, True),
-             ("wasm", cpu.KIND, wasm.build, True), ("cuda", cuda.KIND, cuda.build, False)]
+             ("wasm", cpu.KIND, wasm.build, True),
+             ("wasm_relaxed", cpu.KIND, wasm.build_relaxed, True),
+             ("cuda", cuda.KIND, cuda.build, False)]
     return [job for job in every if chosen is None or job[0] in chosen]
 
 

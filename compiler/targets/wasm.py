@@ -15,8 +15,10 @@ may share memory). The same two are built again from an object compiled with rel
 multiply and its add into ``f32x4.relaxed_madd``, which a CPU with FMA runs as one instruction
 (WebAssembly's own SIMD has no fused multiply-add). The executor runs them where the browser
 validates relaxed SIMD (Chrome 114+), else the plain ones. A relaxed multiply-add may be fused
-or not, as the browser's CPU has it; on one machine it is always the same, so a row's result is
-still the same whatever rows share its step. Each holds, besides the kernels:
+or not, as the browser's CPU has it, the same way for every call on one machine; which
+operations fuse depends on a kernel's code, not on its step's rows, so the q4 matmul gives a row
+the same bits alone or beside others (tests/compiler/test_wasm_kernels.py). Each holds, besides
+the kernels:
 
 * the runtime hooks TVM's code calls (compiler/kernel_runtime.c: scratch memory, parallel
   loops, error messages) and the executor's allocator (``wick_alloc`` / ``wick_free``);
@@ -33,7 +35,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import tvm
@@ -128,15 +129,14 @@ def build_facts() -> dict:
     return {"triple": TRIPLE, "features": list(FEATURES), "relaxed": RELAXED, "ziglang": zig}
 
 
-def build(lowered: CpuSet) -> dict[str, BuiltSet]:
-    """The four modules of the CPU's lowered set (the relaxed object compiled on a thread of
-    its own: TVM's build and the linker release the GIL)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="wick-wasm-relaxed") as pool:
-        relaxed = pool.submit(build_wasm_libraries, lowered.functions, True)
-        built = build_wasm_libraries(lowered.functions)
-        built.update(relaxed.result())
+def build(lowered: CpuSet, relaxed: bool = False) -> dict[str, BuiltSet]:
+    """The plain (or ``relaxed``) pair of modules of the CPU's lowered set."""
     out: dict[str, BuiltSet] = {}
-    for kind in MODULES:  # (in the table's order)
-        data, entry = built[kind]
+    for kind, (data, entry) in build_wasm_libraries(lowered.functions, relaxed).items():
         out.update(library(kind, "library", MODULES[kind][2], data, entry))
     return out
+
+
+def build_relaxed(lowered: CpuSet) -> dict[str, BuiltSet]:
+    """The relaxed-SIMD pair (``wick compile --kernel-sets``' ``wasm_relaxed``)."""
+    return build(lowered, relaxed=True)

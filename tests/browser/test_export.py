@@ -77,9 +77,11 @@ def test_the_export_is_a_static_site_with_relative_references(exported, tiny_q4_
     assert entry["id"] == tiny_q4_artifact.name and entry["quantization"] == "q4f32_1"
     art = site / "artifacts" / entry["id"]
     manifest = json.loads((art / "wick-artifact.json").read_text())
+    from wick.engine.artifact import WASM_KINDS
+
     # what a browser reads, byte for byte, and nothing only native engines read
     sets = manifest["kernel_sets"]
-    for f in [manifest["tokenizer"]["file"], sets["wasm"]["file"], sets["wasm_threads"]["file"]]:
+    for f in [manifest["tokenizer"]["file"], *(sets[k]["file"] for k in WASM_KINDS)]:
         assert (art / f).read_bytes() == (tiny_q4_artifact / f).read_bytes()
     assert all((art / s["file"]).is_file() for s in manifest["shards"])
     assert all((art / k["file"]).is_file() for k in sets["webgpu"]["kernels"])

@@ -88,11 +88,14 @@ def test_a_kernel_set_choice_lowers_and_builds_only_what_it_names():
 
     assert chosen_kernel_sets("wasm, webgpu") == ("webgpu", "wasm")
     assert chosen_kernel_sets(n for n in ["cuda", "cpu"]) == ("cpu", "cuda")
-    assert chosen_kernel_sets(["cuda", "wasm", "cpu", "webgpu"]) is None
+    assert chosen_kernel_sets(["cuda", "wasm", "cpu", "webgpu", "wasm_relaxed"]) is None
+    assert chosen_kernel_sets(["cuda", "wasm", "cpu", "webgpu"]) == ("webgpu", "cpu", "wasm",
+                                                                   "cuda")
     assert list(targets(("webgpu", "wasm"))) == ["webgpu", "cpu"]
     assert list(targets(("cuda",))) == ["cuda"]
     assert [name for name, *_ in builders(("wasm", "webgpu"))] == ["webgpu", "wasm"]
-    assert [name for name, *_ in builders()] == ["webgpu", "cpu", "wasm", "cuda"]
+    assert [name for name, *_ in builders()] == ["webgpu", "cpu", "wasm", "wasm_relaxed", "cuda"]
     for bad, said in (("cpu,metal", "unknown kernel set metal"), ("", "no kernel set given")):
-        with pytest.raises(ValueError, match=said + ": choose from webgpu, cpu, wasm, cuda"):
+        with pytest.raises(ValueError,
+                           match=said + ": choose from webgpu, cpu, wasm, wasm_relaxed, cuda"):
             chosen_kernel_sets(bad)

@@ -117,9 +117,10 @@ def test_relaxed_simd_fuses_the_q4_matmuls_multiply_adds(q4_module, q4_relaxed, 
     """The relaxed module multiplies and adds in one instruction where the plain one takes two
     (the accumulation in vectors of the machine's 4 lanes, which LLVM fuses; 16-lane vectors it
     split were not), and only a browser with relaxed SIMD validates it. Its matmuls agree
-    with numpy, and a row's result is the same bits alone or in a step of five."""
+    with numpy, and a row's result is the same bits alone, in a step of five and in one of nine
+    (the chunked form)."""
     (plain, _), (relaxed, entry) = q4_module, q4_relaxed
-    assert "+relaxed-simd" in entry["features"]
+    assert "+relaxed-simd" in entry["features"] and MADD in RELAXED_PROBE
     plain_bytes, relaxed_bytes = plain.read_bytes(), relaxed.read_bytes()
     muls = plain_bytes.count(MUL)
     assert muls > 100 and relaxed_bytes.count(MADD) >= 0.9 * muls
@@ -127,25 +128,30 @@ def test_relaxed_simd_fuses_the_q4_matmuls_multiply_adds(q4_module, q4_relaxed, 
     node = node_with_relaxed_simd()
     check = "process.exit(WebAssembly.validate(require('fs').readFileSync(process.argv[1])) ? 0 : 3)"
     assert subprocess.run([*node, "-e", check, str(relaxed)]).returncode == 0
-    if node != ["node"]:  # a node without relaxed SIMD by default: only the plain one validates
+    if node != ["node"]:  # a node without relaxed SIMD by default: only the plain one validates,
+        # and the executor's probe tells it so
         assert subprocess.run(["node", "-e", check, str(relaxed)]).returncode == 3
+        probe = tmp_path / "probe.wasm"
+        probe.write_bytes(RELAXED_PROBE)
+        assert subprocess.run(["node", "-e", check, str(probe)]).returncode == 3
     assert subprocess.run(["node", "-e", check, str(plain)]).returncode == 0
     N, K = 200, 320
     rng = np.random.default_rng(11)
     packed, scale, minimum = quantize(rng.standard_normal((N, K)).astype(np.float32),
                                       get_quantization("q4f32_1"))
     weight = dequantize(packed, scale, minimum).astype(np.float64)
-    x = rng.standard_normal((5, K)).astype(np.float32)
-    res = rng.standard_normal((5, N)).astype(np.float32)
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    res = rng.standard_normal((9, N)).astype(np.float32)
     rows = {}
-    for b in (1, 5):
+    for b in (1, 5, 9):  # (9: past CHUNK_TILES' widest tiles, the chunk dequantized once)
         answer, out = call(relaxed, "mm_add", [x[:b], packed, scale, minimum, res[:b],
                                                np.zeros((b, N), np.float32)], tmp_path, node)
         assert answer["rc"] == 0, answer
         want = x[:b].astype(np.float64) @ weight.T + res[:b]
         np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
         rows[b] = out[-1]
-    assert np.array_equal(rows[1][0], rows[5][0])
+    assert np.array_equal(rows[1][0], rows[5][0]) and np.array_equal(rows[1][0], rows[9][0])
+    assert np.array_equal(rows[5], rows[9][:5])
 
 
 def test_the_q4_matmul_is_wicks_kernel_converting_four_lanes_at_a_time():

@@ -119,7 +119,8 @@ def test_compile_builds_only_the_kernel_sets_asked_for(tiny_llama_dir, wick_env,
     bad = wick(wick_env, "compile", str(tiny_llama_dir), "--kernel-sets", "cpu,metal")
     assert bad.returncode != 0 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [
-        "error: unknown kernel set metal: choose from webgpu, cpu, wasm, cuda (comma-separated)"]
+        "error: unknown kernel set metal: choose from webgpu, cpu, wasm, wasm_relaxed, cuda "
+        "(comma-separated)"]
     small = ("-q", "q0f32", "--prefill-chunk-size", "64", "--max-batch-size", "4")
     arts = {}
     for sets in ("webgpu", "cuda"):

@@ -175,6 +175,8 @@ export class Hub {
           if (this.current.base === base && answersTo(msg.model, { ...info, id: info.artifactId }) &&
               (!msg.quantization || msg.quantization === info.quantization) &&
               (!msg.backend || msg.backend === "auto" || msg.backend === info.backend) &&
+              // (a client asking for the plain kernels, the same bits everywhere, gets them)
+              (msg.relaxedSimd !== false || !info.device.includes("relaxed SIMD")) &&
               JSON.stringify(msg.speculative ?? null) === this.current.speculative) {
             client.attached = true;
             return { ...info, ...newStats(), attached: true }; // (this client loaded nothing)

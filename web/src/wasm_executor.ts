@@ -69,10 +69,9 @@ export type WasmLibrary = "wasm" | "wasm_threads" | "wasm_relaxed" | "wasm_threa
 export class WasmExecutor {
   readonly features = ["shader-f16"]; // f16 variants run (each operation rounded through f32)
   readonly threads: number;
-  /** Whether this executor may run relaxed SIMD modules: the browser validates relaxed SIMD
-   * and the engine's options allow it (its modules run where an artifact has them). */
-  readonly relaxedSimd: boolean;
-  private relaxed: boolean; // ... and the artifacts loaded so far have them
+  // relaxed SIMD modules: the browser validates them, the engine's options allow them and the
+  // artifacts loaded so far have them
+  private relaxed: boolean;
   private ex: Exports | null = null;
   private memory: WebAssembly.Memory | null = null;
   private helpers: Worker[] = [];
@@ -87,9 +86,9 @@ export class WasmExecutor {
   encodeMs = 0; // the rest of runCalls (descriptors, writes, reads): the WebGPU executor's name
   get waitMs(): number { return this.callMs; }
 
-  constructor(threads: number, relaxedSimd = false) {
+  constructor(threads: number, relaxedSimd: boolean) {
     this.threads = threads;
-    this.relaxedSimd = this.relaxed = relaxedSimd;
+    this.relaxed = relaxedSimd;
   }
 
   get name(): string {
