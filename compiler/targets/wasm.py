@@ -129,14 +129,18 @@ def build_facts() -> dict:
     return {"triple": TRIPLE, "features": list(FEATURES), "relaxed": RELAXED, "ziglang": zig}
 
 
-def build(lowered: CpuSet, relaxed: bool = False) -> dict[str, BuiltSet]:
-    """The plain (or ``relaxed``) pair of modules of the CPU's lowered set."""
-    out: dict[str, BuiltSet] = {}
-    for kind, (data, entry) in build_wasm_libraries(lowered.functions, relaxed).items():
-        out.update(library(kind, "library", MODULES[kind][2], data, entry))
-    return out
+def build(lowered: CpuSet) -> dict[str, BuiltSet]:
+    """The plain pair of modules of the CPU's lowered set."""
+    return _pair(lowered, relaxed=False)
 
 
 def build_relaxed(lowered: CpuSet) -> dict[str, BuiltSet]:
     """The relaxed-SIMD pair (``wick compile --kernel-sets``' ``wasm_relaxed``)."""
-    return build(lowered, relaxed=True)
+    return _pair(lowered, relaxed=True)
+
+
+def _pair(lowered: CpuSet, relaxed: bool) -> dict[str, BuiltSet]:
+    out: dict[str, BuiltSet] = {}
+    for kind, (data, entry) in build_wasm_libraries(lowered.functions, relaxed).items():
+        out.update(library(kind, "library", MODULES[kind][2], data, entry))
+    return out

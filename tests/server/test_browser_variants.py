@@ -67,7 +67,7 @@ def test_f16_model_gets_its_f32_twin_for_browsers(f16_artifact):
         assert manifest["model"]["context_window"] == 96  # the served model's options
         assert manifest["model"]["max_batch_size"] == 2
         # (compiled with a choice of sets, the served one; its twin gets the browsers')
-        assert manifest["compile_options"]["kernel_sets"] == ["webgpu", "wasm"]
+        assert manifest["compile_options"]["kernel_sets"] == ["webgpu", "wasm", "wasm_relaxed"]
         assert "cpu" not in manifest["kernel_sets"] and "cuda" not in manifest["kernel_sets"]
         for t in app.state.browser_variants.threads:
             t.join(5)
