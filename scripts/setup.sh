@@ -72,9 +72,9 @@ stop_background() {
   done
 }
 trap stop_background EXIT
-# The Ray Serve LLM test (tests/server/test_ray_llm.py) runs Ray's LLM application with wick as
+# The Ray Serve LLM tests (in tests/server/test_replicas.py) run Ray's LLM application with wick as
 # its engine; Ray imports the OpenAI types of vLLM or SGLang. SGLang's, without SGLang's runtime,
-# go into a directory of their own, on that test's PYTHONPATH only (the file says why each).
+# go into a directory of their own, on that application's PYTHONPATH only (the file says why each).
 RAY_LLM_REQS=tests/server/ray_llm_requirements.txt
 # (in the background, beside the browser engine's build: mostly unpacking, ~45 s; its own log)
 if [ "${1:-}" = "--test" ] && ! cmp -s "$RAY_LLM_REQS" .venv/ray-llm/requirements.txt; then

@@ -44,7 +44,7 @@ def wick_process_env(**extra: str) -> dict[str, str]:
 # on one worker (its module fixtures: one browser, one compile, one server); modules that start
 # Ray share a group, so no two Ray clusters run at once. The workers share WICK_HOME: a compile
 # takes the build lock there, so a second worker asking for the same artifact waits and reuses it.
-ONE_WORKER_GROUPS = {"tests/server/test_replicas.py": "ray", "tests/server/test_ray_llm.py": "ray"}
+ONE_WORKER_GROUPS = {"tests/server/test_replicas.py": "ray"}
 # the longest groups start first, about longest first (a CI run's per-module times): the run's
 # last minutes are then short modules on both workers, not one long module on one while the
 # other idles (a 41 s module handed out last left a worker idle for a minute). Gemma's browser

@@ -178,3 +178,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ Ray (the replicas' tests)
+ROOT = Path(__file__).resolve().parents[2]
+RAY_LLM = ROOT / ".venv" / "ray-llm"  # (scripts/setup.sh --test)
+RAY_LLM_SITE = Path(__file__).with_name("ray_llm_site")
+# (~80 tokens of the tiny model's 128: three pages of it cacheable, for prefix-aware routing)
+SYSTEM = "You are a careful assistant for a shipping company: answer in one line, name the port."
+
+
+def ray_llm_env() -> dict[str, str]:
+    """This process's environment with Ray Serve LLM's OpenAI types on the path."""
+    import os
+
+    from tests.conftest import tool_missing
+
+    if not (RAY_LLM / "sglang").is_dir():
+        tool_missing("Ray Serve LLM's OpenAI types are not installed (.venv/ray-llm)")
+    # (ray_llm_site first: its sitecustomize keeps SGLang's package start-up out of each process)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(RAY_LLM_SITE), str(RAY_LLM), *filter(None, [os.environ.get("PYTHONPATH")])])}

@@ -1,17 +1,31 @@
-"""``wick serve --replicas``: the tiny model on two Ray Serve replicas behind one server (joining
-one Ray cluster for the module, started with ``ray start --head``): greedy parity with one
-engine, concurrent streams on both replicas, prefix-aware routing (a shared prompt goes where its
-pages are cached, a burst of one included), a disconnect aborting the request in its replica, a
-killed replica replaced by Ray Serve while the other answers, /health and /metrics per replica,
-the API key, and no Ray left behind."""
+"""Ray Serve, on one Ray cluster for the module (started as a user starts one: ``ray start
+--head``, then ``serve start`` for Serve's HTTP proxy):
+
+- ``wick serve --replicas``: the tiny model on two Ray Serve replicas behind one server joining
+  the cluster: greedy parity with one engine, concurrent streams on both replicas, prefix-aware
+  routing (a shared prompt goes where its pages are cached, a burst of one included), a
+  disconnect aborting the request in its replica, a killed replica replaced by Ray Serve while
+  the other answers, /health and /metrics per replica, the API key;
+- ``wick.ray``: a Ray Serve LLM application (Ray's OpenAI ingress over its ``LLMServer``
+  deployments, tests/server/ray_llm_app.py, with Ray Serve LLM's OpenAI types from
+  .venv/ray-llm, which ``scripts/setup.sh --test`` installs) with wick as its engine, beside
+  them on the same cluster and reached through Serve's proxy with the official ``openai``
+  client: greedy chat and text completions (streamed and not), embeddings, usage, the prefix
+  cache and its reset, wick's errors with their status, tokenization, and its application gone
+  after SIGTERM with the cluster kept;
+- and ``wick serve --replicas`` on a cluster of its own, leaving no Ray behind on SIGTERM.
+
+The parts that need no cluster: test_replica_parts.py."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -19,26 +33,26 @@ import pytest
 
 pytest.importorskip("ray")
 
-from openai import OpenAI  # noqa: E402
+from openai import BadRequestError, OpenAI  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from wick.server.replicas import Replicas  # noqa: E402
 from wick.server.serve import serving_app  # noqa: E402
 
-from .conftest import LiveServer, free_port, still_running  # noqa: E402
+from .conftest import SYSTEM, LiveServer, free_port, ray_llm_env, still_running  # noqa: E402
 
 KEY = "sk-replicas"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-# (the tiny model's window is 128 tokens: a system prompt of ~80, three pages of it cacheable)
-SYSTEM = "You are a careful assistant for a shipping company: answer in one line, name the port."
 
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A Ray cluster started as a user starts one (`ray start --head`), with Ray's token
-    authentication on, for the module's server to join (`--ray-address`); the SIGTERM test
-    covers the cluster `wick serve` starts itself. Stopped by its own process (`--block`), not
-    by `ray stop`, which kills every Ray process on the machine."""
+    """A Ray cluster started as a user starts one (`ray start --head`, then `serve start` for
+    Serve's HTTP proxy, which the Ray Serve LLM application answers on), with Ray's token
+    authentication on, for the module's server to join (`--ray-address`) and the Ray Serve LLM
+    application to run on; the SIGTERM test covers the cluster `wick serve` starts itself.
+    Stopped by its own process (`--block`), not by `ray stop`, which kills every Ray process on
+    the machine."""
     from ray._private.authentication.authentication_token_setup import (
         _get_default_token_path, generate_and_save_token)
     from ray._common.utils import reset_ray_address
@@ -50,7 +64,8 @@ def ray_head():
     port = free_port()
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", "--block"],
+         # (wick's replicas take no CPU; the Ray LLM app's ingress and servers 1 each)
+         "--num-cpus=4", "--include-dashboard=false", "--disable-usage-stats", "--block"],
         # (no drain at SIGTERM: with Serve's controller left on it, the node waited out
         # Ray's 30 s drain for rolling upgrades before it stopped)
         env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"},
@@ -61,7 +76,13 @@ def ray_head():
         while not (read_ray_address() or "").endswith(f":{port}"):  # (written once it runs)
             assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
             time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
+        address, http_port = f"127.0.0.1:{port}", free_port()
+        subprocess.run(
+            [sys.executable, "-m", "ray.serve.scripts", "start", f"--address={address}",
+             "--http-host=127.0.0.1", f"--http-port={http_port}", "--proxy-location=HeadOnly"],
+            env={**os.environ, "RAY_AUTH_MODE": "token"}, check=True, timeout=120,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        yield SimpleNamespace(address=address, http=f"http://127.0.0.1:{http_port}")
     finally:
         head.terminate()
         head.wait(timeout=60)
@@ -82,7 +103,7 @@ def replicated(tiny_a, ray_head):
 
     try:
         app = serving_app([str(tiny_a)], api_key=KEY, browser_variants=False,
-                          replicas=Replicas(fixed=2, address=ray_head))
+                          replicas=Replicas(fixed=2, address=ray_head.address))
         live = LiveServer(app)
         live.wait_ready(timeout=300)
         deadline = time.monotonic() + 60  # (both replicas' first reports)
@@ -411,179 +432,159 @@ def abort_count(live) -> float:
                if s.name.endswith("_total") and s.labels["finished_reason"] == "abort")
 
 
-def test_a_replicas_error_arrives_as_its_own_class():
-    """Errors cross from a replica as data; the server raises them as the class the replica
-    raised (its handlers read the class), with the replica's fields, and any 503 asks the
-    client to retry (Retry-After), a replica's shutdown included."""
-    from wick.engine.errors import (ContextLengthExceededError, EngineAbortedError,
-                                    WickError)
-    from wick.server.model_pool import ServiceUnavailableError
-    from wick.server.ray_serve import _error_data, _raise_if_error
-
-    for err in (EngineAbortedError("the engine stopped"),
-                ServiceUnavailableError("no model is loaded"),
-                ContextLengthExceededError(128, 120, 16, param="prompt")):
-        with pytest.raises(WickError) as got:
-            _raise_if_error(_error_data(err))
-        assert type(got.value) is type(err)
-        assert got.value.to_dict() == err.to_dict() and got.value.status == err.status
-    _raise_if_error({"choices": []})  # (data that is not an error passes)
+# ------------------------------------------------ wick.ray: a Ray Serve LLM app on the cluster
+LLM_APP = "ray-llm"
+MESSAGES = [{"role": "user", "content": "count with me"}]
 
 
-def test_every_503_asks_to_retry(tiny_a):
-    """Retry-After goes with the status, not the class: an engine's shutdown (503) asks for it
-    as a model still loading does."""
-    from wick.engine.errors import EngineAbortedError
-    from wick.server.app import ModelPool, create_app
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory, compiled):
+    """The embeddings API test's tiny BERT (the same compile)."""
+    from tests.e2e.test_embeddings import _tiny_bert
 
-    from .conftest import engine_loader
+    src = _tiny_bert(tmp_path_factory.mktemp("bert") / "tiny-bert", "mean", True)
+    return compiled(src, "q0f32", prefill_chunk_size=64, max_batch_size=4)
 
-    app = create_app(ModelPool([engine_loader(tiny_a)]))
 
-    @app.get("/__test_503__")
-    async def shutting_down():
-        raise EngineAbortedError("the engine stopped")
-
-    app.router.routes.insert(0, app.router.routes.pop())  # (before the catch-all routes)
-    live = LiveServer(app)
+@pytest.fixture(scope="module")
+def ray_llm(tiny_a, bert, ray_head):
+    """The application's process, once its routes answer on the cluster's Serve proxy."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("ray_llm_app.py")), ray_head.address,
+         LLM_APP, f"tiny={tiny_a}", f"bert={bert}"],
+        env={**ray_llm_env(), "RAY_AUTH_MODE": "token"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
     try:
-        live.wait_ready()
-        r = httpx.get(f"{live.url}/__test_503__")
-        assert r.status_code == 503 and r.headers["retry-after"] == "5"
-        assert r.json()["error"]["code"] == "engine_aborted"
+        line = proc.stdout.readline()
+        while line and line.strip() != "ready":
+            line = proc.stdout.readline()
+        assert line, "the Ray Serve LLM application did not start"
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{ray_head.http}/v1/models").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        yield SimpleNamespace(url=ray_head.http, proc=proc)
     finally:
-        live.stop()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
 
 
-def test_health_forgets_replicas_that_are_gone():
-    """/health and /metrics read the replicas that report; when none does any more (all gone)
-    the model keeps its info and limits with nothing in flight, not the last counts seen."""
-    from wick.server.ray_serve import RemoteEngine, ReplicaCore, apply_snapshots
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_a):
+    from wick.server.local import Engine
 
-    def snap(running: int, free: int) -> dict:
-        return {"info": {"model": "m"}, "running": running, "waiting": 0, "unfinished": running,
-                "num_pages": 8, "free_pages": free, "cached_pages": 0, "speculation": {},
-                "metrics": {}, "max_batch_size": 4, "max_total_tokens": 128}
-
-    engine = RemoteEngine(None, "m", {"": ReplicaCore(snap(0, 8))})
-    engines = {"m": engine}
-    apply_snapshots(engines, {"r1": {"m": snap(2, 5)}, "r2": {"m": snap(1, 6)}})
-    assert sorted(engine.replicas) == ["r1", "r2"]
-    assert (engine.core.snap["running"], engine.core.snap["num_pages"]) == (3, 16)
-    apply_snapshots(engines, {"r2": {"m": snap(1, 6)}})  # r1 gone
-    assert sorted(engine.replicas) == ["r2"] and engine.core.snap["running"] == 1
-    apply_snapshots(engines, {})  # every replica gone
-    assert engine.replicas == {}
-    idle = engine.core.snap
-    assert (idle["running"], idle["num_pages"], idle["max_total_tokens"]) == (0, 0, 128)
-    assert idle["info"] == {"model": "m"}
+    return Engine(str(tiny_a))
 
 
-def test_a_replica_whose_engine_failed_its_last_step_is_unhealthy():
-    """Ray Serve calls ``check_health`` on each replica: it raises, naming the model and the
-    error, while an engine's runner's last call failed (``core.runner_error``), and returns
-    once none has."""
-    from wick.server.ray_serve import EngineReplica
-
-    good = SimpleNamespace(core=SimpleNamespace(runner_error=None))
-    lost = SimpleNamespace(core=SimpleNamespace(runner_error="DeviceError: the GPU was lost"))
-    replica = SimpleNamespace(pool=SimpleNamespace(engines={"a": good, "b": lost}))
-    with pytest.raises(RuntimeError, match="b: DeviceError: the GPU was lost") as e:
-        EngineReplica.check_health(replica)
-    assert "a:" not in str(e.value)
-    replica.pool.engines["b"] = good
-    assert EngineReplica.check_health(replica) is None
+def llm_client(ray_llm) -> OpenAI:
+    return OpenAI(base_url=f"{ray_llm.url}/v1", api_key="none", max_retries=0)
 
 
-def test_health_shows_a_replicas_failed_runner():
-    """A replica's snapshot carries its core's ``runner_error``: /health's replica entry shows
-    it as ``step_error``, and leaves it out while the runner works."""
-    from wick.server.model_pool import engine_health
-    from wick.server.ray_serve import ReplicaCore
-
-    snap = {"info": SimpleNamespace(sampling_defaults={}), "running": 0, "waiting": 0,
-            "unfinished": 0, "num_pages": 8, "free_pages": 8, "cached_pages": 0,
-            "speculation": {}, "metrics": {}, "max_batch_size": 4, "max_total_tokens": 128}
-    assert "step_error" not in engine_health(ReplicaCore({**snap, "runner_error": None}))
-    lost = engine_health(ReplicaCore({**snap, "runner_error": "DeviceError: the GPU was lost"}))
-    assert lost["step_error"] == "DeviceError: the GPU was lost"
-    # the model's entry (all replicas combined) shows it whichever replica failed
-    both = ReplicaCore.combined([ReplicaCore({**snap, "runner_error": None}),
-                                 ReplicaCore({**snap, "runner_error": "DeviceError: lost"})])
-    assert engine_health(both)["step_error"] == "DeviceError: lost"
+def test_ray_llm_lists_its_model_ids(ray_llm):
+    assert sorted(m.id for m in llm_client(ray_llm).models.list().data) == ["bert", "tiny"]
 
 
-def test_a_flooded_prefix_replica_is_passed_over():
-    """A shared prompt goes to the replica holding it, unless that replica has IMBALANCE more
-    requests in flight than the least loaded one (then every replica is one rank again)."""
-    import asyncio
-    from types import SimpleNamespace
+def test_ray_llm_greedy_chat_equals_wick_engine(ray_llm, tiny_engine):
+    want = tiny_engine.chat.completions.create(messages=MESSAGES, max_tokens=12, temperature=0)
+    c = llm_client(ray_llm)
+    got = c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12,
+                                    temperature=0)
+    assert got.model == "tiny"
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.choices[0].finish_reason == want.choices[0].finish_reason
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (
+        want.usage.prompt_tokens, want.usage.completion_tokens)
 
-    from wick.server.ray_serve import IMBALANCE, PrefixAwareRouter, prompt_digests
-
-    class Router(PrefixAwareRouter):
-        queues: dict = {}
-
-        def __init__(self) -> None:  # (Ray's own state is not needed for the choice)
-            self.initialize_state()
-
-        @property
-        def replica_queue_len_cache(self):
-            return SimpleNamespace(get=self.queues.get)
-
-    body = {"messages": [{"role": "system", "content": SYSTEM * 4},
-                         {"role": "user", "content": "Where does the ship go?"}]}
-    request = SimpleNamespace(args=("m", "chat", body), kwargs={},
-                              metadata=SimpleNamespace(call_method="create"))
-    assert prompt_digests(body)
-    a, b = SimpleNamespace(replica_id="a"), SimpleNamespace(replica_id="b")
-    router = Router()
-    router.on_request_routed(request, "a", None)
-
-    def choose():
-        return asyncio.run(router.choose_replicas([a, b], request))
-
-    assert choose() == [[a], [b]]  # the prefix's replica first
-    router.queues = {"a": IMBALANCE, "b": 0}
-    assert choose() == [[a], [b]]  # busier, within the margin
-    router.queues = {"a": IMBALANCE + 1, "b": 0}
-    assert choose() == [[a, b]]  # flooded: least loaded decides
+    chunks = list(c.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == want.choices[0].message.content
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == want.usage.completion_tokens
+    # the same prompt again: its full pages come from the replica's prefix cache
+    assert usage.prompt_tokens_details.cached_tokens > 0
 
 
-def test_round_robin_takes_the_replicas_in_turn():
-    """bench/scale.py's baseline router: each request to the next replica, whatever its
-    prompt (the others ranked after it, for when it is full)."""
-    import asyncio
-    from types import SimpleNamespace
+def test_ray_llm_reset_prefix_cache_forgets_cached_pages(ray_llm):
+    c = llm_client(ray_llm)
+    messages = [{"role": "user", "content": "a prompt long enough for a full page or two " * 2}]
 
-    from wick.server.ray_serve import ROUTERS, RoundRobinRouter
+    def cached() -> int:
+        return c.chat.completions.create(model="tiny", messages=messages, max_tokens=1,
+                                         temperature=0).usage.prompt_tokens_details.cached_tokens
 
-    class Router(RoundRobinRouter):
-        def __init__(self) -> None:
-            self.initialize_state()
-
-    from wick.server.replicas import ROUTER_NAMES
-
-    assert ROUTERS["round-robin"] is RoundRobinRouter
-    assert sorted(ROUTERS) == sorted(ROUTER_NAMES)  # (the CLI's choices)
-    a, b, c = (SimpleNamespace(replica_id=n) for n in "abc")
-    router = Router()
-    firsts = [asyncio.run(router.choose_replicas([c, a, b]))[0] for _ in range(4)]
-    assert firsts == [[a], [b], [c], [a]]
-    assert asyncio.run(router.choose_replicas([b, a])) == [[a], [b]]  # (turn 4 of 2: a)
+    cached()
+    assert cached() > 0
+    r = httpx.post(f"{ray_llm.url}/reset_prefix_cache", json={"model": "tiny"})
+    assert r.status_code == 200, r.text
+    assert cached() == 0
 
 
-def test_replica_gpus_are_placed_per_node_and_per_gpu():
-    """A replica's GPUs come from one node, and fractions share a GPU floor(1 / g) to one: the
-    cluster's total would let 3 x 0.6 onto 2 GPUs, or 1 x 2 across two 1-GPU nodes, and both
-    would wait forever."""
-    from wick.server.ray_serve import check_gpus
+def test_ray_llm_greedy_completion_equals_wick_engine(ray_llm, tiny_engine):
+    want = tiny_engine.completions.create(prompt="Once upon a time", max_tokens=10, temperature=0)
+    got = llm_client(ray_llm).completions.create(model="tiny", prompt="Once upon a time",
+                                                 max_tokens=10, temperature=0)
+    assert got.choices[0].text == want.choices[0].text
+    assert got.usage.completion_tokens == want.usage.completion_tokens
 
-    check_gpus(Replicas(fixed=4, gpus=0.5), [2.0])
-    check_gpus(Replicas(fixed=2, gpus=2), [4.0, 1.0])
-    check_gpus(Replicas(fixed=8, gpus=0), [])
-    for scaling, nodes in [(Replicas(fixed=3, gpus=0.6), [2.0]),
-                           (Replicas(fixed=1, gpus=2), [1.0, 1.0]),
-                           (Replicas(low=3, high=5, gpus=1), [2.0])]:
-        with pytest.raises(ValueError, match="do not fit"):
-            check_gpus(scaling, nodes)
+
+def test_ray_llm_keeps_wick_errors_status_and_message(ray_llm):
+    c = llm_client(ray_llm)
+    with pytest.raises(BadRequestError) as err:
+        c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+                                  temperature=3)
+    assert err.value.status_code == 400
+    assert "Invalid value for 'temperature'" in err.value.message
+    with pytest.raises(BadRequestError) as err:  # longer than the model's window
+        c.completions.create(model="tiny", prompt="word " * 400, max_tokens=4)
+    assert err.value.status_code == 400
+    assert "context" in err.value.message
+
+
+def test_ray_llm_embeddings_equal_wick_engine(ray_llm, bert):
+    from wick.server.local import Engine
+
+    texts = ["the lighthouse stood on the rocks", "rocks"]
+    want = Engine(str(bert)).embeddings.create(input=texts)
+    got = llm_client(ray_llm).embeddings.create(model="bert", input=texts)
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens
+    for g, w in zip(got.data, want.data, strict=True):
+        assert g.embedding == pytest.approx(w.embedding, abs=1e-6)
+
+
+def test_ray_llm_tokenize_and_detokenize_are_wick_tokenization(ray_llm, tiny_engine):
+    r = httpx.post(f"{ray_llm.url}/tokenize", json={"model": "tiny", "prompt": "hello there"})
+    assert r.status_code == 200, r.text
+    ids = tiny_engine.tokenize({"prompt": "hello there"})["tokens"]
+    assert r.json()["tokens"] == ids
+    r = httpx.post(f"{ray_llm.url}/detokenize", json={"model": "tiny", "tokens": ids})
+    assert r.status_code == 200, r.text
+    # (SGLang's reply type names the text "text"; vLLM's and wick's "prompt")
+    assert list(r.json().values()) == [tiny_engine.detokenize({"tokens": ids})["prompt"]]
+
+
+def test_ray_llm_app_leaves_the_cluster_on_sigterm(ray_llm, replicated):
+    """SIGTERM deletes the application and disconnects: its routes are gone from Serve's proxy,
+    its replicas' processes end, and the cluster and the wick server beside it go on."""
+    import psutil
+    import ray
+    from ray import serve
+
+    assert ray.is_initialized()  # (the wick server's connection to the cluster)
+    assert LLM_APP in serve.status().applications
+    servers = [p for p in psutil.process_iter(["cmdline"])
+               if "ServeReplica:ray-llm:" in " ".join(p.info["cmdline"] or [])]
+    assert len(servers) >= 3  # (the ingress and one server per model)
+    ray_llm.proc.send_signal(signal.SIGTERM)
+    assert ray_llm.proc.wait(timeout=60) == 0
+    assert LLM_APP not in serve.status().applications
+    assert still_running(servers) == []
+    assert httpx.get(f"{ray_llm.url}/v1/models", timeout=5).status_code == 404
+    r = httpx.post(f"{replicated.url}/v1/completions", headers=AUTH, timeout=60,
+                   json={"prompt": "hello", "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

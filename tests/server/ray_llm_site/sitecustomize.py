@@ -1,5 +1,6 @@
-"""Imported at start-up by every Python process of tests/server/test_ray_llm.py's Ray cluster (its
-driver and Ray's worker processes inherit this folder on PYTHONPATH, test_ray_llm.ray_llm_env).
+"""Imported at start-up by every Python process of tests/server/test_replicas.py's Ray Serve LLM
+application (its driver, tests/server/ray_llm_app.py, has this folder on PYTHONPATH from
+tests/server/conftest.py's ray_llm_env, and gives it to the application's Ray workers).
 
 Ray Serve LLM takes its OpenAI request and response types from ``sglang.srt.entrypoints.openai
 .protocol`` (pydantic models over ``openai`` and ``msgspec``), installed for the test without its
