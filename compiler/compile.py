@@ -248,8 +248,9 @@ def _embedding_section(module, cfg, hf: dict, tokenizer_json: str,
             "prefix_ids": prefix, "suffix_ids": suffix}
 
 
-def _reusable(out: Path, key: str) -> bool:
-    """Whether ``out`` holds an intact artifact for ``key`` (see ``artifact_problems``)."""
+def _reusable(out: Path, key: str, quiet: bool = False) -> bool:
+    """Whether ``out`` holds an intact artifact for ``key`` (see ``artifact_problems``); why
+    not, as a warning unless ``quiet`` (a first look, checked again under the build lock)."""
     try:
         manifest = json.loads((out / MANIFEST_NAME).read_text())
         if manifest.get("cache_key") != key:
@@ -261,14 +262,16 @@ def _reusable(out: Path, key: str) -> bool:
     # features the CPU kernels were built for is rebuilt here, not refused at load.
     misfit = cpu_kernels_misfit(cpu_set) if isinstance(cpu_set, dict) else None
     if misfit:
-        log.warning("the cached artifact %s cannot run here (%s): rebuilding it", out.name,
-                    misfit.split(":")[0])
+        if not quiet:
+            log.warning("the cached artifact %s cannot run here (%s): rebuilding it",
+                        out.name, misfit.split(":")[0])
         return False
     problems = artifact_problems(out)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        log.warning("the cached artifact %s is damaged (%s%s): rebuilding it", out.name,
-                    problems[0], more)
+        if not quiet:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            log.warning("the cached artifact %s is damaged (%s%s): rebuilding it", out.name,
+                        problems[0], more)
         return False
     (out / VERIFY_MARKER).unlink(missing_ok=True)  # every hash checked out
     return True
@@ -545,7 +548,7 @@ def compile_model(
     # where to find the source again (a sibling variant is built from it): a path, absolute
     origin = (fetched.origin if fetched is not None else model if model in builtin_models()
               else str(Path(model).expanduser().resolve()))
-    if not force and _reusable(out, key):
+    if not force and _reusable(out, key, quiet=True):
         _note_source(out, origin)
         report("cached", 1, 1)
         return out
