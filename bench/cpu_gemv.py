@@ -72,11 +72,10 @@ def main() -> None:
 
 
 def wasm_main(args) -> None:
-    """The one-thread modules of both kinds under node (tests/compiler/wasm_call.mjs calls a
+    """The one-thread modules of both kinds under node (tests/compiler/wasm_call.py calls a
     kernel ``repeat`` times and says the mean), rounds alternating between them; the best
     round of each."""
-    import json
-    import subprocess
+    import sys
     import tempfile
     from pathlib import Path
 
@@ -84,12 +83,13 @@ def wasm_main(args) -> None:
     from wick.compiler.quantization import get_quantization, quantize
     from wick.compiler.targets.wasm import build_wasm_libraries
 
-    call = Path(__file__).resolve().parents[1] / "tests" / "compiler" / "wasm_call.mjs"
-    node = ["node"]
-    probe = subprocess.run(["node", "--experimental-wasm-relaxed-simd", "-e", ""],
-                           capture_output=True)
-    if probe.returncode == 0:  # (node 20: relaxed SIMD behind this flag; later: on by default)
-        node.append("--experimental-wasm-relaxed-simd")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.compiler.wasm_call import call, node_with_relaxed_simd
+
+    node = node_with_relaxed_simd()
+    if node is None:
+        sys.exit("error: this node cannot run relaxed SIMD (node 20 or later with "
+                 "--experimental-wasm-relaxed-simd, or node 22+)")
     print("q4f32_1 matmul in wasm32 under node, one thread: microseconds per call")
     tmp = Path(tempfile.mkdtemp())
     for shape in args.shapes:
@@ -107,21 +107,13 @@ def wasm_main(args) -> None:
         for rows in args.rows:
             x = rng.standard_normal((rows, K)).astype(np.float32)
             arrays = [x, packed, scale, minimum, np.zeros((rows, N), np.float32)]
-            words = {"float32": 2 | 32 << 8 | 1 << 16, "uint32": 1 | 32 << 8 | 1 << 16}
             us, out = {False: float("inf"), True: float("inf")}, {}
             for _ in range(5):
                 for relaxed, module in modules.items():
-                    specs = []
-                    for k, a in enumerate(arrays):
-                        (tmp / f"a{k}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
-                        specs.append({"file": str(tmp / f"a{k}.bin"), "shape": list(a.shape),
-                                      "dtype_word": words[str(a.dtype)]})
-                    (tmp / "spec.json").write_text(json.dumps(
-                        {"function": "f", "repeat": max(3, 3000 // rows), "args": specs}))
-                    done = subprocess.run([*node, str(call), str(module), str(tmp / "spec.json")],
-                                          capture_output=True, text=True, check=True)
-                    us[relaxed] = min(us[relaxed], json.loads(done.stdout)["ms"] * 1e3)
-                    out[relaxed] = np.frombuffer((tmp / "a4.bin").read_bytes(), np.float32)
+                    answer, after = call(module, "f", arrays, tmp, node,
+                                         repeat=max(3, 3000 // rows))
+                    us[relaxed] = min(us[relaxed], answer["ms"] * 1e3)
+                    out[relaxed] = after[-1]
             apart = np.abs(out[True] - out[False]).max() / np.abs(out[False]).max()
             print(f"{N}x{K}, {rows:4d} rows: plain {us[False]:8.0f}  relaxed {us[True]:8.0f}  "
                   f"(relaxed {us[False] / us[True]:.2f}x as fast; outputs within "

@@ -5,11 +5,9 @@ coming back as a message, and a module that imports nothing."""
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,54 +19,17 @@ from wick.compiler.targets.wasm import build_wasm_libraries, wasm_target
 
 from .test_cpu_gemm import te_f32_matmul
 from .test_cpu_gemv import te_matmul
-
-HERE = Path(__file__).resolve().parent
-DTYPE_WORDS = {"float32": 2 | 32 << 8 | 1 << 16, "uint32": 1 | 32 << 8 | 1 << 16}
+from .wasm_call import RELAXED_PROBE, call, node_with_relaxed_simd
 
 pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is missing")
-
-
-@functools.cache
-def node_with_relaxed_simd() -> list[str]:
-    """node, with relaxed SIMD on (a flag before V8 11.4 / node 22, on by default after)."""
-    for cmd in (["node"], ["node", "--experimental-wasm-relaxed-simd"]):
-        done = subprocess.run([*cmd, "-e", "process.exit(WebAssembly.validate(new Uint8Array("
-                               + json.dumps(list(RELAXED_PROBE)) + ")) ? 0 : 3)"])
-        if done.returncode == 0:
-            return cmd
-    pytest.skip("this node cannot run relaxed SIMD")
-
-
-def _executor_probe() -> bytes:
-    """The module the browser's executor validates to tell relaxed SIMD (a function returning
-    f32x4.relaxed_madd of three vectors), read from web/src/wasm_executor.ts."""
-    import re
-
-    source = (HERE.parents[1] / "web" / "src" / "wasm_executor.ts").read_text()
-    body = re.search(r"const RELAXED_SIMD_PROBE = new Uint8Array\(\[(.*?)\]\);", source, re.S)
-    return bytes(int(h, 16) for h in re.findall(r"0x[0-9a-f]{2}", body.group(1)))
-
-
-RELAXED_PROBE = _executor_probe()
 MADD, MUL = b"\xfd\x85\x02", b"\xfd\xe6\x01"  # f32x4.relaxed_madd, f32x4.mul
 
 
-def call(wasm: Path, function: str, args: list[np.ndarray], tmp: Path,
-         node: tuple[str, ...] = ("node",)) -> tuple[dict, list]:
-    """Run ``function`` of the module on ``args`` (outputs included); (its answer, the args
-    after the call)."""
-    spec = {"function": function, "args": []}
-    for k, a in enumerate(args):
-        path = tmp / f"arg{k}.bin"
-        path.write_bytes(np.ascontiguousarray(a).tobytes())
-        spec["args"].append({"file": str(path), "dtype_word": DTYPE_WORDS[str(a.dtype)],
-                             "shape": list(a.shape)})
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    done = subprocess.run([*node, str(HERE / "wasm_call.mjs"), str(wasm), str(tmp / "spec.json")],
-                          capture_output=True, text=True, check=True)
-    out = [np.frombuffer((tmp / f"arg{k}.bin").read_bytes(), dtype=a.dtype).reshape(a.shape)
-           for k, a in enumerate(args)]
-    return json.loads(done.stdout), out
+def relaxed_node() -> tuple[str, ...]:
+    node = node_with_relaxed_simd()
+    if node is None:
+        pytest.skip("this node cannot run relaxed SIMD")
+    return node
 
 
 KERNELS = {"mm": (), "mm_add": ("residual",), "mm_bias_add": ("bias", "residual")}
@@ -125,10 +86,10 @@ def test_relaxed_simd_fuses_the_q4_matmuls_multiply_adds(q4_module, q4_relaxed, 
     muls = plain_bytes.count(MUL)
     assert muls > 100 and relaxed_bytes.count(MADD) >= 0.9 * muls
     assert relaxed_bytes.count(MUL) < 0.1 * muls
-    node = node_with_relaxed_simd()
+    node = relaxed_node()
     check = "process.exit(WebAssembly.validate(require('fs').readFileSync(process.argv[1])) ? 0 : 3)"
     assert subprocess.run([*node, "-e", check, str(relaxed)]).returncode == 0
-    if node != ["node"]:  # a node without relaxed SIMD by default: only the plain one validates,
+    if node != ("node",):  # a node without relaxed SIMD by default: only the plain one validates,
         # and the executor's probe tells it so
         assert subprocess.run(["node", "-e", check, str(relaxed)]).returncode == 3
         probe = tmp_path / "probe.wasm"
