@@ -5,7 +5,7 @@
   the cluster: greedy parity with one engine, concurrent streams on both replicas, prefix-aware
   routing (a shared prompt goes where its pages are cached, a burst of one included), a
   disconnect aborting the request in its replica, a killed replica replaced by Ray Serve while
-  the other answers, /health and /metrics per replica, the API key;
+  the other answers, /health and /metrics per replica (equal under load), the API key;
 - ``wick.ray``: a Ray Serve LLM application (Ray's OpenAI ingress over its ``LLMServer``
   deployments, tests/server/ray_llm_app.py, with Ray Serve LLM's OpenAI types from
   .venv/ray-llm, which ``scripts/setup.sh --test`` installs) with wick as its engine, beside
@@ -238,6 +238,51 @@ def test_concurrent_streams_complete_on_both_replicas(replicated):
         assert usage[replica] == held / state["kv_pages"] == 0
         assert running[replica] + waiting[replica] == state["requests"] == 0
     assert all(state["kv_pages_cached"] > 0 for state in served.values())
+
+
+def test_metrics_say_what_health_says_under_load(replicated):
+    """While 24 long streams run on both replicas, /metrics' per-replica gauges equal /health's
+    counts of the same replicas' snapshots: requests running and waiting, and KV held (pages
+    neither free nor cached) over all pages. (Replicas report every 0.5 s: a /metrics read
+    between two equal /health reads saw the snapshots they saw.)"""
+    model = client(replicated).models.list().data[0].id
+    body = {"model": model, "messages": [{"role": "user", "content": "go on"}],
+            "max_tokens": 100, "ignore_eos": True, "stream": True, "temperature": 0}
+
+    def stream(_: int) -> None:
+        with httpx.stream("POST", f"{replicated.url}/v1/chat/completions", headers=AUTH,
+                          json=body, timeout=120) as r:
+            assert r.status_code == 200
+            for _line in r.iter_lines():
+                pass
+
+    def replicas_state() -> dict:
+        return {r: next(iter(m.values())) for r, m in
+                httpx.get(f"{replicated.url}/health").json()["replicas"].items()}
+
+    checked = []
+    with ThreadPoolExecutor(24) as pool:
+        futures = [pool.submit(stream, i) for i in range(24)]
+        deadline = time.monotonic() + 60
+        while not all(f.done() for f in futures) and time.monotonic() < deadline:
+            before, families, after = replicas_state(), metric_families(replicated), \
+                replicas_state()
+            if before != after or not any(st["requests"] for st in before.values()):
+                continue  # (a report landed between the reads, or nothing is running)
+            gauges = {name: {s.labels["replica"]: s.value for s in families[name].samples}
+                      for name in ("wick:num_requests_running", "wick:num_requests_waiting",
+                                   "wick:kv_cache_usage_perc")}
+            for replica, st in before.items():
+                held = st["kv_pages"] - st["kv_pages_free"] - st["kv_pages_cached"]
+                assert gauges["wick:kv_cache_usage_perc"][replica] == pytest.approx(
+                    held / st["kv_pages"])
+                assert gauges["wick:num_requests_running"][replica] + \
+                    gauges["wick:num_requests_waiting"][replica] == st["requests"]
+            checked.append(sum(st["requests"] for st in before.values()))
+            time.sleep(0.1)
+        for f in futures:
+            f.result(timeout=120)
+    assert checked and max(checked) > 1, checked
 
 
 def test_shared_prefix_stays_on_one_replica(replicated):
