@@ -43,6 +43,7 @@ from ray.serve.request_router import RequestRouter
 
 from ..engine.errors import WickError
 from .model_pool import ModelPool
+from .replica_progress import ProgressLog, ReplicaProgress, relay_progress
 
 log = logging.getLogger("wick")
 
@@ -193,6 +194,7 @@ class ReplicaRegistry:
 
     def __init__(self) -> None:
         self._snapshots: dict[str, tuple[float, dict]] = {}
+        self._progress = ProgressLog()  # (the replicas' long work while they load)
 
     def put(self, replica: str, snapshot: dict) -> None:
         self._snapshots[replica] = (time.time(), snapshot)
@@ -203,6 +205,12 @@ class ReplicaRegistry:
     def snapshots(self) -> dict[str, dict]:
         now = time.time()
         return {r: s for r, (t, s) in self._snapshots.items() if now - t < STALE_S}
+
+    def progress(self, replica: str, model: str, stage: str, done: int, total: int) -> None:
+        self._progress.add(replica, model, stage, done, total)
+
+    def progress_since(self, cursor: int) -> list[tuple]:
+        return self._progress.since(cursor)
 
 
 def _error_data(e: WickError) -> dict:
@@ -272,10 +280,13 @@ class EngineReplica:
         from .model_pool import ModelPool
         from .local import AsyncEngine
 
-        self.pool = ModelPool.of(*[AsyncEngine(m, **engine_options) for m in models])
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self._registry = ray.get_actor(registry, namespace=NAMESPACE)
+        # (a compile or download here is drawn by the server that waits for this replica)
+        self.pool = ModelPool.of(*[
+            AsyncEngine(m, progress=ReplicaProgress(self._registry, self.replica, m),
+                        **engine_options) for m in models])
         self._stop = threading.Event()
         threading.Thread(target=self._report, name="wick-report", daemon=True).start()
 
@@ -650,6 +661,9 @@ class ReplicaPool(ModelPool):
     models: list[str] = field(default_factory=list)
     engine_options: dict = field(default_factory=dict)
     scaling: Any = None  # replicas.Replicas: a count, or autoscaling bounds
+    # the bars that draw a model's load on its replicas: progress_for(model) -> a
+    # ``progress(stage, done, total)`` callback with ``close()`` (None: not drawn)
+    progress_for: Any = None
     handle: Any = None
     _started_ray: bool = False
     _refresher: Any = None
@@ -677,6 +691,15 @@ class ReplicaPool(ModelPool):
 
         def own() -> None:
             try:
+                if self.scaling.address is None:
+                    # The processes of a cluster of our own start with SIGTERM blocked, as Ray
+                    # blocks SIGINT in them (a child keeps its parent thread's signal mask):
+                    # a SIGTERM to the whole process group (systemd stopping the service,
+                    # `timeout`) then stops the server alone, which stops them in order. (It
+                    # reached them too: Serve's stop waited a minute on the GCS, then Ray
+                    # ended the process with an error.) Python runs handlers on the main
+                    # thread, which this mask leaves as it is.
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
                 # ("local": a new cluster of our own, never one that RAY_ADDRESS or another
                 # process left running, whose Serve apps aclose would stop)
                 _join_ray(self.scaling.address)
@@ -721,11 +744,25 @@ class ReplicaPool(ModelPool):
         deployment = serve.deployment(name="engines")(EngineReplica).options(
             ray_actor_options={"num_cpus": 0, "num_gpus": scaling.gpus}, max_ongoing_requests=64,
             **routing, **scaling.deployment_options())
-        handle = serve.run(deployment.bind(self.models, self.engine_options, scaling.registry),
-                           name=scaling.app, route_prefix=None, blocking=False)
-        # the handle's router is made on its first call, with blocking calls to Ray: here, off
-        # the server's event loop; then one replica's account of the models (all serve all)
-        return handle, handle.info.remote().result()
+        # (serve.run returns once the replicas run: their loading is drawn meanwhile)
+        stop = threading.Event()
+        relay = None if self.progress_for is None else threading.Thread(
+            target=relay_progress, args=(self._registry, self.progress_for, stop,
+                                         self._ray_lock), name="wick-progress", daemon=True)
+        if relay is not None:
+            relay.start()
+        try:
+            handle = serve.run(deployment.bind(self.models, self.engine_options,
+                                               scaling.registry),
+                               name=scaling.app, route_prefix=None, blocking=False)
+            # the handle's router is made on its first call, with blocking calls to Ray:
+            # here, off the server's event loop; then one replica's account of the models
+            # (all serve all)
+            return handle, handle.info.remote().result()
+        finally:
+            stop.set()
+            if relay is not None:
+                relay.join(timeout=15)
 
     async def load(self) -> None:
         from .model_pool import _in_daemon_thread

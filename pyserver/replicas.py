@@ -51,8 +51,9 @@ def ray_available() -> bool:
 
 def replica_pool(models: Sequence[str], engine_options: dict, replicas: Replicas, *,
                  on_loaded: Callable[[str, Any], None] | None = None,
-                 on_failed: Callable[[BaseException], None] | None = None):
+                 on_failed: Callable[[BaseException], None] | None = None,
+                 progress_for: Callable[[str], Any] | None = None):
     from .ray_serve import ReplicaPool
 
     return ReplicaPool(models=list(models), engine_options=engine_options, scaling=replicas,
-                       on_loaded=on_loaded, on_failed=on_failed)
+                       on_loaded=on_loaded, on_failed=on_failed, progress_for=progress_for)

@@ -400,7 +400,9 @@ def serving_app(
                               prefix_cache=prefix_cache, grammar_limits=grammar_limits,
                               speculative=speculative)
         pool = replica_pool(models, engine_options, replicas, on_loaded=on_loaded,
-                            on_failed=lambda err: on_failed and on_failed())
+                            on_failed=lambda err: on_failed and on_failed(),
+                            progress_for=lambda model: ProgressBars(
+                                prefix=model if len(models) > 1 else ""))
     app = create_app(pool, api_key=api_key, cors_origins=cors_origins,
                      allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes,
                      artifacts=host_artifacts,

@@ -244,3 +244,31 @@ def test_without_ray_serve_llm_types_the_import_says_what_to_install():
     assert r.returncode == 1
     assert "ImportError: wick.ray needs Ray Serve LLM" in r.stderr
     assert "pip install 'ray[serve,llm]==2.60.0'" in r.stderr
+
+
+def test_a_replicas_progress_reaches_the_registry_each_stage_whole():
+    """A replica sends each stage's first and last report and at most one per
+    PROGRESS_EVERY_S between (a compile's thousands of steps are not thousands of Ray calls);
+    the registry's log reads from a cursor on, keeping the newest EVENTS_KEPT."""
+    from wick.server import replica_progress
+    from wick.server.replica_progress import ProgressLog, ReplicaProgress
+
+    log = ProgressLog()
+    registry = SimpleNamespace(progress=SimpleNamespace(remote=log.add))
+    report = ReplicaProgress(registry, "r1", "tiny")
+    for done in range(1001):
+        report("lower (TVM)", done, 1000)
+    report("upload weights", 5, 10)
+    events = log.since(0)
+    stages = [(e[3], e[4]) for e in events]
+    assert stages[0] == ("lower (TVM)", 0) and ("lower (TVM)", 1000) in stages
+    assert stages[-1] == ("upload weights", 5)
+    assert len(events) < 20  # (1,002 reports in well under PROGRESS_EVERY_S)
+    assert [e[0] for e in events] == list(range(len(events)))
+    assert {(e[1], e[2]) for e in events} == {("r1", "tiny")}
+    assert log.since(len(events) - 1) == events[-1:]
+    for i in range(replica_progress.EVENTS_KEPT + 5):
+        log.add("r2", "tiny", "read", i, 0)
+    kept = log.since(0)
+    assert len(kept) == replica_progress.EVENTS_KEPT  # the oldest dropped
+    assert kept[-1][3:5] == ("read", replica_progress.EVENTS_KEPT + 4)
