@@ -614,6 +614,7 @@ def _join_ray(address: str | None) -> None:
     refusal says so."""
     options = dict(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
                    configure_logging=False)
+    _quiet_ray_notices()
     if address is None:
         ray.init(address="local", **options)
         return
@@ -630,6 +631,29 @@ def _join_ray(address: str | None) -> None:
         asks_token = "InvalidAuthToken" in str(e.__cause__)
         raise ConnectionError(f"could not join the Ray cluster at {address} ({e})"
                               + (RAY_TOKEN_ADVICE if asks_token else "")) from e
+
+
+class _RayNotices(logging.Filter):
+    """Ray's start-up notices that say nothing to a `wick serve` user: its SIGTERM handler is
+    wick's (set on the main thread, ``_signals_kept``); the token notice is about the local
+    cluster wick starts for itself and stops with the server."""
+
+    DROPPED = ("SIGTERM handler is not set because",
+               "Token authentication is enabled for this Ray cluster.")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.DROPPED)
+
+
+def _quiet_ray_notices() -> None:
+    """Ray's notices above dropped, and Ray Serve's INFO lines (started, ready, deleting:
+    wick's own log says when the models serve) kept out of the server's output; its warnings
+    and errors stay. (Its logs on the cluster are Ray's as always.)"""
+    for name in ("ray._private.worker", "ray._private.authentication.authentication_token_setup"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RayNotices) for f in logger.filters):
+            logger.addFilter(_RayNotices())
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
 
 def _is_the_current_cluster(address: str) -> bool:
@@ -844,8 +868,9 @@ class ReplicaPool(ModelPool):
                 finally:
                     if self._registry is not None and not self._started_ray:
                         ray.kill(self._registry)  # (the name's claim, on a cluster that stays)
-                if self._started_ray:
-                    serve.shutdown()
+                # (a cluster of our own goes as a whole: ray.shutdown stops its processes,
+                # Serve's controller too; serve.shutdown first left Serve's calls in flight to
+                # fail, each a line from the raylet)
             finally:
                 if self._started_ray:
                     ray.shutdown()
