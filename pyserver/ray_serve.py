@@ -633,6 +633,18 @@ def _join_ray(address: str | None) -> None:
                               + (RAY_TOKEN_ADVICE if asks_token else "")) from e
 
 
+def _serve_running() -> bool:
+    """Whether the cluster runs Serve already (its controller, a named actor): its HTTP
+    options are kept, and asking for others only draws Ray's warning that they are ignored."""
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
 class _RayNotices(logging.Filter):
     """Ray's start-up notices that say nothing to a `wick serve` user: its SIGTERM handler is
     wick's (set on the main thread, ``_signals_kept``); the token notice is about the local
@@ -758,7 +770,10 @@ class ReplicaPool(ModelPool):
                                                      namespace=NAMESPACE).remote()
         except ValueError:
             raise ValueError(name_taken(scaling.app)) from None
-        serve.start(http_options={"location": "NoServer"})
+        if _serve_running():  # (a cluster's own Serve, its HTTP proxy as it is)
+            serve.start()
+        else:
+            serve.start(http_options={"location": "NoServer"})
         if scaling.app in serve.status().applications:  # (left by a server that died)
             raise ValueError(name_taken(scaling.app))
         self._deployed = True  # (from here the name is ours: a failed deploy is ours to delete)
@@ -772,7 +787,8 @@ class ReplicaPool(ModelPool):
         stop = threading.Event()
         relay = None if self.progress_for is None else threading.Thread(
             target=relay_progress, args=(self._registry, self.progress_for, stop,
-                                         self._ray_lock), name="wick-progress", daemon=True)
+                                         self._ray_lock, lambda: self._ray_stopping),
+            name="wick-progress", daemon=True)
         if relay is not None:
             relay.start()
         try:
@@ -786,7 +802,7 @@ class ReplicaPool(ModelPool):
         finally:
             stop.set()
             if relay is not None:
-                relay.join(timeout=15)
+                relay.join(timeout=20)  # (a read in flight: 5 s, and the lock's holder's)
 
     async def load(self) -> None:
         from .model_pool import _in_daemon_thread

@@ -36,27 +36,37 @@ class ProgressLog:
 
 
 class ReplicaProgress:
-    """The replica's side: a ``progress`` callback that sends each stage's first and last
-    report, and the ones between at most every PROGRESS_EVERY_S, without waiting for them."""
+    """The replica's side: a ``progress`` callback that sends each stage's first report, its
+    completing one (``done >= total``), and the ones between at most every PROGRESS_EVERY_S;
+    a report held back is sent before the next stage's first (a stage left unfinished shows
+    where it was left). It does not wait for the registry."""
 
     def __init__(self, registry: Any, replica: str, model: str) -> None:
         self.registry, self.replica, self.model = registry, replica, model
         self._stage: str | None = None
         self._sent = 0.0
+        self._held: tuple[str, int, int] | None = None
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         now = time.monotonic()
         if stage == self._stage and now - self._sent < PROGRESS_EVERY_S and \
                 not (total and done >= total):
+            self._held = (stage, done, total)
             return
-        self._stage, self._sent = stage, now
+        if stage != self._stage and self._held is not None:
+            self._send(*self._held)
+        self._held, self._stage, self._sent = None, stage, now
+        self._send(stage, done, total)
+
+    def _send(self, stage: str, done: int, total: int) -> None:
         self.registry.progress.remote(self.replica, self.model, stage, done, total)
 
 
-def relay_progress(registry: Any, bars_for: Callable[[str], Any],
-                   stop: threading.Event, lock: threading.Lock) -> None:
+def relay_progress(registry: Any, bars_for: Callable[[str], Any], stop: threading.Event,
+                   lock: threading.Lock, ray_stopping: Callable[[], bool]) -> None:
     """Draw the replicas' reports with ``bars_for(model)`` (a ``progress`` callback with
-    ``close()``) until ``stop`` is set; then close the bars."""
+    ``close()``) until ``stop`` is set, or Ray is being stopped (``ray_stopping()``, read under
+    ``lock``: no call to Ray after, which would start it again); then close the bars."""
     followed: dict[str, tuple[str, Any]] = {}  # model -> (the replica followed, its bars)
     cursor = 0
     try:
@@ -64,7 +74,9 @@ def relay_progress(registry: Any, bars_for: Callable[[str], Any],
             stopping = stop.wait(0.25)
             try:
                 with lock:
-                    events = ray.get(registry.progress_since.remote(cursor), timeout=10)
+                    if ray_stopping():
+                        return
+                    events = ray.get(registry.progress_since.remote(cursor), timeout=5)
             except Exception:  # noqa: BLE001 - a slow or lost registry: nothing to draw yet
                 events = []
             for seq, replica, model, stage, done, total in events:

@@ -275,6 +275,7 @@ def test_metrics_say_what_health_says_under_load(replicated):
             before, families, after = replicas_state(), metric_families(replicated), \
                 replicas_state()
             if before != after or not any(st["requests"] for st in before.values()):
+                time.sleep(0.05)
                 continue  # (a report landed between the reads, or nothing is running)
             gauges = {name: {s.labels["replica"]: s.value for s in families[name].samples}
                       for name in ("wick:num_requests_running", "wick:num_requests_waiting",
@@ -507,10 +508,9 @@ def ray_llm(tiny_a, bert, ray_head):
         env={**ray_llm_env(), "RAY_AUTH_MODE": "token"}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:
-        line = proc.stdout.readline()
-        while line and line.strip() != "ready":
-            line = proc.stdout.readline()
-        assert line, "the Ray Serve LLM application did not start"
+        ready = ThreadPoolExecutor(1).submit(
+            lambda: any(line.strip() == "ready" for line in proc.stdout))
+        assert ready.result(timeout=300), "the Ray Serve LLM application did not start"
         deadline = time.monotonic() + 120
         while httpx.get(f"{ray_head.http}/v1/models").status_code != 200:
             assert time.monotonic() < deadline
@@ -622,7 +622,8 @@ def test_ray_llm_tokenize_and_detokenize_are_wick_tokenization(ray_llm, tiny_eng
 
 def test_ray_llm_app_leaves_the_cluster_on_sigterm(ray_llm, replicated):
     """SIGTERM deletes the application and disconnects: its routes are gone from Serve's proxy,
-    its replicas' processes end, and the cluster and the wick server beside it go on."""
+    its replicas' processes end, and the cluster and the wick server beside it go on. (It ends
+    the module's application: the last of its tests.)"""
     import psutil
     import ray
     from ray import serve
