@@ -63,10 +63,10 @@ def backend_of():
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
+            return f.read().split(") ")[-1][0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):  # (gone, or reaped between the two looks)
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
-        return f.read().split(") ")[-1][0] != "Z"
 
 
 def wait_until(check, timeout: float = 5.0) -> None:
