@@ -18,6 +18,8 @@ from wick.server.app import ModelPool, create_app
 from wick.server.artifact_host import ArtifactHost
 from wick.server.serve import ServerThread
 
+from tests.conftest import ROOT, tool_missing
+
 WINDOW = 128
 HELLO = [{"role": "user", "content": "hello there"}]
 
@@ -181,7 +183,6 @@ def free_port() -> int:
 
 
 # ------------------------------------------------------------------ Ray (the replicas' tests)
-ROOT = Path(__file__).resolve().parents[2]
 RAY_LLM = ROOT / ".venv" / "ray-llm"  # (scripts/setup.sh --test)
 RAY_LLM_SITE = Path(__file__).with_name("ray_llm_site")
 # (~80 tokens of the tiny model's 128: three pages of it cacheable, for prefix-aware routing)
@@ -191,8 +192,6 @@ SYSTEM = "You are a careful assistant for a shipping company: answer in one line
 def ray_llm_env() -> dict[str, str]:
     """This process's environment with Ray Serve LLM's OpenAI types on the path."""
     import os
-
-    from tests.conftest import tool_missing
 
     if not (RAY_LLM / "sglang").is_dir():
         tool_missing("Ray Serve LLM's OpenAI types are not installed (.venv/ray-llm)")
