@@ -37,11 +37,9 @@ from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, requantize, row_splits
 from .models.kv_layout import PAGE_SIZE
 from .quantization import Quantization, f32_twin, get_quantization, mixed_plan, quantize
-from .source_digest import compiler_digest, tvm_version
+from .source_digest import (COMPILER_REVISION, TARGET, compiler_digest, compiler_stamp,
+                            tvm_version)
 
-# Bump on a format change; the source digest below catches every other compiler change.
-COMPILER_REVISION = 3
-TARGET = "webgpu"
 DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MAX_BATCH = 32
 
@@ -462,9 +460,7 @@ def artifact_header(*, model_id: str, quant: Quantization, key: str, model: dict
                      "fallback": [f32_twin(quant.name)] if quant.needs_f16 else []},
         "source": source,
         "compile_options": options,  # what `wick serve` reuses to build a sibling variant
-        "compiler": {"wick": WICK_VERSION, "revision": COMPILER_REVISION,
-                     "digest": compiler_digest(), "tvm": tvm_version(),
-                     "target": TARGET},
+        "compiler": compiler_stamp(),
     }
 
 

@@ -13,10 +13,32 @@ HERE = Path(__file__).resolve().parent
 REGISTRY = HERE / "registry.json"
 
 
-def tvm_version() -> str:
-    import tvm
+# Bump on a format change; the source digest below catches every other compiler change.
+COMPILER_REVISION = 3
+TARGET = "webgpu"  # the target a compile lowers for (compiler/compile.py)
 
-    return tvm.__version__
+
+def tvm_version() -> str:
+    """TVM's version, from its distribution's metadata when it has one (importing TVM takes
+    seconds: `wick list` asks too), else from the module."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("apache-tvm")
+    except metadata.PackageNotFoundError:  # (a TVM built from source)
+        import tvm
+
+        return tvm.__version__
+
+
+def compiler_stamp() -> dict:
+    """What a manifest records of the compiler that built it: an artifact whose stamp is not
+    this install's was built by another compiler, and compile.py's ``cache_key`` never names
+    it again."""
+    from .._version import __version__
+
+    return {"wick": __version__, "revision": COMPILER_REVISION, "digest": compiler_digest(),
+            "tvm": tvm_version(), "target": TARGET}
 
 
 def compiler_digest() -> str:

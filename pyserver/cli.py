@@ -138,6 +138,27 @@ class ArtifactEntry:
     quantization: str
     size: int  # bytes on disk
     source: str = ""  # what it was compiled from: a built-in name, a path, hf://ORG/REPO@COMMIT
+    compiler: dict | None = None  # the manifest's stamp of the compiler that built it
+
+
+def this_compiler() -> dict | None:
+    """The stamp this install's compiler writes into a manifest (compiler/source_digest.py);
+    None in a runtime-only install, which has no compiler to compare."""
+    from ..compiler.extra import missing_compiler_modules
+
+    if missing_compiler_modules():
+        return None
+    from ..compiler.source_digest import compiler_stamp
+
+    return compiler_stamp()
+
+
+def is_stale(entry: ArtifactEntry, current: dict | None) -> bool | None:
+    """Whether another compiler built ``entry``: naming its model again compiles anew, so
+    only its path still loads it (None: unknown, without a compiler or a readable stamp)."""
+    if current is None or not isinstance(entry.compiler, dict):
+        return None
+    return entry.compiler != current
 
 
 def list_artifacts(root: Path | None = None) -> list[ArtifactEntry]:
@@ -157,10 +178,11 @@ def list_artifacts(root: Path | None = None) -> list[ArtifactEntry]:
             head = json.loads(manifest.read_text())
             model_id, quant = str(head["model_id"]), str(head["quantization"])
             source = str((head.get("source") or {}).get("model") or "")
+            compiler = head.get("compiler")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            model_id, quant, source = "(unreadable manifest)", "?", ""
+            model_id, quant, source, compiler = "(unreadable manifest)", "?", "", None
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        entries.append(ArtifactEntry(path, model_id, quant, size, source))
+        entries.append(ArtifactEntry(path, model_id, quant, size, source, compiler))
     return entries
 
 
@@ -171,13 +193,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not entries:
         print(f"no compiled artifacts in {artifacts_dir()}", file=sys.stderr)
         return 0
-    rows = [("MODEL", "QUANT", "SIZE", "SOURCE", "PATH")]
-    rows += [(e.model_id, e.quantization, human_bytes(e.size), e.source or "-", str(e.path))
-             for e in entries]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    current = this_compiler()
+    stale = [is_stale(e, current) for e in entries]
+    rows = [("MODEL", "QUANT", "SIZE", "SOURCE", "COMPILER", "PATH")]
+    rows += [(e.model_id, e.quantization, human_bytes(e.size), e.source or "-",
+              {True: "stale", False: "current", None: "-"}[old], str(e.path))
+             for e, old in zip(entries, stale)]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  "
-              f"{r[3]:<{widths[3]}}  {r[4]}")
+              f"{r[3]:<{widths[3]}}  {r[4]:<{widths[4]}}  {r[5]}")
+    if any(stale):
+        gone = [e for e, old in zip(entries, stale) if old]
+        print(f"{len(gone)} stale artifact(s), {human_bytes(sum(e.size for e in gone))}: built by "
+              "another version of wick's compiler, so naming their model compiles it anew (a "
+              "path still loads one). `wick rm --stale` deletes them.", file=sys.stderr)
     return 0
 
 
@@ -220,9 +250,35 @@ def find_artifact(name_or_path: str) -> Path:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    if args.stale == (args.name is not None):
+        raise CLIError("name one artifact (see `wick list`) or give --stale, not both",
+                       param="name")
+    if args.stale:
+        return remove_stale()
     target = find_artifact(args.name)
     shutil.rmtree(target)
     print(f"removed {target}")
+    return 0
+
+
+def remove_stale() -> int:
+    """``wick rm --stale``: delete the cached artifacts another compiler built."""
+    from ..compiler.extra import COMPILE_EXTRA
+    from ..compiler.paths import artifacts_dir
+
+    current = this_compiler()
+    if current is None:
+        raise CLIError("telling which artifacts are stale needs wick's compiler, and this "
+                       f"install has none: pip install '{COMPILE_EXTRA}', or remove one "
+                       "artifact by name", param="stale")
+    stale = [e for e in list_artifacts() if is_stale(e, current)]
+    if not stale:
+        print(f"no stale artifacts in {artifacts_dir()}", file=sys.stderr)
+        return 0
+    for entry in stale:
+        shutil.rmtree(entry.path)
+        print(f"removed {entry.path}")
+    print(f"freed {human_bytes(sum(e.size for e in stale))}", file=sys.stderr)
     return 0
 
 
@@ -338,10 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list compiled artifacts")
     p.set_defaults(run=cmd_list)
 
-    p = sub.add_parser("rm", help="delete a compiled artifact",
-                       description="Delete an artifact inside the artifacts directory.")
-    p.add_argument("name", metavar="NAME_OR_PATH",
+    p = sub.add_parser("rm", help="delete compiled artifacts",
+                       description="Delete an artifact inside the artifacts directory, or "
+                                   "every stale one (--stale).")
+    p.add_argument("name", metavar="NAME_OR_PATH", nargs="?",
                    help="directory name, model id or path (see wick list)")
+    p.add_argument("--stale", action="store_true",
+                   help="delete every artifact another version of wick's compiler built "
+                        "(`wick list` marks them): naming their model compiles it anew")
     p.set_defaults(run=cmd_rm)
 
     p = sub.add_parser("models", help="list built-in model names")

@@ -4,6 +4,7 @@ Llama compiled to q0f32 (lavapipe is enough). Plus the /set parser, without a su
 from __future__ import annotations
 
 import argparse
+import json
 
 import os
 import re
@@ -407,6 +408,50 @@ def test_rm_removes_only_artifacts_in_the_cache(artifact, wick_env, tmp_path):
     assert removed.returncode == 0, removed.stderr
     assert not copy.exists()
     assert str(copy) not in wick(wick_env, "list").stdout
+
+
+def test_list_marks_stale_artifacts_and_rm_stale_deletes_only_those(artifact, wick_env,
+                                                                    tmp_path):
+    """An artifact another compiler built (its manifest's stamp differs: a wick upgrade, an
+    edited compiler) is never named again by a compile: `wick list` says so, and `wick rm
+    --stale` frees it, leaving the current ones."""
+    from wick.compiler.source_digest import compiler_stamp
+
+    env = {**wick_env, "WICK_HOME": str(tmp_path / "home")}  # (its own cache: rm --stale)
+    cache = tmp_path / "home" / "artifacts"
+    current, stale = cache / "tiny-current", cache / "tiny-stale"
+    shutil.copytree(artifact, current)
+    shutil.copytree(artifact, stale)
+    manifest = json.loads((stale / "wick-artifact.json").read_text())
+    assert manifest["compiler"] == compiler_stamp()  # (the session's compile: current)
+    manifest["compiler"]["digest"] = "0" * 16
+    (stale / "wick-artifact.json").write_text(json.dumps(manifest))
+
+    listed = wick(env, "list")
+    assert listed.returncode == 0, listed.stderr
+    state = {Path(line.split()[-1]).name: line.split()[-2] for line in listed.stdout.splitlines()[1:]}
+    assert state == {"tiny-current": "current", "tiny-stale": "stale"}
+    assert "1 stale artifact(s)" in listed.stderr and "wick rm --stale" in listed.stderr
+
+    both = wick(env, "rm", "--stale", "tiny-current")
+    assert both.returncode == 1 and both.stderr.startswith("error: ") and current.is_dir()
+    neither = wick(env, "rm")
+    assert neither.returncode == 1 and "--stale" in neither.stderr
+    removed = wick(env, "rm", "--stale")
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.split() == ["removed", str(stale)] and "freed" in removed.stderr
+    assert not stale.exists() and (current / "wick-artifact.json").is_file()
+    again = wick(env, "rm", "--stale")
+    assert again.returncode == 0 and "no stale artifacts" in again.stderr
+
+
+def test_rm_stale_without_the_compiler_names_the_extra(monkeypatch):
+    from wick.compiler import extra
+    from wick.server.cli import CLIError, cmd_rm
+
+    monkeypatch.setattr(extra, "missing_compiler_modules", lambda: ["apache-tvm"])
+    with pytest.raises(CLIError, match=r"pip install 'wick-llm\[compile\]'"):
+        cmd_rm(argparse.Namespace(name=None, stale=True))
 
 
 def test_models_lists_builtins(wick_env):
