@@ -105,10 +105,9 @@ def quantize(weight: np.ndarray, quant: Quantization) -> tuple[np.ndarray, np.nd
     span = w.max(axis=2, keepdims=True) - low
     steps = source_grid_steps(w, low, span, levels)
     scale = span / np.where(steps > 0, steps, levels)
-    if levels <= FITTED_LEVELS:  # groups on no grid: the fitted range, not min-max
-        fit_scale, fit_low = fitted_ranges(w, levels)
-        scale = np.where(steps > 0, scale, fit_scale)
-        low = np.where(steps > 0, low, fit_low)
+    off_grid = np.nonzero(steps[..., 0] == 0)
+    if levels <= FITTED_LEVELS and off_grid[0].size:  # those groups: a fitted range
+        scale[off_grid], low[off_grid] = fitted_ranges(w[off_grid], levels)
     # quantize against the stored (possibly float16) scale and minimum
     low = low.astype(quant.dtype).astype(np.float32)
     scale = scale.astype(quant.dtype).astype(np.float32)
@@ -136,13 +135,13 @@ FIT_ROUNDS = 3  # per start: codes for the range, then the range refitted to the
 
 
 def fitted_ranges(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
-    """For groups ``w`` (rows, groups, GROUP_SIZE): the scale and minimum (rows, groups, 1)
-    with the smallest importance-weighted squared error found. From each start in
+    """For groups ``w`` (..., GROUP_SIZE): the scale and minimum (..., 1) with the smallest
+    importance-weighted squared error found. From each start in
     ``FIT_SHRINKS``, ``FIT_ROUNDS`` times: round every weight to its nearest code, then fit
     scale and minimum to those codes by weighted least squares. Each step is the best for
     what the other fixed, so the error never grows from one round to the next: a start's last
     range is scored, and the one from min-max is no worse than min-max."""
-    rows = 4096  # in chunks of rows, as source_grid_steps
+    rows = 65536  # in chunks of groups: bounded temporaries
     parts = [_fitted_ranges(w[r:r + rows], levels) for r in range(0, w.shape[0], rows)]
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
