@@ -20,7 +20,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .._version import __version__ as WICK_VERSION
 from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER, cpu_kernels_misfit
 from ..engine.errors import InvalidRequestError
 from . import paths
@@ -37,8 +36,7 @@ from .models import family_for
 from .models.layers import MAX_BINDING_BYTES, requantize, row_splits
 from .models.kv_layout import PAGE_SIZE
 from .quantization import Quantization, f32_twin, get_quantization, mixed_plan, quantize
-from .source_digest import (COMPILER_REVISION, TARGET, compiler_digest, compiler_stamp,
-                            tvm_version)
+from .source_digest import compiler_stamp
 
 DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MAX_BATCH = 32
@@ -48,8 +46,9 @@ log = logging.getLogger("wick.compiler")
 
 
 def cache_key(source_hash: str, quant: str, options: dict) -> str:
-    blob = json.dumps([source_hash, quant, TARGET, WICK_VERSION, COMPILER_REVISION,
-                       compiler_digest(), tvm_version(), options], sort_keys=True)
+    # (the manifest's compiler stamp itself: `wick list` calls an artifact stale exactly when
+    # no key of this compiler's can name it)
+    blob = json.dumps([source_hash, quant, compiler_stamp(), options], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -9,7 +9,9 @@ compile time, TE dequantization fused by TVM into the GEMV/GEMM kernels at run t
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -141,9 +143,6 @@ def fitted_ranges(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
     fixed, so the error never grows from one round to the next: a start's last range is
     scored, and the one from min-max is no worse than min-max. In chunks of groups on every
     core (numpy's loops release the GIL): a 7B model has 2e8 groups, about 1 us each a core."""
-    from concurrent.futures import ThreadPoolExecutor
-    import os
-
     chunk = 16384  # groups: bounded temporaries
     starts = range(0, w.shape[0], chunk)
     with ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, len(starts)) or 1) as pool:
@@ -166,7 +165,8 @@ def _fitted_ranges(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
     s_aww = dot(weighted, w).astype(np.float64)
     low0 = w.min(axis=1, keepdims=True)
     span0 = w.max(axis=1, keepdims=True) - low0
-    best_err = best_scale = best_low = None
+    best_err = np.full(s_a.shape, np.inf)
+    best_scale = best_low = np.zeros(s_a.shape)
     q = np.empty_like(w)
     for shrink in FIT_SHRINKS:
         scale = (span0 * np.float32((1 - 2 * shrink) / levels)).astype(np.float64)
@@ -192,13 +192,10 @@ def _fitted_ranges(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
         # sum of weight * (w - scale * q - low)^2, expanded
         err = (s_aww - 2 * scale * s_awq - 2 * low * s_aw + scale * scale * s_aqq
                + 2 * scale * low * s_aq + low * low * s_a)
-        if best_err is None:
-            best_err, best_scale, best_low = err, scale, low
-        else:
-            better = err < best_err
-            best_err = np.where(better, err, best_err)
-            best_scale = np.where(better, scale, best_scale)
-            best_low = np.where(better, low, best_low)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_scale = np.where(better, scale, best_scale)
+        best_low = np.where(better, low, best_low)
     return best_scale.astype(np.float32), best_low.astype(np.float32)
 
 
