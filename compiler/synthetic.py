@@ -139,7 +139,7 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     """Compile the model ``config`` describes, with weights generated at load (only the
     ``kernel_sets`` given, as compile_model)."""
     from .compile import (DEFAULT_QUANTIZATION, _model_section, _reusable, artifact_header,
-                          build_module, compiler_digest, kernel_set_choice, lower_module)
+                          build_module, kernel_set_choice, lower_module)
     from .models import family_for
     from .models.layers import MAX_BINDING_BYTES
 
@@ -159,6 +159,8 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
                "synthetic": True}
     if chosen is not None:
         options["kernel_sets"] = list(chosen)
+    from .source_digest import compiler_digest
+
     key = hashlib.sha256(json.dumps([hf, quant.name, options, compiler_digest()],
                                     sort_keys=True).encode()).hexdigest()[:16]
     out = Path(output) if output else paths.artifacts_dir() / f"synthetic-{name}-{quant.name}-{key}"
