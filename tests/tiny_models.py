@@ -45,6 +45,8 @@ FAMILY_CONFIGS = {
                                                      "pad_token_id": 0}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 32, "query_pre_attn_scalar": 24,
                                                          "pad_token_id": 0}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {"pad_token_id": 0}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"pad_token_id": 0}),
 }
 
 
@@ -116,11 +118,16 @@ GEMMA_LAYER_NAMES = {  # Gemma 2/3: four norms per layer
 }
 
 
+# the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
+LLAMA_PERMUTED = ("llama", "granite", "smollm3")
+
+
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
                ) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
-    (llama, qwen3, gemma2, phi3), read off its model classes: llama.cpp tensor names; Llama's
-    q/k rows interleaved per head and Llama 3's RoPE scaling as per-frequency divisors
+    (llama, qwen3, gemma2, phi3, granite, smollm3), read off its model classes: llama.cpp
+    tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head; Granite's
+    multipliers as its ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency divisors
     (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's
     fused projections kept, its longrope factors as ``rope_factors_long/short`` tensors with
     the pretrained length and attention factor as keys; the byte-level vocabulary as a
@@ -159,6 +166,11 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "granite":  # GraniteModel.set_gguf_parameters: the multipliers as *_scale
+        writer.add_embedding_scale(cfg["embedding_multiplier"])
+        writer.add_attention_scale(cfg["attention_multiplier"])
+        writer.add_residual_scale(cfg["residual_multiplier"])
+        writer.add_logit_scale(cfg["logits_scaling"])
     tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     specials = {t.content for t in tok.get_added_tokens_decoder().values()}
@@ -200,9 +212,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             continue
         _, _, i, *rest = name.split(".")
         module, kind = ".".join(rest[:-1]), rest[-1]
-        if arch == "llama" and module == "self_attn.q_proj":
+        if arch in LLAMA_PERMUTED and module == "self_attn.q_proj":
             w = interleave(w, heads)
-        elif arch == "llama" and module == "self_attn.k_proj":
+        elif arch in LLAMA_PERMUTED and module == "self_attn.k_proj":
             w = interleave(w, kv_heads)
         add(f"blk.{i}.{layer[module]}.{kind}", w)
     scaling = rope if rope.get("rope_type") in ("llama3", "longrope") else cfg.get("rope_scaling")

@@ -18,10 +18,10 @@ sentence-transformers pooling files) returns pooled vectors (compiler/models/poo
 
 from types import ModuleType
 
-from . import bert, gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3
+from . import bert, gemma2, gemma3, granite, llama, mistral, phi3, qwen2, qwen3, smollm3
 
 FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3, gemma2,
-                                                       gemma3, bert)}
+                                                       gemma3, granite, smollm3, bert)}
 HF_MODEL_TYPES = {t: m for m in FAMILIES.values() for t in m.HF_MODEL_TYPES}
 GGUF_ARCHITECTURES = {a: m for m in FAMILIES.values() for a in m.GGUF_ARCHITECTURES}
 

@@ -28,6 +28,11 @@ FAMILIES = {
     "gemma3": {"tie": True, "layers": 3, "sliding_window": 20, "sliding_window_pattern": 3,
                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                    "full_attention": {"rope_type": "default", "rope_theta": 50000.0}}},
+    # its four scalars, none of them transformers' default of 1
+    "granite": {"tie": True, "embedding_multiplier": 3.0, "attention_multiplier": 0.2,
+                "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    # a layer without RoPE between two with it
+    "smollm3": {"tie": True, "layers": 3, "no_rope_layers": [1, 0, 1]},
 }
 # the tiny models with a sliding window: on every layer (the cache frees pages behind it), or on
 # some layers beside global ones (a second, sliding page pool); the window tests run on these
@@ -43,6 +48,9 @@ GGUF_CASES = {
     "qwen3": ("qwen3", {}),  # q/k norms, key_length != hidden / heads
     "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # norms stored as 1 + w, caps, window
     "phi3": ("phi3", {}),  # fused qkv / gate_up, longrope factor tensors, partial rotary
+    "granite": ("granite", {}),  # the four multipliers as *_scale keys, q/k rows interleaved
+    # no layer list: llama.cpp takes every fourth layer as NoPE, so the tiny model's is that
+    "smollm3": ("smollm3", {"layers": 4, "no_rope_layers": [1, 1, 1, 0]}),
 }
 
 
