@@ -226,7 +226,9 @@ class GGUFModel:
             expected.add("lm_head.weight")
         first = {n.removeprefix("model.layers.0.") for n in weights
                  if n.startswith("model.layers.0.")}
-        for required in ("input_layernorm.weight", "self_attn.o_proj.weight"):
+        # (a layer's first norm: the one before attention, or OLMo 2's after it)
+        norms = getattr(self.family, "LAYER_NORMS", ("input_layernorm.weight",))
+        for required in (norms[0], "self_attn.o_proj.weight"):
             first.add(required)
         for i in range(config["num_hidden_layers"]):
             expected |= {f"model.layers.{i}.{n}" for n in first}

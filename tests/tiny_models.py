@@ -47,6 +47,7 @@ FAMILY_CONFIGS = {
                                                          "pad_token_id": 0}),
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"pad_token_id": 0}),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"pad_token_id": 0}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0}),
 }
 
 
@@ -116,6 +117,9 @@ GEMMA_LAYER_NAMES = {  # Gemma 2/3: four norms per layer
     "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+OLMO2_LAYER_NAMES = {  # OLMo 2: the norms after each block only
+    "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -125,7 +129,7 @@ LLAMA_PERMUTED = ("llama", "granite", "smollm3")
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
                ) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
-    (llama, qwen3, gemma2, phi3, granite, smollm3), read off its model classes: llama.cpp
+    (llama, qwen3, gemma2, phi3, granite, smollm3, olmo2), read off its model classes: llama.cpp
     tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head; Granite's
     multipliers as its ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency divisors
     (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's
@@ -200,7 +204,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
 
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
              "output_norm.weight", "lm_head.weight": "output.weight"}
-    layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch.startswith("gemma") else {})}
+    layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch.startswith("gemma") else
+                                    OLMO2_LAYER_NAMES if arch == "olmo2" else {})}
     for name, w in weights.items():
         if arch.startswith("gemma"):
             if name == "lm_head.weight":

@@ -5,6 +5,8 @@
 - ``GGUF_LAYER_NAMES``: llama.cpp tensor names of a layer -> HF names, beyond the common ones
   (``gguf_source.COMMON_LAYER_NAMES``); ``GGUF_PERMUTED_QK``: whether llama.cpp's converter
   interleaved the q/k rows (Llama only);
+- ``LAYER_NORMS`` (optional): a layer's norm weights when the first is not
+  ``input_layernorm`` (OLMo 2 norms after each block only);
 - ``gguf_config(key)`` (optional): config.json keys read from the GGUF metadata beyond the
   common ones (``key(name, default)`` reads ``<arch>.<name>``);
 - ``Config.from_hf(dict)``, ``Model(config, quant, target, max_param_bytes=...)`` with
@@ -18,10 +20,11 @@ sentence-transformers pooling files) returns pooled vectors (compiler/models/poo
 
 from types import ModuleType
 
-from . import bert, gemma2, gemma3, granite, llama, mistral, phi3, qwen2, qwen3, smollm3
+from . import (bert, gemma2, gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3,
+               smollm3)
 
 FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3, gemma2,
-                                                       gemma3, granite, smollm3, bert)}
+                                                       gemma3, granite, smollm3, olmo2, bert)}
 HF_MODEL_TYPES = {t: m for m in FAMILIES.values() for t in m.HF_MODEL_TYPES}
 GGUF_ARCHITECTURES = {a: m for m in FAMILIES.values() for a in m.GGUF_ARCHITECTURES}
 

@@ -285,10 +285,15 @@ def _with_signature(method, names: list[str]):
 
 # ----------------------------------------------------------------------------- weights
 
+LAYER_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
+
+
 def fuse_layer_weights(c: DecoderConfig, weights: dict[str, np.ndarray],
-                       extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+                       extra: tuple[str, ...] = (), norms: tuple[str, ...] = LAYER_NORMS
+                       ) -> dict[str, np.ndarray]:
     """HF parameter names -> this module's (fused qkv and gate_up, biases when present).
-    ``extra``: per-layer names copied as they are (e.g. ``self_attn.q_norm.weight``)."""
+    ``norms`` (a pre-norm layer's two) and ``extra`` (e.g. ``self_attn.q_norm.weight``):
+    per-layer names copied as they are."""
     out: dict[str, np.ndarray] = {"model.embed_tokens.table.weight": weights["model.embed_tokens.weight"],
                                   "model.norm.weight": weights["model.norm.weight"]}
     if not c.tie_word_embeddings and not c.extra.get("embedding"):
@@ -310,6 +315,6 @@ def fuse_layer_weights(c: DecoderConfig, weights: dict[str, np.ndarray],
             for name in (attn + "o_proj." + kind, mlp + "down_proj." + kind):
                 if name in weights:
                     out[name] = weights[name]
-        for name in ("input_layernorm.weight", "post_attention_layernorm.weight", *extra):
+        for name in (*norms, *extra):
             out[p + name] = weights[p + name]
     return out

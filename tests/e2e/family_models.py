@@ -33,6 +33,8 @@ FAMILIES = {
                 "residual_multiplier": 0.5, "logits_scaling": 2.0},
     # a layer without RoPE between two with it
     "smollm3": {"tie": True, "layers": 3, "no_rope_layers": [1, 0, 1]},
+    # norms after the blocks only; q/k norms over all heads at once
+    "olmo2": {"tie": False},
 }
 # the tiny models with a sliding window: on every layer (the cache frees pages behind it), or on
 # some layers beside global ones (a second, sliding page pool); the window tests run on these
@@ -51,6 +53,7 @@ GGUF_CASES = {
     "granite": ("granite", {}),  # the four multipliers as *_scale keys, q/k rows interleaved
     # no layer list: llama.cpp takes every fourth layer as NoPE, so the tiny model's is that
     "smollm3": ("smollm3", {"layers": 4, "no_rope_layers": [1, 1, 1, 0]}),
+    "olmo2": ("olmo2", {}),  # post-block norms under llama.cpp's names, full-width q/k norms
 }
 
 
