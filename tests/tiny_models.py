@@ -48,6 +48,7 @@ FAMILY_CONFIGS = {
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"pad_token_id": 0}),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"pad_token_id": 0}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0}),
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
 }
 
 
@@ -129,7 +130,7 @@ LLAMA_PERMUTED = ("llama", "granite", "smollm3")
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
                ) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
-    (llama, qwen3, gemma2, phi3, granite, smollm3, olmo2), read off its model classes: llama.cpp
+    (llama, qwen3, gemma2, phi3, granite, smollm3, olmo2, ernie4_5), read off its model classes: llama.cpp
     tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head; Granite's
     multipliers as its ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency divisors
     (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's

@@ -35,6 +35,9 @@ FAMILIES = {
     "smollm3": {"tie": True, "layers": 3, "no_rope_layers": [1, 0, 1]},
     # norms after the blocks only; q/k norms over all heads at once
     "olmo2": {"tie": False},
+    # RoPE on adjacent pairs (interleaved), biases on every projection, head_dim 32 with hidden
+    # 64 / 4 heads
+    "ernie4_5": {"tie": True, "use_bias": True},
 }
 # the tiny models with a sliding window: on every layer (the cache frees pages behind it), or on
 # some layers beside global ones (a second, sliding page pool); the window tests run on these
@@ -54,6 +57,7 @@ GGUF_CASES = {
     # no layer list: llama.cpp takes every fourth layer as NoPE, so the tiny model's is that
     "smollm3": ("smollm3", {"layers": 4, "no_rope_layers": [1, 1, 1, 0]}),
     "olmo2": ("olmo2", {}),  # post-block norms under llama.cpp's names, full-width q/k norms
+    "ernie4_5": ("ernie4_5", {"use_bias": False}),  # q/k rows in the checkpoint's order
 }
 
 
