@@ -29,6 +29,7 @@ from gguf.quants import dequantize
 
 from ..engine.errors import WickError
 from .gguf_read import open_gguf
+from .rope_rows import pairs_to_halves
 from .tokenizer_build import BuiltTokenizer, build_from_gguf
 
 
@@ -200,9 +201,9 @@ class GGUFModel:
             array = np.array(data, dtype=np.float32, copy=True).reshape(shape)  # own the memory
             array = getattr(self.family, "gguf_tensor", lambda n, a: a)(name, array)
             if self.family.GGUF_PERMUTED_QK and ".self_attn.q_proj." in name:
-                array = unpermute_rope_rows(array, config["num_attention_heads"])
+                array = pairs_to_halves(array, config["num_attention_heads"])
             elif self.family.GGUF_PERMUTED_QK and ".self_attn.k_proj." in name:
-                array = unpermute_rope_rows(array, config["num_key_value_heads"])
+                array = pairs_to_halves(array, config["num_key_value_heads"])
             out[name] = array
             if progress is not None:
                 progress("dequantize", done + 1, len(tensors))
@@ -236,11 +237,3 @@ class GGUFModel:
         if missing:
             raise GGUFFormatError(f"{self.path}: tensors missing: {', '.join(missing[:8])}")
 
-
-def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's per-head interleaving of q/k rows.  w: (n_heads*head_dim, ...)."""
-    head_dim = w.shape[0] // n_heads
-    rest = w.shape[1:]
-    return (
-        w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape).copy()
-    )

@@ -4,8 +4,8 @@ rotates adjacent pairs of a head's dimensions (0 with 1, 2 with 3, ...; GPT-J's 
 Semantics: HF transformers ``models/ernie4_5/modeling_ernie4_5.py``.
 
 The interleaved rotation is the usual one on a permuted head: ``convert_weights`` reorders each
-q/k head's rows (and biases) even dimensions first, then odd ones (what ``unpermute_rope_rows``
-does to llama.cpp's Llama files), and the attention scores, sums over a head's dimensions, are
+q/k head's rows (and biases) even dimensions first, then odd ones (compiler/rope_rows.py, as
+for llama.cpp's Llama files), and the attention scores, sums over a head's dimensions, are
 the same in either order. GGUF (llama.cpp's ``ernie4_5``) stores the rows in the checkpoint's
 order, so they go through the same conversion.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gguf_source import unpermute_rope_rows
+from ..rope_rows import pairs_to_halves
 from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights
 
 NAME = "ernie4_5"
@@ -42,5 +42,5 @@ def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.n
         heads = (c.num_attention_heads if ".self_attn.q_proj." in name
                  else c.num_key_value_heads if ".self_attn.k_proj." in name else 0)
         if heads:
-            halves[name] = unpermute_rope_rows(array, heads)
+            halves[name] = pairs_to_halves(array, heads)
     return fuse_layer_weights(c, halves)

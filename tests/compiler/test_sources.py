@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from wick.compiler import sources
-from wick.compiler.gguf_source import unpermute_rope_rows
+from wick.compiler.rope_rows import pairs_to_halves
 from wick.compiler.hf_source import HFDirError
 from wick.compiler.paths import artifacts_dir, sources_dir, wick_home
 from wick.compiler.sources import ModelFetchError, builtin_models, resolve_source
@@ -287,7 +287,7 @@ def test_unpermute_inverts_llama_cpp_permutation():
     # llama.cpp's converter: per head, rows (2, head_dim/2) -> (head_dim/2, 2)
     gguf = hf.reshape(heads, 2, head_dim // 2, cols).swapaxes(1, 2).reshape(hf.shape)
     assert not np.array_equal(gguf, hf)
-    assert np.array_equal(unpermute_rope_rows(gguf, heads), hf)
+    assert np.array_equal(pairs_to_halves(gguf, heads), hf)
     # first head's rows after permutation: 0, 4, 1, 5, ... (pairs interleaved)
     assert list(gguf[:8, 0] // cols) == [0, 4, 1, 5, 2, 6, 3, 7]
 

@@ -1,0 +1,22 @@
+"""The two layouts of RoPE over a head's dimensions, and the reordering between them.
+
+HF's Llama rotates a head's two halves (dimension ``i`` with ``i + d/2``); GPT-J, GLM, ERNIE 4.5
+and llama.cpp's own kernels rotate adjacent pairs (``2i`` with ``2i + 1``). The same frequency
+goes to pair ``i`` either way, so a q/k projection whose rows are reordered, each head's even
+rows first and then its odd ones, gives under the halves' rotation what the original gives
+under the pairs' (attention scores, sums over a head's dimensions, do not see the order).
+llama.cpp's converter makes that reordering's inverse to Llama's q/k rows, which is how a
+Llama GGUF's rows come back: with this one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pairs_to_halves(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Rows (or a bias) of a q/k projection, ``n_heads`` heads of ``head_dim``, from RoPE on
+    adjacent pairs to RoPE on halves: each head's even rows, then its odd ones."""
+    head_dim = w.shape[0] // n_heads
+    rest = w.shape[1:]
+    return w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape).copy()
