@@ -98,6 +98,18 @@ class DecoderConfig:
                              rotary_dim=self.rotary_dim)
 
 
+class LayerwiseConfig(DecoderConfig):
+    """A config whose layers differ, one entry a layer in ``extra``: ``sliding`` (windowed by
+    ``sliding_window``, else global) and ``rope`` (whether the layer applies RoPE)."""
+
+    def attention(self, layer: int, dtype: str) -> AttentionSpec:
+        window = (effective_window(self.sliding_window, self.context_window)
+                  if self.extra["sliding"][layer] else None)
+        return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
+                             dtype, self.rope_theta, self.rope_scaling, window=window,
+                             rotary_dim=self.rotary_dim, rope=self.extra["rope"][layer])
+
+
 def effective_window(window: int | None, context_window: int) -> int | None:
     """None when the window never hides a key (it spans the whole context): such layers run
     the faster global kernel and are exact all the same."""

@@ -56,8 +56,10 @@ class Olmo2Attention(Attention):
 
 
 class Olmo2Layer(nn.Module):
-    def __init__(self, c: DecoderConfig, attn, quant) -> None:
-        self.self_attn = Olmo2Attention(c, attn, quant)
+    """``attention``: the attention module's class (EXAONE 4 norms q/k per head)."""
+
+    def __init__(self, c: DecoderConfig, attn, quant, attention: type = Olmo2Attention) -> None:
+        self.self_attn = attention(c, attn, quant)
         self.post_attention_layernorm = rms_norm(c.hidden_size, c, quant.dtype)
         self.mlp = GatedMLP(c, quant)
         self.post_feedforward_layernorm = rms_norm(c.hidden_size, c, quant.dtype)

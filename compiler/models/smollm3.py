@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .decoder import DecoderConfig, DecoderForCausalLM, effective_window, fuse_layer_weights
-from .paged_attention import AttentionSpec
+from .decoder import DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights
 
 NAME = "smollm3"
 HF_MODEL_TYPES = ("smollm3",)
@@ -38,7 +37,7 @@ def rope_layers(hf: dict[str, Any]) -> list[bool]:
     return [(i + 1) % interval != 0 for i in range(n)]
 
 
-class Config(DecoderConfig):
+class Config(LayerwiseConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         bias = bool(hf.get("attention_bias", False))
@@ -53,13 +52,6 @@ class Config(DecoderConfig):
                    else [not r for r in rope])
         c.extra.update(rope=rope, sliding=[windowed and s for s in sliding])
         return c
-
-    def attention(self, layer: int, dtype: str) -> AttentionSpec:
-        window = (effective_window(self.sliding_window, self.context_window)
-                  if self.extra["sliding"][layer] else None)
-        return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
-                             dtype, self.rope_theta, self.rope_scaling, window=window,
-                             rotary_dim=self.rotary_dim, rope=self.extra["rope"][layer])
 
 
 Model = DecoderForCausalLM

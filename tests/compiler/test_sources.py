@@ -516,7 +516,7 @@ def test_configs_no_model_has_are_named():
             "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0}
     check_config(good)
     for family in ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text",
-                   "granite", "smollm3", "olmo2", "ernie4_5"):
+                   "granite", "smollm3", "olmo2", "ernie4_5", "exaone4"):
         check_config(AutoConfig.for_model(family).to_dict())  # transformers' defaults
     for field, value, rule in (
             ("num_hidden_layers", 1e9, "a whole number from 1 to 1024"),

@@ -38,11 +38,13 @@ FAMILIES = {
     # RoPE on adjacent pairs (interleaved), biases on every projection, head_dim 32 with hidden
     # 64 / 4 heads
     "ernie4_5": {"tie": True, "use_bias": True},
+    # hybrid: two windowed layers with RoPE, then a global one without (pattern 3)
+    "exaone4": {"tie": False, "layers": 3, "sliding_window": 20, "sliding_window_pattern": 3},
 }
 # the tiny models with a sliding window: on every layer (the cache frees pages behind it), or on
 # some layers beside global ones (a second, sliding page pool); the window tests run on these
 EVERY_LAYER_WINDOWED = ("mistral", "phi3")
-WINDOWED_BESIDE_GLOBAL = ("gemma2", "gemma3")
+WINDOWED_BESIDE_GLOBAL = ("gemma2", "gemma3", "exaone4")
 
 
 # GGUF architecture -> (tiny family, config changes): what llama.cpp's converter has to
