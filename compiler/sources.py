@@ -173,13 +173,18 @@ def resolve_source(model: str, progress: Progress | None = None) -> ModelSource:
     if path.is_dir():
         hf_source.check_files(path)  # names the missing file
         return HFSource(path, path.resolve().name)
-    error = ModelNotFoundError(model, registry)
+    raise model_not_found(model, registry)
+
+
+def model_not_found(model: str, registry: dict[str, Any] | None = None) -> ModelNotFoundError:
+    """The error for a name that is no built-in model, directory or file, saying what is."""
+    error = ModelNotFoundError(model, builtin_models() if registry is None else registry)
     error.message += (
         " A model is a built-in name, a Hugging Face directory (config.json, *.safetensors, "
-        "tokenizer.json) or a .gguf file."
+        "tokenizer.json), a .gguf file, a compiled artifact's directory or an hf:// model."
     )
     error.args = (error.message,)
-    raise error
+    return error
 
 
 def _fetch_builtin(name: str, entry: dict[str, Any], progress: Progress | None) -> Path:

@@ -30,6 +30,7 @@ from ..engine.errors import InvalidRequestError, WickError
 from ..engine.model_info import model_names
 from ..native.devices import DEVICE_HELP, DEVICES
 from ..native.devices import device as device_arg
+from .arg_types import positive_int
 from .progress_bars import ProgressBars, human_bytes
 
 QUANTIZATIONS = tuple(_SCHEMES)
@@ -321,16 +322,6 @@ def add_serve_parser(sub) -> None:
 # Parser and entry point
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .._version import __version__
 
@@ -351,11 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "for most (wick models lists them); devices without shader-f16 need "
                         "q4f32_1)")
     p.add_argument("--output", "-o", type=Path, help="artifact directory (default: the cache)")
-    p.add_argument("--context-window", type=_positive_int,
+    p.add_argument("--context-window", type=positive_int,
                    help="max tokens per sequence (default: the model's)")
-    p.add_argument("--prefill-chunk-size", type=_positive_int, default=256,
+    p.add_argument("--prefill-chunk-size", type=positive_int, default=256,
                    help="max new tokens per step (default 256)")
-    p.add_argument("--max-batch-size", type=_positive_int, default=32,
+    p.add_argument("--max-batch-size", type=positive_int, default=32,
                    help="max sequences per step (default 32)")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
     p.add_argument("--kernel-sets", metavar="SETS",
@@ -379,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="0 = greedy (default 1)")
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
-    p.add_argument("--max-tokens", type=_positive_int, help="per reply (default: until EOS)")
+    p.add_argument("--max-tokens", type=positive_int, help="per reply (default: until EOS)")
     p.add_argument("--seed", type=int)
     p.add_argument("--system", help="system prompt")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,

@@ -55,6 +55,18 @@ def pick_quantization(model: str, quantization: str | None, features,
     return quantization
 
 
+def check_model_named(model: str) -> None:
+    """Raise the "no such model" error for a name that can name nothing: no built-in model, no
+    hf:// model, no existing path (``wick serve`` asks before it listens, so a typo is one
+    ``error:`` line, not a server that starts and then fails to load)."""
+    from ..compiler.hub import is_hub_uri
+    from ..compiler.sources import builtin_models, model_not_found
+
+    if not (is_hub_uri(model) or Path(model).expanduser().exists()
+            or model in builtin_models()):
+        raise model_not_found(model)
+
+
 def load_artifact(model: str, quantization: str | None, features, progress: Progress | None,
                   prefer_f32: bool = False) -> Artifact:
     from ..compiler.hub import is_hub_uri

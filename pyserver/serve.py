@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from ..compiler.quantization import QUANTIZATIONS as _SCHEMES
 from ..native.devices import DEVICE_HELP, DEVICES
 from ..native.devices import device as device_arg
+from .arg_types import number_in, positive_int
 from .connection import HEADER_TIMEOUT_S, WRITE_TIMEOUT_S
 from .replicas import ROUTER_NAMES
 
@@ -48,7 +49,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help=DEVICE_HELP + "; cuda:N the N-th NVIDIA GPU")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--port", type=number_in(int, 0, 65535), default=8000, help="port (default 8000; 0 picks one)")
     p.add_argument("--api-key", default=os.environ.get("WICK_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $WICK_API_KEY; "
                         "none: no key needed)")
@@ -60,17 +61,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                                         "'.example.com' for its subdomains, '*' for any). "
                                         "Default: IP addresses, localhost and this machine's "
                                         "name, which keeps DNS-rebinding pages out")
-    p.add_argument("--body-timeout", type=float, metavar="SECONDS",
+    p.add_argument("--body-timeout", type=number_in(float, 0, above=True), metavar="SECONDS",
                    help="a request body must arrive within this (default 60; a pause over 15 s "
                         "also ends it): slow or half-sent bodies get a 408")
-    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--header-timeout", type=number_in(float, 0, above=True), default=HEADER_TIMEOUT_S, metavar="SECONDS",
                    help="a connection must send each request's headers within this (default "
                         f"{HEADER_TIMEOUT_S:.0f}); connections that trickle or send nothing "
                         "are closed")
-    p.add_argument("--write-timeout", type=float, default=WRITE_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--write-timeout", type=number_in(float, 0, above=True), default=WRITE_TIMEOUT_S, metavar="SECONDS",
                    help="a client that reads none of its response for this long (a model file, "
                         f"a stream) is disconnected (default {WRITE_TIMEOUT_S:.0f})")
-    p.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="SECONDS",
+    p.add_argument("--shutdown-grace", type=number_in(float, 0), default=SHUTDOWN_GRACE_S, metavar="SECONDS",
                    help="on SIGTERM/Ctrl-C, how long running requests may finish before they "
                         f"are ended with an error (default {SHUTDOWN_GRACE_S:.0f})")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
@@ -88,9 +89,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     add_grammar_arguments(p)
     add_speculative_arguments(p)
     add_replica_arguments(p)
-    p.add_argument("--kv-cache-mib", type=int,
+    p.add_argument("--kv-cache-mib", type=positive_int,
                    help="KV cache budget per model in MiB (default 256)")
-    p.add_argument("--max-body-mib", type=float, default=MAX_BODY_MIB,
+    p.add_argument("--max-body-mib", type=number_in(float, 0, above=True), default=MAX_BODY_MIB,
                    help=f"largest request body accepted (default {MAX_BODY_MIB})")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default="info")
@@ -180,19 +181,9 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                         "served model itself)")
     p.add_argument("--draft-quantization", metavar="Q",
                    help=f"its variant (default {DRAFT_QUANTIZATION})")
-    p.add_argument("--num-speculative-tokens", type=_draft_count, metavar="K",
+    p.add_argument("--num-speculative-tokens", type=number_in(int, 1, 64), metavar="K",
                    help=f"most drafts per step (default {DEFAULT_NUM_TOKENS}); the engine "
                         "drafts fewer, or none, where a sequence's drafts are not accepted")
-
-
-def _draft_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 1 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"must be in [1, 64], got {value}")
-    return value
 
 
 def speculative_of(args: argparse.Namespace):
@@ -271,6 +262,10 @@ def serve_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from .local import check_model_named
+
+    for model in models:
+        check_model_named(model)
     return run_server(
         models, host=args.host, port=args.port, api_key=args.api_key,
         cors_origins=args.cors_origins, allowed_hosts=args.allowed_hosts,
@@ -457,10 +452,22 @@ class ServerThread:
 
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: any free port)."""
+    import errno
+
+    from ..engine.errors import WickError
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:  # (a port in use, an address not this machine's, a name unknown)
+        sock.close()
+        fix = ("another program listens there: choose another port with --port (0 picks a "
+               "free one)" if e.errno == errno.EADDRINUSE else
+               "check --host (an address of this machine, or a name that resolves to one)")
+        raise WickError(f"cannot listen on {host}:{port} ({e.strerror or e}); {fix}",
+                        code="address_unavailable") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock

@@ -606,3 +606,44 @@ def test_replica_gpus_default_to_one_each_on_cuda_and_the_app_name_is_passed_on(
     config = AutoscalingConfig(**options["autoscaling_config"])
     assert (config.min_replicas, config.max_replicas, config.initial_replicas) == (0, 3, 1)
     assert config.target_ongoing_requests == 4
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kv-cache-mib", "0"], "argument --kv-cache-mib: must be >= 1, got 0"),
+    (["--kv-cache-mib", "-5"], "argument --kv-cache-mib: must be >= 1, got -5"),
+    (["--port", "99999"], "argument --port: must be in [0, 65535], got 99999"),
+    (["--max-body-mib", "nan"], "argument --max-body-mib: must be a finite number"),
+    (["--header-timeout", "0"], "argument --header-timeout: must be > 0, got 0"),
+    (["--num-speculative-tokens", "65"], "must be in [1, 64], got 65"),
+])
+def test_serve_refuses_out_of_range_numbers_before_starting(flags, message, capsys):
+    """A number no server can run with is argparse's usage error (exit 2) naming the range:
+    ``--kv-cache-mib -5`` used to start a server with one KV page that refused every request,
+    ``--port 99999`` to end in an OverflowError called a wick bug."""
+    from wick.server.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "some-model", *flags])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_of_an_unknown_model_or_a_taken_port_is_one_error_line(wick_env, artifact):
+    """Both before the server listens: a name that names nothing (no log lines of a server
+    that started and failed to load it), and a port another program holds (what to do, not
+    "a wick bug")."""
+    import socket
+
+    result = wick(wick_env, "serve", "no-such-model-xyz", "--port", "0", timeout=60)
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
+    assert "'no-such-model-xyz' does not exist" in result.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        result = wick(wick_env, "serve", str(artifact), "--port", port, timeout=60)
+    no_traceback(result)
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in line
+    assert "--port" in line and "wick bug" not in line
