@@ -106,7 +106,7 @@ def fetch(model: str) -> Fetched:
     """Download (or find in the cache) what wick needs of ``model``, an ``hf://`` URI."""
     ref = parse(model)
     if ref.filename is not None:
-        return _gguf(ref, ref.filename)  # (a commit in the cache: no request at all)
+        return _named_gguf(ref)
     if ref.revision is not None and COMMIT.fullmatch(ref.revision) and _cached(ref):
         try:  # a commit never changes: nothing to ask the Hub, unless the cache lacks a file
             return _from_cache(ref, None)
@@ -202,6 +202,28 @@ def _snapshot(ref: HubRef, patterns: list[str] | None, cached_only: bool = False
     return _calling(ref, lambda: snapshot_download(
         ref.repo_id, revision=ref.revision, allow_patterns=patterns,
         local_files_only=cached_only), cause)
+
+
+def _named_gguf(ref: HubRef) -> Fetched:
+    """A GGUF file the URI names: from the cache at a commit without a request; else the Hub
+    is asked for the repo first (one request, which fails at once without network, where
+    hf_hub_download's own request is retried five times, 23 s, logging each), and the cache
+    serves where it cannot be asked."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached() -> Fetched | None:
+        path = try_to_load_from_cache(ref.repo_id, ref.filename, revision=ref.revision)
+        return _fetched("gguf", Path(path), ref, ref.filename) if isinstance(path, str) else None
+
+    if ref.revision is not None and COMMIT.fullmatch(ref.revision) and (hit := cached()):
+        return hit
+    try:
+        _listing(ref)
+    except _NoAnswer as no_answer:
+        if hit := cached():
+            return hit
+        raise _unreachable(ref, no_answer.cause) from None
+    return _gguf(ref, ref.filename)
 
 
 def _gguf(ref: HubRef, filename: str) -> Fetched:

@@ -156,9 +156,10 @@ def test_missing_repo_revision_and_file(hub):
         assert says in caught.value.message and caught.value.param == "model"
 
 
-def test_the_cache_serves_without_network(hub, tmp_path):
+def test_the_cache_serves_without_network(hub, tmp_path, caplog):
     """Fetched once, a repo is found again with the Hub unreachable (a dead port) and with
-    HF_HUB_OFFLINE; one never fetched says so and what to do."""
+    HF_HUB_OFFLINE; one never fetched says so and what to do, at once (a named GGUF went
+    through hf_hub_download's request, retried five times over 23 s, a log line each)."""
     from huggingface_hub import constants
 
     from wick.compiler.hub import HubUnreachableError, fetch
@@ -176,6 +177,10 @@ def test_the_cache_serves_without_network(hub, tmp_path):
             fetch("hf://org/never")
         assert caught.value.status == 502 and "cannot reach http://127.0.0.1:9" in caught.value.message
         assert "not in the Hugging Face cache" in caught.value.message
+        for never in ("hf://org/never/m.gguf", "hf://org/gguf/other.gguf"):
+            with pytest.raises(HubUnreachableError, match="cannot reach http://127.0.0.1:9"):
+                fetch(never)
+        assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
     with using(dead, tmp_path / "hf-cache") as patch:
         patch.setattr(constants, "HF_HUB_OFFLINE", True)
         assert fetch("hf://org/model") == online[0]
