@@ -34,7 +34,7 @@ from .core import EngineCore, SequenceOutput, StepRunner
 from .embeddings import EmbeddingsEndpoint
 from .endpoint import Endpoint, Submitted
 from .errors import EngineAbortedError, WickError
-from .grammar import CompiledGrammar, GrammarSpec
+from .grammar import CompiledGrammar, GrammarSpec, check_opens, check_opens_async
 from .logprob_text import TokenTexts
 from .model_info import ModelInfo
 from .serve_chat import ChatEndpoint
@@ -151,6 +151,7 @@ class EngineAPI(_Frontend):
                 sub, chunks)
         if prep.grammar_spec is not None:
             prep.grammar = self._compile(prep.grammar_spec)
+            check_opens(prep.grammar, prep.grammar_spec)
         sub = endpoint.submit(prep)
         for rid in sub.request_ids:
             self._inbox[rid] = deque()
@@ -282,6 +283,7 @@ class AsyncEngineAPI(_Frontend):
                 sub, chunks)
         if prep.grammar_spec is not None:
             prep.grammar = await self._compile_async(prep.grammar_spec)
+            await check_opens_async(prep.grammar, prep.grammar_spec)
         sub = endpoint.submit(prep)
         for rid in sub.request_ids:
             self._queues[rid] = asyncio.Queue()

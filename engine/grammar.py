@@ -123,6 +123,40 @@ def compile_error(spec: GrammarSpec, detail: str) -> InvalidRequestError:
                                code="invalid_json_schema")
 
 
+def check_opens(compiled: CompiledGrammar, spec: GrammarSpec) -> None:
+    """Refuse (400, as ``compile_error``) a grammar no text can start: its first mask allows no
+    token, not even a stop (``root ::= root "a"`` compiles, then ended every request at once,
+    empty, with finish_reason "stop")."""
+    matcher = compiled.matcher()
+    try:
+        _refuse_unless_open(spec, matcher, matcher.next_token_bitmask())
+    finally:
+        _close(matcher)
+
+
+async def check_opens_async(compiled: CompiledGrammar, spec: GrammarSpec) -> None:
+    """``check_opens`` for either kind of matcher (a wasm one answers with a promise)."""
+    matcher = compiled.matcher()
+    try:
+        read = getattr(matcher, "next_token_bitmask_async", None)
+        mask = await read() if read is not None else matcher.next_token_bitmask()
+        _refuse_unless_open(spec, matcher, mask)
+    finally:
+        _close(matcher)
+
+
+def _refuse_unless_open(spec: GrammarSpec, matcher: GrammarMatcher, mask: bytes) -> None:
+    if not any(mask) and not matcher.is_terminated():
+        raise compile_error(spec, "no text matches it (a rule that can only refer to itself "
+                                  "never ends)")
+
+
+def _close(matcher: GrammarMatcher) -> None:
+    close = getattr(matcher, "close", None)  # (a wasm matcher holds memory of its own)
+    if close is not None:
+        close()
+
+
 class GrammarCache:
     """Compiled grammars by spec, least recently used dropped past ``capacity`` entries or
     ``max_bytes`` of their memory (as ``put`` is told it; the newest entry always stays), and

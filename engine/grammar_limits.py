@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .errors import InvalidRequestError
+from .schema_support import SCHEMA_DEFS, SCHEMA_LIST, SCHEMA_MAP, SCHEMA_ONE, check_enforceable
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,8 @@ class GrammarLimits:
             schema = response_format["json_schema"].get("schema")
             if schema is not None:
                 self.check_schema(schema, "response_format.json_schema.schema")
+                # (after the bounds: what is walked is bounded)
+                check_enforceable(schema, "response_format.json_schema.schema")
         elif kind == "grammar":
             self.check_ebnf(response_format["grammar"], "response_format.grammar")
 
@@ -135,23 +138,17 @@ class GrammarLimits:
 # ---------------------------------------------------------------------------------------------
 # JSON schemas
 
-# keywords whose value is one subschema, a list of them, or an object of them
-_ONE = ("additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
-        "contains", "propertyNames", "not", "if", "then", "else", "contentSchema", "items")
-_LIST = ("prefixItems", "anyOf", "oneOf", "allOf", "items")
-_MAP = ("properties", "patternProperties", "dependentSchemas")
-_DEFS = ("$defs", "definitions")
 
 
 def _subschemas(node: dict) -> list[Any]:
     out: list[Any] = []
-    for key in _ONE:
+    for key in SCHEMA_ONE:
         if isinstance(node.get(key), dict):
             out.append(node[key])
-    for key in _LIST:
+    for key in SCHEMA_LIST:
         if isinstance(node.get(key), list):
             out.extend(s for s in node[key] if isinstance(s, dict))
-    for key in _MAP:
+    for key in SCHEMA_MAP:
         if isinstance(node.get(key), dict):
             out.extend(s for s in node[key].values() if isinstance(s, dict))
     return out
@@ -173,7 +170,7 @@ class _SchemaMeasure:
         self._depths: dict[int, int] = {}  # id(subschema) -> its depth
         self._count_properties(root, properties_cap)
         if isinstance(root, dict):
-            roots = [root] + [d for key in _DEFS if isinstance(root.get(key), dict)
+            roots = [root] + [d for key in SCHEMA_DEFS if isinstance(root.get(key), dict)
                               for d in root[key].values() if isinstance(d, dict)]
             for node in roots:
                 self.depth = max(self.depth, self._depth(node))
@@ -194,7 +191,7 @@ class _SchemaMeasure:
                 names.update(r for r in node["required"] if isinstance(r, str))
             self.properties += len(names)
             stack.extend(_subschemas(node))
-            for key in _DEFS:
+            for key in SCHEMA_DEFS:
                 if isinstance(node.get(key), dict):
                     stack.extend(node[key].values())
 

@@ -100,6 +100,22 @@ def test_grammar_errors_through_the_client(client, names):
                                   extra_body={"response_format": {"type": "grammar",
                                                                   "grammar": "root ::= ("}})
     assert e.value.body["code"] == "invalid_grammar"
+    # a grammar that matches no text (it compiles; every request ended at once, empty, "stop")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=names[0], prompt="x", max_tokens=4,
+                                  extra_body={"response_format": {"type": "grammar",
+                                                                  "grammar": 'root ::= root "a"'}})
+    assert e.value.body["code"] == "invalid_grammar" and "no text matches" in e.value.body[
+        "message"]
+    # a schema whose output could break it (engine/schema_support.py): required b undescribed
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=names[0], messages=HELLO, max_tokens=4, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                    "type": "object", "properties": {"a": {"type": "string"}},
+                    "required": ["b"]}}})
+    assert (e.value.body["param"], e.value.body["code"]) == (
+        "response_format.json_schema.schema", "unsupported_schema")
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=names[0], messages=HELLO, max_tokens=4,
                                        logprobs=True, top_logprobs=21)

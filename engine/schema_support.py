@@ -1,0 +1,76 @@
+"""What a JSON schema asks that constrained decoding cannot enforce.
+
+The grammar compiler (xgrammar, natively and in the browser) turns a schema into a grammar
+and leaves out what a grammar cannot say, without a word: measured on xgrammar 0.1.27, a
+string that breaks any of ``UNENFORCED`` still matched (``not``, ``if``/``then``/``else``,
+``dependentRequired``/``dependentSchemas``, ``uniqueItems``, ``contains`` and its counts,
+``multipleOf``), and so did an object without a ``required`` property that ``properties`` does
+not describe (``{"properties": {"a": ...}, "required": ["b"]}`` gave ``{"a": "..."}``). A
+request whose output could break its own schema gets a 400 naming the keyword and where it is,
+as OpenAI's structured outputs and vLLM's xgrammar backend refuse what they do not support,
+instead of output that fails the caller's validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InvalidRequestError
+
+# keywords whose value is one subschema, a list of them, or an object of them
+SCHEMA_ONE = ("additionalProperties", "additionalItems", "unevaluatedProperties",
+              "unevaluatedItems", "contains", "propertyNames", "not", "if", "then", "else",
+              "contentSchema", "items")
+SCHEMA_LIST = ("prefixItems", "anyOf", "oneOf", "allOf", "items")
+SCHEMA_MAP = ("properties", "patternProperties", "dependentSchemas")
+SCHEMA_DEFS = ("$defs", "definitions")
+# keywords the grammar leaves out (above)
+UNENFORCED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+              "uniqueItems", "contains", "minContains", "maxContains", "multipleOf")
+
+
+def check_enforceable(schema: Any, param: str) -> None:
+    """Raise a 400 (code ``unsupported_schema``) for the first part of ``schema`` the grammar
+    would not enforce. The schema's size is bounded before (GrammarLimits): the walk is too,
+    and it has no recursion."""
+    stack: list[tuple[Any, str]] = [(schema, "#")]
+    seen: set[int] = set()
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for keyword in UNENFORCED:
+            if keyword in node and node[keyword] is not False:
+                raise _unsupported(param, where, f"'{keyword}'", "remove it, or check the "
+                                   "output against it yourself")
+        required, properties = node.get("required"), node.get("properties")
+        if isinstance(required, list):
+            named = properties if isinstance(properties, dict) else {}
+            loose = [r for r in required if isinstance(r, str) and r not in named]
+            if loose:
+                raise _unsupported(param, where, f"'required' property '{loose[0]}', which "
+                                   "'properties' does not describe,", "describe it under "
+                                   "'properties' (a required property must have a schema)")
+        stack.extend(_children(node, where))
+
+
+def _children(node: dict, where: str) -> list[tuple[Any, str]]:
+    out: list[tuple[Any, str]] = []
+    for key in SCHEMA_ONE:
+        if isinstance(node.get(key), dict):
+            out.append((node[key], f"{where}/{key}"))
+    for key in SCHEMA_LIST:
+        if isinstance(node.get(key), list):
+            out.extend((s, f"{where}/{key}/{i}") for i, s in enumerate(node[key]))
+    for key in (*SCHEMA_MAP, *SCHEMA_DEFS):
+        if isinstance(node.get(key), dict):
+            out.extend((s, f"{where}/{key}/{name}") for name, s in node[key].items())
+    return out
+
+
+def _unsupported(param: str, where: str, what: str, fix: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"The schema in '{param}' has {what} at {where}: constrained decoding cannot enforce "
+        f"it, so the output could break the schema; {fix}.", param=param,
+        code="unsupported_schema")
