@@ -109,7 +109,12 @@ def guarded_protocol(header_timeout: float, write_timeout: float) -> type:
         # -- what h11 cannot parse --------------------------------------------------------
 
         def send_400_response(self, msg: str) -> None:
-            err = InvalidRequestError(f"Invalid HTTP request: {msg}.", code="invalid_http_request")
+            # (uvicorn's messages end with a period or not, and may say "Invalid HTTP
+            # request" themselves: one period, and the words once)
+            detail = msg.strip().rstrip(".")
+            if not detail.lower().startswith("invalid http request"):
+                detail = f"Invalid HTTP request: {detail}"
+            err = InvalidRequestError(f"{detail}.", code="invalid_http_request")
             body = json.dumps(err.to_dict()).encode()
             self.transport.write(
                 b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
