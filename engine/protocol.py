@@ -175,8 +175,11 @@ class SamplingFields:
         if self.model is not None and not isinstance(self.model, str):
             raise _type_error("model", "a string", self.model)
         # (a completion that echoes its prompt may ask for no new token: its prompt's logprobs)
-        _check_optional_int("max_tokens", self.max_tokens, 0 if getattr(self, "echo", False)
-                            else 1)
+        echo = getattr(self, "echo", False)
+        if self.max_tokens == 0 and not echo and hasattr(self, "echo"):
+            raise _range_error("max_tokens", f"between 1 and {INT32_MAX} (0 only with echo: "
+                                             "the prompt's logprobs)", 0)
+        _check_optional_int("max_tokens", self.max_tokens, 0 if echo else 1)
         if not _is_number(self.temperature):
             raise _type_error("temperature", "a number", self.temperature)
         if not 0.0 <= self.temperature <= 2.0:

@@ -169,7 +169,7 @@ def test_completion_request_prompts():
         assert e.value.param == "echo"
     with pytest.raises(InvalidRequestError) as e:  # no new token: only with an echo
         CompletionRequest.from_dict({"prompt": "a", "max_tokens": 0})
-    assert e.value.param == "max_tokens"
+    assert e.value.param == "max_tokens" and "0 only with echo" in e.value.message
     with pytest.raises(InvalidRequestError) as e:
         CompletionRequest.from_dict({"prompt": "a", "messages": MSGS})
     assert e.value.param == "messages"
