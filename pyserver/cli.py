@@ -72,6 +72,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from ..compiler.sources import builtin_models
+    from ..engine.protocol import SamplingFields
     from .chat_cli import ChatSession, run_repl
     from .local import Engine
     from .serve import speculative_of
@@ -79,6 +80,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     model = args.model
     if not Path(model).exists() and model not in builtin_models():
         model = str(_cached_artifact(model) or model)  # an artifact's directory name
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                "max_tokens": args.max_tokens, "seed": args.seed}
+    sampling = {k: v for k, v in sampling.items() if v is not None}
+    SamplingFields(**sampling)  # (a bad value is one error: line now, not after the load)
     bars = ProgressBars()
     try:
         engine = Engine(model, quantization=args.quantization, device=args.device,
@@ -86,10 +91,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                         prefix_cache=args.prefix_cache, speculative=speculative_of(args))
     finally:
         bars.close()
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                "max_tokens": args.max_tokens, "seed": args.seed}
-    session = ChatSession(engine, sampling={k: v for k, v in sampling.items() if v is not None},
-                          system=args.system)
+    session = ChatSession(engine, sampling=sampling, system=args.system)
     if hasattr(sys.stdout, "reconfigure"):  # a model may emit text the terminal cannot encode
         sys.stdout.reconfigure(errors="replace")
     info = engine.core.info
