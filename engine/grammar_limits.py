@@ -30,10 +30,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 from .errors import InvalidRequestError
-from .schema_support import SCHEMA_DEFS, SCHEMA_LIST, SCHEMA_MAP, SCHEMA_ONE, check_enforceable
+from .schema_support import (SCHEMA_DEFS, SCHEMA_LIST, SCHEMA_MAP, SCHEMA_ONE, check_enforceable,
+                             resolve_ref)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,7 @@ class _SchemaMeasure:
         """A node's subschemas, and its own ``$ref`` target (one level further in)."""
         out = _subschemas(node)
         ref = node.get("$ref")
-        target = _resolve(self.root, ref) if isinstance(ref, str) else None
+        target = resolve_ref(self.root, ref) if isinstance(ref, str) else None
         if target is not None:
             out.append(target)
         return out
@@ -240,28 +240,6 @@ def _json_bytes(value: Any, cap: int) -> int:
         if size > cap:
             break
     return size
-
-
-def _resolve(root: Any, ref: str) -> dict | None:
-    """A local reference (``#``, ``#/$defs/x``, any JSON pointer into the document) -> its
-    target schema, or None (remote or broken: the compiler says what is wrong with it)."""
-    if not ref.startswith("#"):
-        return None
-    node = root
-    pointer = unquote(ref[1:])
-    if pointer:
-        if not pointer.startswith("/"):
-            return None
-        for part in pointer[1:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isascii() and part.isdigit() \
-                    and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-    return node if isinstance(node, dict) else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ string that breaks any of ``UNENFORCED`` still matched (``not``, ``if``/``then``
 ``dependentRequired``/``dependentSchemas``, ``uniqueItems``, ``contains`` and its counts,
 ``multipleOf``), and so did an object without a ``required`` property that ``properties`` does
 not describe (``{"properties": {"a": ...}, "required": ["b"]}`` gave ``{"a": "..."}``). A
-request whose output could break its own schema gets a 400 naming the keyword and where it is,
+request whose output could break its own schema gets a 400 naming the keyword and where it is
+(so does a ``$ref`` that names nothing in the document: xgrammar's own message for it is a C++
+check, "Check failed: (current.get().is<picojson::object>() ...)"),
 as OpenAI's structured outputs and vLLM's xgrammar backend refuse what they do not support,
 instead of output that fails the caller's validation.
 """
@@ -14,6 +16,7 @@ instead of output that fails the caller's validation.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 from .errors import InvalidRequestError
 
@@ -44,6 +47,11 @@ def check_enforceable(schema: Any, param: str) -> None:
             if keyword in node and node[keyword] is not False:
                 raise _unsupported(param, where, f"'{keyword}'", "remove it, or check the "
                                    "output against it yourself")
+        ref = node.get("$ref")
+        if isinstance(ref, str) and resolve_ref(schema, ref) is None:
+            raise _unsupported(param, where, f"'$ref' '{ref}', which names no schema in this "
+                               "document,", "point it at one (e.g. '#/$defs/Name'; references "
+                               "to other documents are not fetched)")
         required, properties = node.get("required"), node.get("properties")
         if isinstance(required, list):
             named = properties if isinstance(properties, dict) else {}
@@ -74,3 +82,25 @@ def _unsupported(param: str, where: str, what: str, fix: str) -> InvalidRequestE
         f"The schema in '{param}' has {what} at {where}: constrained decoding cannot enforce "
         f"it, so the output could break the schema; {fix}.", param=param,
         code="unsupported_schema")
+
+
+def resolve_ref(root: Any, ref: str) -> dict | None:
+    """A local reference (``#``, ``#/$defs/x``, any JSON pointer into the document) -> its
+    target schema, or None (remote or broken: the compiler says what is wrong with it)."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    pointer = unquote(ref[1:])
+    if pointer:
+        if not pointer.startswith("/"):
+            return None
+        for part in pointer[1:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isascii() and part.isdigit() \
+                    and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+    return node if isinstance(node, dict) else None

@@ -83,3 +83,14 @@ def test_schemas_people_write_pass(schema):
     check_enforceable(schema, SCHEMA)
     GrammarLimits().check_request(
         {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, [])
+
+
+@pytest.mark.parametrize("ref", ["#/$defs/Missing", "https://example.com/s.json", "#nope"])
+def test_a_reference_to_nothing_is_refused_in_words(ref):
+    """xgrammar's own refusal of these is a C++ check's text (or, for a remote one, nothing
+    wick could fetch): the 400 says what to write instead."""
+    schema = {"type": "object", "properties": {"pet": {"$ref": ref}}, "required": ["pet"],
+              "$defs": {"Cat": {"type": "string"}}}
+    message = refusal(schema).message
+    assert f"'$ref' '{ref}'" in message and "at #/properties/pet" in message
+    check_enforceable({**schema, "properties": {"pet": {"$ref": "#/$defs/Cat"}}}, SCHEMA)
