@@ -71,15 +71,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from ..compiler.sources import builtin_models
     from ..engine.protocol import SamplingFields
     from .chat_cli import ChatSession, run_repl
-    from .local import Engine
+    from .local import Engine, named_artifact
     from .serve import speculative_of
 
-    model = args.model
-    if not Path(model).exists() and model not in builtin_models():
-        model = str(_cached_artifact(model) or model)  # an artifact's directory name
+    model = named_artifact(args.model)  # (an artifact's directory name: its path)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                 "max_tokens": args.max_tokens, "seed": args.seed}
     sampling = {k: v for k, v in sampling.items() if v is not None}
@@ -108,12 +105,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
-    from ..compiler.sources import builtin_models
-    from .local import Engine
+    from .local import Engine, named_artifact
 
-    model = args.model
-    if not Path(model).exists() and model not in builtin_models():
-        model = str(_cached_artifact(model) or model)
+    model = named_artifact(args.model)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise InvalidRequestError("no text to embed: pass texts as arguments or one per line "
@@ -212,16 +206,6 @@ def cmd_list(args: argparse.Namespace) -> int:
               "another version of wick's compiler, so naming their model compiles it anew (a "
               "path still loads one). `wick rm --stale` deletes them.", file=sys.stderr)
     return 0
-
-
-def _cached_artifact(dir_name: str) -> Path | None:
-    from ..compiler.paths import artifacts_dir
-    from ..engine.artifact import MANIFEST_NAME
-
-    if "/" in dir_name or dir_name.startswith("."):
-        return None
-    path = artifacts_dir() / dir_name
-    return path if (path / MANIFEST_NAME).is_file() else None
 
 
 def find_artifact(name_or_path: str) -> Path:

@@ -55,6 +55,19 @@ def pick_quantization(model: str, quantization: str | None, features,
     return quantization
 
 
+def named_artifact(model: str) -> str:
+    """``model``, or the path of the cached artifact whose directory name it is (as ``wick
+    list`` shows it), where it names no built-in model or existing path."""
+    from ..compiler.paths import artifacts_dir
+    from ..compiler.sources import builtin_models
+
+    if Path(model).exists() or model in builtin_models() or "/" in model \
+            or model.startswith("."):
+        return model
+    path = artifacts_dir() / model
+    return str(path) if (path / MANIFEST_NAME).is_file() else model
+
+
 def check_model_named(model: str) -> None:
     """Raise the "no such model" error for a name that can name nothing: no built-in model, no
     hf:// model, no existing path (``wick serve`` asks before it listens, so a typo is one

@@ -262,8 +262,9 @@ def serve_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from .local import check_model_named
+    from .local import check_model_named, named_artifact
 
+    models = [named_artifact(m) for m in models]  # (as wick chat: an artifact's dir name)
     for model in models:
         check_model_named(model)
     return run_server(

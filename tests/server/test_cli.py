@@ -648,3 +648,19 @@ def test_serve_of_an_unknown_model_or_a_taken_port_is_one_error_line(wick_env, a
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in line
     assert "--port" in line and "wick bug" not in line
+
+
+def test_an_artifacts_directory_name_names_it_for_serve_chat_and_embed(tmp_path, monkeypatch):
+    """``wick list`` shows each cached artifact's directory; its name alone names it (wick chat
+    and embed took it, wick serve now too), and a name that is no artifact's stays as given."""
+    from wick.engine.artifact import MANIFEST_NAME
+    from wick.server.local import check_model_named, named_artifact
+
+    monkeypatch.setenv("WICK_HOME", str(tmp_path))
+    cached = tmp_path / "artifacts" / "tiny-q0f32-0123456789abcdef"
+    cached.mkdir(parents=True)
+    (cached / MANIFEST_NAME).write_text("{}")
+    assert named_artifact(cached.name) == str(cached)
+    check_model_named(named_artifact(cached.name))
+    for other in ("smollm2-135m-instruct", "no-such-artifact", "./tiny", "a/b"):
+        assert named_artifact(other) == other
