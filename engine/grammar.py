@@ -126,29 +126,42 @@ def compile_error(spec: GrammarSpec, detail: str) -> InvalidRequestError:
 def check_opens(compiled: CompiledGrammar, spec: GrammarSpec) -> None:
     """Refuse (400, as ``compile_error``) a grammar no text can start: its first mask allows no
     token, not even a stop (``root ::= root "a"`` compiles, then ended every request at once,
-    empty, with finish_reason "stop")."""
+    empty, with finish_reason "stop"). Once per compiled grammar: a grammar that opened is
+    marked so (the cache hands the same object to every request that asks for it)."""
+    if getattr(compiled, OPENS, False):
+        return
     matcher = compiled.matcher()
     try:
-        _refuse_unless_open(spec, matcher, matcher.next_token_bitmask())
+        _refuse_unless_open(compiled, spec, matcher, matcher.next_token_bitmask())
     finally:
         _close(matcher)
 
 
 async def check_opens_async(compiled: CompiledGrammar, spec: GrammarSpec) -> None:
     """``check_opens`` for either kind of matcher (a wasm one answers with a promise)."""
+    if getattr(compiled, OPENS, False):
+        return
     matcher = compiled.matcher()
     try:
         read = getattr(matcher, "next_token_bitmask_async", None)
         mask = await read() if read is not None else matcher.next_token_bitmask()
-        _refuse_unless_open(spec, matcher, mask)
+        _refuse_unless_open(compiled, spec, matcher, mask)
     finally:
         _close(matcher)
 
 
-def _refuse_unless_open(spec: GrammarSpec, matcher: GrammarMatcher, mask: bytes) -> None:
+OPENS = "wick_opens"  # (the mark check_opens leaves on a compiled grammar that opened)
+
+
+def _refuse_unless_open(compiled: CompiledGrammar, spec: GrammarSpec, matcher: GrammarMatcher,
+                        mask: bytes) -> None:
     if not any(mask) and not matcher.is_terminated():
         raise compile_error(spec, "no text matches it (a rule that can only refer to itself "
                                   "never ends)")
+    try:
+        setattr(compiled, OPENS, True)
+    except AttributeError:  # (an object without a __dict__: checked again next time)
+        pass
 
 
 def _close(matcher: GrammarMatcher) -> None:

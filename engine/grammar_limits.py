@@ -114,6 +114,9 @@ class GrammarLimits:
         if tools:
             self.check_schemas([(t.parameters, f"tools[{i}].function.parameters")
                                 for i, t in enumerate(tools)], "tools")
+            for i, t in enumerate(tools):  # (their keywords: as before, see schema_support)
+                check_enforceable(t.parameters, f"tools[{i}].function.parameters",
+                                  refs_only=True)
         if not response_format:
             return
         kind = response_format.get("type")

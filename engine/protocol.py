@@ -176,7 +176,8 @@ class SamplingFields:
             raise _type_error("model", "a string", self.model)
         # (a completion that echoes its prompt may ask for no new token: its prompt's logprobs)
         echo = getattr(self, "echo", False)
-        if self.max_tokens == 0 and not echo and hasattr(self, "echo"):
+        if _is_int(self.max_tokens) and self.max_tokens == 0 and not echo \
+                and hasattr(self, "echo"):
             raise _range_error("max_tokens", f"between 1 and {INT32_MAX} (0 only with echo: "
                                              "the prompt's logprobs)", 0)
         _check_optional_int("max_tokens", self.max_tokens, 0 if echo else 1)

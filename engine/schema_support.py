@@ -32,10 +32,12 @@ UNENFORCED = ("not", "if", "then", "else", "dependentRequired", "dependentSchema
               "uniqueItems", "contains", "minContains", "maxContains", "multipleOf")
 
 
-def check_enforceable(schema: Any, param: str) -> None:
+def check_enforceable(schema: Any, param: str, refs_only: bool = False) -> None:
     """Raise a 400 (code ``unsupported_schema``) for the first part of ``schema`` the grammar
-    would not enforce. The schema's size is bounded before (GrammarLimits): the walk is too,
-    and it has no recursion."""
+    would not enforce: of what the root reaches (following local ``$ref``; a definition no
+    one refers to is not compiled into anything). ``refs_only``: only references that name
+    nothing (a tool's parameters, compiled the same way). The schema's size is bounded
+    before (GrammarLimits): the walk is too, and it has no recursion."""
     stack: list[tuple[Any, str]] = [(schema, "#")]
     seen: set[int] = set()
     while stack:
@@ -43,27 +45,39 @@ def check_enforceable(schema: Any, param: str) -> None:
         if not isinstance(node, dict) or id(node) in seen:
             continue
         seen.add(id(node))
-        for keyword in UNENFORCED:
-            if keyword in node and node[keyword] is not False:
-                raise _unsupported(param, where, f"'{keyword}'", "remove it, or check the "
-                                   "output against it yourself")
         ref = node.get("$ref")
-        if isinstance(ref, str) and resolve_ref(schema, ref) is None:
-            raise _unsupported(param, where, f"'$ref' '{ref}', which names no schema in this "
-                               "document,", "point it at one (e.g. '#/$defs/Name'; references "
-                               "to other documents are not fetched)")
-        required, properties = node.get("required"), node.get("properties")
-        if isinstance(required, list):
-            named = properties if isinstance(properties, dict) else {}
-            loose = [r for r in required if isinstance(r, str) and r not in named]
-            if loose:
-                raise _unsupported(param, where, f"'required' property '{loose[0]}', which "
-                                   "'properties' does not describe,", "describe it under "
-                                   "'properties' (a required property must have a schema)")
+        if isinstance(ref, str):
+            target = _pointer_target(schema, ref)
+            if not isinstance(target, (dict, bool)):
+                raise _unsupported(param, where, f"'$ref' '{ref}', which names no schema in "
+                                   "this document,", "point it at one (e.g. '#/$defs/Name'; "
+                                   "references to other documents are not fetched)")
+            stack.append((target, ref))
+        if not refs_only:
+            _check_node(node, where, param)
         stack.extend(_children(node, where))
 
 
+def _check_node(node: dict, where: str, param: str) -> None:
+    for keyword in UNENFORCED:
+        if keyword not in node or node[keyword] is False:
+            continue
+        if keyword == "multipleOf" and node[keyword] == 1 and node.get("type") == "integer":
+            continue  # (every integer is)
+        raise _unsupported(param, where, f"'{keyword}'", "remove it, or check the output "
+                           "against it yourself")
+    required, properties = node.get("required"), node.get("properties")
+    if isinstance(required, list):
+        named = properties if isinstance(properties, dict) else {}
+        loose = [r for r in required if isinstance(r, str) and r not in named]
+        if loose:
+            raise _unsupported(param, where, f"'required' property '{loose[0]}', which "
+                               "'properties' does not describe,", "describe it under "
+                               "'properties' (a required property must have a schema)")
+
+
 def _children(node: dict, where: str) -> list[tuple[Any, str]]:
+    """The subschemas in ``node`` itself (definitions are reached through references)."""
     out: list[tuple[Any, str]] = []
     for key in SCHEMA_ONE:
         if isinstance(node.get(key), dict):
@@ -71,7 +85,7 @@ def _children(node: dict, where: str) -> list[tuple[Any, str]]:
     for key in SCHEMA_LIST:
         if isinstance(node.get(key), list):
             out.extend((s, f"{where}/{key}/{i}") for i, s in enumerate(node[key]))
-    for key in (*SCHEMA_MAP, *SCHEMA_DEFS):
+    for key in SCHEMA_MAP:
         if isinstance(node.get(key), dict):
             out.extend((s, f"{where}/{key}/{name}") for name, s in node[key].items())
     return out
@@ -84,16 +98,25 @@ def _unsupported(param: str, where: str, what: str, fix: str) -> InvalidRequestE
         code="unsupported_schema")
 
 
+_MISSING = object()
+
+
 def resolve_ref(root: Any, ref: str) -> dict | None:
     """A local reference (``#``, ``#/$defs/x``, any JSON pointer into the document) -> its
-    target schema, or None (remote or broken: the compiler says what is wrong with it)."""
+    target schema, or None (remote, broken, or a boolean schema)."""
+    node = _pointer_target(root, ref)
+    return node if isinstance(node, dict) else None
+
+
+def _pointer_target(root: Any, ref: str) -> Any:
+    """What a local reference points at (any JSON value), or ``_MISSING``."""
     if not ref.startswith("#"):
-        return None
+        return _MISSING
     node = root
     pointer = unquote(ref[1:])
     if pointer:
         if not pointer.startswith("/"):
-            return None
+            return _MISSING
         for part in pointer[1:].split("/"):
             part = part.replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and part in node:
@@ -102,5 +125,5 @@ def resolve_ref(root: Any, ref: str) -> dict | None:
                     and int(part) < len(node):
                 node = node[int(part)]
             else:
-                return None
-    return node if isinstance(node, dict) else None
+                return _MISSING
+    return node

@@ -49,7 +49,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help=DEVICE_HELP + "; cuda:N the N-th NVIDIA GPU")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=number_in(int, 0, 65535), default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--port", type=number_in(int, 0, 65535), default=8000,
+                   help="port (default 8000; 0 picks one)")
     p.add_argument("--api-key", default=os.environ.get("WICK_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $WICK_API_KEY; "
                         "none: no key needed)")
@@ -64,14 +65,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--body-timeout", type=number_in(float, 0, above=True), metavar="SECONDS",
                    help="a request body must arrive within this (default 60; a pause over 15 s "
                         "also ends it): slow or half-sent bodies get a 408")
-    p.add_argument("--header-timeout", type=number_in(float, 0, above=True), default=HEADER_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--header-timeout", type=number_in(float, 0, above=True),
+                   default=HEADER_TIMEOUT_S, metavar="SECONDS",
                    help="a connection must send each request's headers within this (default "
                         f"{HEADER_TIMEOUT_S:.0f}); connections that trickle or send nothing "
                         "are closed")
-    p.add_argument("--write-timeout", type=number_in(float, 0, above=True), default=WRITE_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--write-timeout", type=number_in(float, 0, above=True),
+                   default=WRITE_TIMEOUT_S, metavar="SECONDS",
                    help="a client that reads none of its response for this long (a model file, "
                         f"a stream) is disconnected (default {WRITE_TIMEOUT_S:.0f})")
-    p.add_argument("--shutdown-grace", type=number_in(float, 0), default=SHUTDOWN_GRACE_S, metavar="SECONDS",
+    p.add_argument("--shutdown-grace", type=number_in(float, 0), default=SHUTDOWN_GRACE_S,
+                   metavar="SECONDS",
                    help="on SIGTERM/Ctrl-C, how long running requests may finish before they "
                         f"are ended with an error (default {SHUTDOWN_GRACE_S:.0f})")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
@@ -265,8 +269,9 @@ def serve_main(args: argparse.Namespace) -> int:
     from .local import check_model_named, named_artifact
 
     models = [named_artifact(m) for m in models]  # (as wick chat: an artifact's dir name)
-    for model in models:
-        check_model_named(model)
+    if replicas is None:  # (replicas load on their own nodes, where other paths may exist)
+        for model in models:
+            check_model_named(model)
     return run_server(
         models, host=args.host, port=args.port, api_key=args.api_key,
         cors_origins=args.cors_origins, allowed_hosts=args.allowed_hosts,
@@ -466,6 +471,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         fix = ("another program listens there: choose another port with --port (0 picks a "
                "free one)" if e.errno == errno.EADDRINUSE else
+               "ports below 1024 need privileges: choose --port 1024 or above"
+               if e.errno == errno.EACCES else
                "check --host (an address of this machine, or a name that resolves to one)")
         raise WickError(f"cannot listen on {host}:{port} ({e.strerror or e}); {fix}",
                         code="address_unavailable") from None

@@ -19,6 +19,11 @@ GGUF_ARCHITECTURES: tuple[str, ...] = ()
 GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES: dict[str, str] = {}
 DEFAULT_PATTERN = 4  # transformers': every fourth layer global
+DEFAULT_WINDOW = 4096  # transformers' when config.json has no sliding_window (null: none)
+
+
+def window_of(hf: dict[str, Any]) -> int | None:
+    return hf["sliding_window"] if "sliding_window" in hf else DEFAULT_WINDOW
 
 
 def sliding_layers(hf: dict[str, Any]) -> list[bool]:
@@ -26,7 +31,7 @@ def sliding_layers(hf: dict[str, Any]) -> list[bool]:
     period whose last layer is global, or a string of L (local) and G (global) repeated from
     layer 0, the last layer global whatever it says)."""
     n = int(hf["num_hidden_layers"])
-    if hf.get("sliding_window") is None:
+    if window_of(hf) is None:
         return [False] * n
     if hf.get("layer_types"):
         return [t == "sliding_attention" for t in hf["layer_types"][:n]]
@@ -39,9 +44,9 @@ def sliding_layers(hf: dict[str, Any]) -> list[bool]:
 class Config(LayerwiseConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        c = super().from_hf(hf, qk_norm=True, sliding_window=hf.get("sliding_window"))
+        c = super().from_hf(hf, qk_norm=True, sliding_window=window_of(hf))
         sliding = sliding_layers(hf)
-        hybrid = hf.get("sliding_window") is not None
+        hybrid = window_of(hf) is not None
         # a hybrid model's global layers have no RoPE
         c.extra.update(sliding=sliding, rope=[s or not hybrid for s in sliding])
         return c

@@ -13,6 +13,7 @@ Llama.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -49,11 +50,7 @@ class Config(DecoderConfig):
         return c
 
     def attention(self, layer: int, dtype: str) -> AttentionSpec:
-        spec = super().attention(layer, dtype)
-        return AttentionSpec(spec.num_q_heads, spec.num_kv_heads, spec.head_dim, dtype,
-                             spec.rope_theta, spec.rope_scaling,
-                             scale=self.extra["attention_multiplier"], window=spec.window,
-                             rotary_dim=spec.rotary_dim)
+        return replace(super().attention(layer, dtype), scale=self.extra["attention_multiplier"])
 
 
 class GraniteLayer(Layer):

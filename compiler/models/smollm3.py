@@ -47,6 +47,11 @@ class Config(LayerwiseConfig):
                             sliding_window=hf.get("sliding_window") if windowed else None)
         rope = rope_layers(hf)
         types = hf.get("layer_types")
+        if types and len(types) < len(rope):
+            from ..model_config import InvalidConfig
+
+            raise InvalidConfig(f"'layer_types' lists {len(types)} layers; the model has "
+                                f"{len(rope)}")
         # transformers' default: the NoPE layers are the windowed ones
         sliding = ([t == "sliding_attention" for t in types[:len(rope)]] if types
                    else [not r for r in rope])

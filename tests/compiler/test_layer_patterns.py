@@ -11,13 +11,15 @@ pytest.importorskip("tvm")
 
 def _hf(**values):
     return {"num_hidden_layers": 8, "hidden_size": 64, "intermediate_size": 128,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, **values}
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+            "max_position_embeddings": 8192, **values}
 
 
 @pytest.mark.parametrize("values", [
     {"sliding_window": 32, "sliding_window_pattern": 4},
     {"sliding_window": 32, "sliding_window_pattern": 3},
     {"sliding_window": None},
+    {},  # (no key: transformers' 4096, hybrid)
 ])
 def test_exaone4_windows_and_nope_layers_are_transformers(values):
     """EXAONE 4: the windowed layers are those transformers marks sliding; a hybrid model's
@@ -27,11 +29,12 @@ def test_exaone4_windows_and_nope_layers_are_transformers(values):
     from wick.compiler.models.exaone4 import Config
 
     hf = _hf(**values)
+    window = values.get("sliding_window", 4096)
     want = [t == "sliding_attention" for t in Exaone4Config(**hf).layer_types] \
-        if values["sliding_window"] else [False] * 8
+        if window else [False] * 8
     c = Config.from_hf(hf)
-    assert c.extra["sliding"] == want
-    assert c.extra["rope"] == [values["sliding_window"] is None or s for s in want]
+    assert c.extra["sliding"] == want and c.sliding_window == window
+    assert c.extra["rope"] == [window is None or s for s in want]
     specs = [c.attention(i, "float32") for i in range(8)]
     assert [s.window is not None for s in specs] == want
     assert [s.rope for s in specs] == c.extra["rope"]

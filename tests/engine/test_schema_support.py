@@ -94,3 +94,25 @@ def test_a_reference_to_nothing_is_refused_in_words(ref):
     message = refusal(schema).message
     assert f"'$ref' '{ref}'" in message and "at #/properties/pet" in message
     check_enforceable({**schema, "properties": {"pet": {"$ref": "#/$defs/Cat"}}}, SCHEMA)
+
+
+def test_only_what_the_root_reaches_and_true_references_count():
+    """An unused definition is compiled into nothing (not refused); a reference to a boolean
+    schema names one; multipleOf 1 asks nothing of an integer; a tool's broken reference is
+    refused too (its keywords are not: tools worked with them before)."""
+    from wick.engine.tools import parse_tools
+
+    unused = {"type": "object", "properties": {"a": INT}, "required": ["a"],
+              "$defs": {"Unused": {"not": {}}, "Any": True}}
+    check_enforceable(unused, SCHEMA)
+    check_enforceable({**unused, "properties": {"a": {"$ref": "#/$defs/Any"}}}, SCHEMA)
+    check_enforceable({"type": "integer", "multipleOf": 1}, SCHEMA)
+    assert "'$ref' '#/$defs/Unused'" not in refusal(
+        {**unused, "properties": {"a": {"$ref": "#/$defs/Unused"}}}).message  # its 'not'
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/Gone"}, "y": {
+            "type": "array", "uniqueItems": True}}}}}])
+    with pytest.raises(InvalidRequestError) as e:
+        GrammarLimits().check_request(None, tools)
+    assert e.value.code == "unsupported_schema" and "'$ref' '#/$defs/Gone'" in e.value.message
+    assert e.value.param == "tools[0].function.parameters"
