@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidRequestError
-from .schema_support import (SCHEMA_DEFS, SCHEMA_LIST, SCHEMA_MAP, SCHEMA_ONE, check_enforceable,
-                             resolve_ref)
+from .schema_support import SCHEMA_DEFS, check_enforceable, children, resolve_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,19 +141,9 @@ class GrammarLimits:
 # JSON schemas
 
 
-
 def _subschemas(node: dict) -> list[Any]:
-    out: list[Any] = []
-    for key in SCHEMA_ONE:
-        if isinstance(node.get(key), dict):
-            out.append(node[key])
-    for key in SCHEMA_LIST:
-        if isinstance(node.get(key), list):
-            out.extend(s for s in node[key] if isinstance(s, dict))
-    for key in SCHEMA_MAP:
-        if isinstance(node.get(key), dict):
-            out.extend(s for s in node[key].values() if isinstance(s, dict))
-    return out
+    """``node``'s own subschemas (schema_support.children's, without their places)."""
+    return [s for s, _ in children(node, "") if isinstance(s, dict)]
 
 
 class _SchemaMeasure:

@@ -89,13 +89,14 @@ INT32_MAX = 2**31 - 1  # every count reaches the device as an int32
 MAX_N = 128  # OpenAI's limit on choices per request
 
 
-def _check_optional_int(param: str, value: Any, minimum: int, maximum: int = INT32_MAX) -> None:
+def _check_optional_int(param: str, value: Any, minimum: int, maximum: int = INT32_MAX,
+                        note: str = "") -> None:
     if value is None:
         return
     if not _is_int(value):
         raise _type_error(param, "an integer", value)
     if not minimum <= value <= maximum:
-        raise _range_error(param, f"between {minimum} and {maximum}", value)
+        raise _range_error(param, f"between {minimum} and {maximum}{note}", value)
 
 
 def _check_bool(param: str, value: Any) -> None:
@@ -175,12 +176,10 @@ class SamplingFields:
         if self.model is not None and not isinstance(self.model, str):
             raise _type_error("model", "a string", self.model)
         # (a completion that echoes its prompt may ask for no new token: its prompt's logprobs)
-        echo = getattr(self, "echo", False)
-        if _is_int(self.max_tokens) and self.max_tokens == 0 and not echo \
-                and hasattr(self, "echo"):
-            raise _range_error("max_tokens", f"between 1 and {INT32_MAX} (0 only with echo: "
-                                             "the prompt's logprobs)", 0)
-        _check_optional_int("max_tokens", self.max_tokens, 0 if echo else 1)
+        echo = getattr(self, "echo", None)  # (None: a chat request, which has no echo)
+        _check_optional_int("max_tokens", self.max_tokens, 0 if echo else 1,
+                            note=" (0 only with echo: the prompt's logprobs)"
+                            if echo is False else "")
         if not _is_number(self.temperature):
             raise _type_error("temperature", "a number", self.temperature)
         if not 0.0 <= self.temperature <= 2.0:

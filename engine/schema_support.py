@@ -55,7 +55,7 @@ def check_enforceable(schema: Any, param: str, refs_only: bool = False) -> None:
             stack.append((target, ref))
         if not refs_only:
             _check_node(node, where, param)
-        stack.extend(_children(node, where))
+        stack.extend(children(node, where))
 
 
 def _check_node(node: dict, where: str, param: str) -> None:
@@ -76,8 +76,9 @@ def _check_node(node: dict, where: str, param: str) -> None:
                                "'properties' (a required property must have a schema)")
 
 
-def _children(node: dict, where: str) -> list[tuple[Any, str]]:
-    """The subschemas in ``node`` itself (definitions are reached through references)."""
+def children(node: dict, where: str) -> list[tuple[Any, str]]:
+    """The subschemas in ``node`` itself, each with its JSON pointer under ``where``
+    (definitions are reached through references)."""
     out: list[tuple[Any, str]] = []
     for key in SCHEMA_ONE:
         if isinstance(node.get(key), dict):
