@@ -89,6 +89,7 @@ class GGUFModel:
                 f"(supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
             )
         self.layer_names = {**COMMON_LAYER_NAMES, **self.family.GGUF_LAYER_NAMES}
+        self.global_names = {**_GLOBAL_NAMES, **getattr(self.family, "GGUF_GLOBAL_NAMES", {})}
         self.tensor_types: dict[str, str] = {
             t.name: GGMLQuantizationType(t.tensor_type).name for t in self.reader.tensors
         }
@@ -123,7 +124,8 @@ class GGUFModel:
         if eot is not None and eos is not None and eot != eos:
             eos = [int(eos), int(eot)]
         bos = self.meta.get("tokenizer.ggml.bos_token_id")
-        extra = getattr(self.family, "gguf_config", lambda key: {})(key)
+        extra = getattr(self.family, "gguf_config", lambda key, tensors: {})(
+            key, set(self.tensor_types))
         return extra | {
             "vocab_size": int(vocab),
             "hidden_size": hidden,
@@ -132,7 +134,9 @@ class GGUFModel:
             "num_attention_heads": heads,
             "num_key_value_heads": int(key("attention.head_count_kv", heads)),
             "head_dim": head_dim,
-            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+            # (a LayerNorm family's epsilon under the same name: DecoderConfig.layer_norm)
+            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", None)
+                                  or key("attention.layer_norm_epsilon")),
             "rope_theta": float(key("rope.freq_base", 10000.0)),
             "rope_scaling": rope_scaling,
             "max_position_embeddings": int(key("context_length")),
@@ -212,8 +216,8 @@ class GGUFModel:
 
     def hf_name(self, gguf_name: str) -> str:
         """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
-        if gguf_name in _GLOBAL_NAMES:
-            return _GLOBAL_NAMES[gguf_name]
+        if gguf_name in self.global_names:
+            return self.global_names[gguf_name]
         match = _LAYER.fullmatch(gguf_name)
         if match and match.group(2) in self.layer_names:
             return f"model.layers.{match.group(1)}.{self.layer_names[match.group(2)]}"

@@ -50,6 +50,9 @@ FAMILY_CONFIGS = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"pad_token_id": 0}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
+    "phi": ("PhiConfig", "PhiForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
 }
 
 

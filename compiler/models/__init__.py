@@ -7,8 +7,11 @@
   interleaved the q/k rows (Llama only);
 - ``LAYER_NORMS`` (optional): a layer's norm weights when the first is not
   ``input_layernorm`` (OLMo 2 norms after each block only);
-- ``gguf_config(key)`` (optional): config.json keys read from the GGUF metadata beyond the
-  common ones (``key(name, default)`` reads ``<arch>.<name>``);
+- ``gguf_config(key, tensors)`` (optional): config.json keys read from the GGUF metadata beyond
+  the common ones (``key(name, default)`` reads ``<arch>.<name>``; ``tensors``: the file's
+  tensor names, where only their presence tells, as StableLM's q/k/v biases);
+- ``GGUF_GLOBAL_NAMES`` (optional): llama.cpp names of tensors outside the layers -> HF names,
+  beyond the common ones (a final LayerNorm's bias);
 - ``Config.from_hf(dict)``, ``Model(config, quant, target, max_param_bytes=...)`` with
   ``forward(*step inputs, kv_pages)`` and ``forward_spec()``, and
   ``convert_weights(config, hf_weights) -> {param name: array}`` (unquantized).
@@ -20,12 +23,12 @@ sentence-transformers pooling files) returns pooled vectors (compiler/models/poo
 
 from types import ModuleType
 
-from . import (bert, ernie4_5, exaone4, gemma2, gemma3, granite, llama, mistral, olmo2, phi3,
-               qwen2, qwen3, smollm3)
+from . import (bert, ernie4_5, exaone4, gemma, gemma2, gemma3, granite, llama, mistral, olmo2,
+               phi, phi3, qwen2, qwen3, smollm3, stablelm)
 
-FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3, gemma2,
-                                                       gemma3, granite, smollm3, olmo2, ernie4_5,
-                                                       exaone4, bert)}
+FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (llama, mistral, qwen2, qwen3, phi3, gemma,
+                                                       gemma2, gemma3, granite, smollm3, olmo2,
+                                                       ernie4_5, exaone4, stablelm, phi, bert)}
 HF_MODEL_TYPES = {t: m for m in FAMILIES.values() for t in m.HF_MODEL_TYPES}
 GGUF_ARCHITECTURES = {a: m for m in FAMILIES.values() for a in m.GGUF_ARCHITECTURES}
 

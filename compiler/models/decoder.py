@@ -50,6 +50,10 @@ class DecoderConfig:
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
     sliding_window: int | None = None  # every layer's window (Mistral, Phi-3), if any
     rotary_dim: int | None = None  # partial rotary: RoPE on the first dimensions only (Phi-3.5)
+    # LayerNorm (mean and variance, with a bias) for a layer's norms and the final one, instead
+    # of RMSNorm (StableLM, Phi-2); its epsilon is ``rms_norm_eps`` all the same
+    layer_norm: bool = False
+    head_bias: bool = False  # a bias on the LM head (Phi-2)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -122,6 +126,13 @@ def rms_norm(size: int, c: DecoderConfig, dtype: str) -> nn.RMSNorm:
     return nn.RMSNorm(size, -1, c.rms_norm_eps, bias=False, dtype=dtype)
 
 
+def block_norm(size: int, c: DecoderConfig, dtype: str) -> nn.Module:
+    """A layer's norm before (or after) a block, and the final norm: the family's kind."""
+    if c.layer_norm:
+        return nn.LayerNorm(size, c.rms_norm_eps, dtype=dtype)
+    return rms_norm(size, c, dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> None:
         self.attn = attn
@@ -164,9 +175,9 @@ class GatedMLP(nn.Module):
 
 class Layer(nn.Module):
     def __init__(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> None:
-        self.input_layernorm = rms_norm(c.hidden_size, c, quant.dtype)
+        self.input_layernorm = block_norm(c.hidden_size, c, quant.dtype)
         self.self_attn = Attention(c, attn, quant)
-        self.post_attention_layernorm = rms_norm(c.hidden_size, c, quant.dtype)
+        self.post_attention_layernorm = block_norm(c.hidden_size, c, quant.dtype)
         self.mlp = GatedMLP(c, quant)
 
     def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
@@ -180,7 +191,7 @@ class Body(nn.Module):
         # Only the vocabulary-sized tables can outgrow a storage binding in practice.
         self.embed_tokens = QEmbedding(c.vocab_size, c.hidden_size, quant, max_param_bytes)
         self.layers = nn.ModuleList(layers)
-        self.norm = rms_norm(c.hidden_size, c, quant.dtype)
+        self.norm = block_norm(c.hidden_size, c, quant.dtype)
 
 
 class DecoderForCausalLM(nn.Module):
@@ -206,7 +217,8 @@ class DecoderForCausalLM(nn.Module):
         self.embedding = c.extra.get("embedding")
         self.task = "embed" if self.embedding else "generate"
         if not c.tie_word_embeddings and not self.embedding:
-            self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant, max_param_bytes)
+            self.lm_head = QLinear(c.hidden_size, c.vocab_size, quant, max_param_bytes,
+                                   bias=c.head_bias)
         windows = {attn.shape.window for attn in self.layer_attention}
         # global and windowed layers: the windowed ones get a pool of their own
         self.paired = None in windows and len(windows) > 1
@@ -305,11 +317,16 @@ def fuse_layer_weights(c: DecoderConfig, weights: dict[str, np.ndarray],
                        ) -> dict[str, np.ndarray]:
     """HF parameter names -> this module's (fused qkv and gate_up, biases when present).
     ``norms`` (a pre-norm layer's two) and ``extra`` (e.g. ``self_attn.q_norm.weight``):
-    per-layer names copied as they are."""
+    per-layer names copied as they are; with ``c.layer_norm``, the norms' biases too."""
     out: dict[str, np.ndarray] = {"model.embed_tokens.table.weight": weights["model.embed_tokens.weight"],
                                   "model.norm.weight": weights["model.norm.weight"]}
+    if c.layer_norm:
+        out["model.norm.bias"] = weights["model.norm.bias"]
+        norms = norms + tuple(n.removesuffix(".weight") + ".bias" for n in norms)
     if not c.tie_word_embeddings and not c.extra.get("embedding"):
         out["lm_head.weight"] = weights["lm_head.weight"]
+        if c.head_bias:
+            out["lm_head.bias"] = weights["lm_head.bias"]
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."

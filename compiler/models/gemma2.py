@@ -1,11 +1,8 @@
-"""Gemma 2: the decoder with Gemma's changes, each matching HF transformers
+"""Gemma 2: Gemma's decoder (gemma.py: norms scaled by ``1 + w``, the embedding by
+``sqrt(hidden_size)``, GELU-tanh) with these changes, each matching HF transformers
 ``models/gemma2/modeling_gemma2.py``:
 
-- RMSNorm scales by ``1 + w`` (the weights are stored as offsets from one): ``convert_weights``
-  adds the one, so the compiled norm is the usual ``x * rsqrt(mean(x^2) + eps) * w``;
-- the embedding is multiplied by ``sqrt(hidden_size)``;
 - four norms a layer: after attention and after the MLP too (``post_*``), before the residual;
-- the MLP's activation is GELU with the tanh approximation;
 - attention scores are scaled by ``query_pre_attn_scalar ** -0.5`` and soft-capped
   (``attn_logit_softcapping``), the final logits too (``final_logit_softcapping``);
 - layers alternate sliding-window (even) and global (odd) attention (``layer_types``).
@@ -22,8 +19,9 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, effective_window,
-                      fuse_layer_weights, rms_norm)
+from .decoder import Attention, DecoderConfig, GatedMLP, effective_window, fuse_layer_weights, rms_norm
+from .gemma import Model as GemmaModel
+from .gemma import gelu_tanh, gguf_tensor, norms_plus_one  # noqa: F401 (gguf_tensor: Gemma's)
 from .paged_attention import AttentionSpec
 
 NAME = "gemma2"
@@ -42,10 +40,6 @@ NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight",
          "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")
 
 
-def gelu_tanh(x: Tensor) -> Tensor:
-    return op.gelu(x, approximate="tanh")
-
-
 def layer_types(hf: dict[str, Any], default: Callable[[int], bool]) -> list[bool]:
     """Per layer: True when it is a sliding-window layer (``layer_types``, else ``default``)."""
     n = int(hf["num_hidden_layers"])
@@ -55,16 +49,12 @@ def layer_types(hf: dict[str, Any], default: Callable[[int], bool]) -> list[bool
     return [default(i) for i in range(n)]
 
 
-def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {"sliding_window": key("attention.sliding_window", None),
             "query_pre_attn_scalar": key("attention.key_length", None),
             "attn_logit_softcapping": key("attn_logit_softcapping", None),
             "final_logit_softcapping": key("final_logit_softcapping", None),
             "tie_word_embeddings": True}
-
-
-def gguf_tensor(name: str, array: np.ndarray) -> np.ndarray:
-    return array - 1.0 if name.endswith("norm.weight") else array
 
 
 class Config(DecoderConfig):
@@ -104,14 +94,9 @@ class GemmaLayer(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
-class Model(DecoderForCausalLM):
+class Model(GemmaModel):
     def make_layer(self, c, attn, quant):
         return GemmaLayer(c, attn, quant)
-
-    def embed(self, input_ids: Tensor) -> Tensor:
-        # HF multiplies by sqrt(hidden) rounded to the activations' dtype
-        scale = float(np.array(self.config.hidden_size**0.5, dtype=self.quant.dtype))
-        return self.model.embed_tokens(input_ids) * scale
 
     def final_logits(self, logits: Tensor) -> Tensor:
         cap = self.config.extra.get("final_softcap")
@@ -123,8 +108,4 @@ class Model(DecoderForCausalLM):
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     extra = tuple(n for n in NORMS[2:]) + tuple(
         n for n in ("self_attn.q_norm.weight", "self_attn.k_norm.weight") if c.qk_norm)
-    out = fuse_layer_weights(c, weights, extra=extra)
-    for name in out:  # Gemma's norms scale by 1 + w
-        if name.endswith("norm.weight"):
-            out[name] = out[name].astype(np.float32) + np.float32(1.0)
-    return out
+    return norms_plus_one(fuse_layer_weights(c, weights, extra=extra))

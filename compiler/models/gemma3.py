@@ -34,7 +34,7 @@ GGUF_LAYER_NAMES = {
 }
 
 
-def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {"sliding_window": key("attention.sliding_window", None),
             "query_pre_attn_scalar": key("attention.key_length", None),
             "rope_local_base_freq": 10000.0, "tie_word_embeddings": True}

@@ -35,7 +35,7 @@ MULTIPLIERS = {"embedding_multiplier": ("embedding_scale", 1.0),
                "logits_scaling": ("logit_scale", 1.0)}
 
 
-def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {name: key(gguf_name, default) for name, (gguf_name, default) in MULTIPLIERS.items()}
 
 

@@ -21,7 +21,7 @@ GGUF_PERMUTED_QK = True
 GGUF_LAYER_NAMES: dict[str, str] = {}
 
 
-def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {}
 
 

@@ -26,7 +26,7 @@ GGUF_LAYER_NAMES = {  # llama.cpp keeps Phi-3's fused projections fused
 }
 
 
-def gguf_config(key: Callable[..., Any]) -> dict[str, Any]:
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     # llama.cpp writes 0 for "no window" (Phi-4)
     return {"sliding_window": key("attention.sliding_window", None) or None}
 

@@ -40,7 +40,24 @@ FAMILIES = {
     "ernie4_5": {"tie": True, "use_bias": True},
     # hybrid: two windowed layers with RoPE, then a global one without (pattern 3)
     "exaone4": {"tie": False, "layers": 3, "sliding_window": 20, "sliding_window_pattern": 3},
+    # Gemma 1: norms as 1 + w, scaled embedding, GELU-tanh (and none of Gemma 2's changes)
+    "gemma": {"tie": True},
+    # StableLM 2 1.6B's layer: LayerNorms with biases, RoPE on a quarter of each head, q/k/v bias
+    "stablelm": {"tie": False, "use_qkv_bias": True, "partial_rotary_factor": 0.25},
+    # StableLM 2 12B's: one norm for a parallel attention and MLP; per-head q/k LayerNorms
+    "stablelm_parallel": {"tie": False, "use_parallel_residual": True, "qk_layernorm": True,
+                          "partial_rotary_factor": 0.25},
+    # Phi-2: parallel block, plain GELU MLP, biases everywhere (the LM head's too), RoPE on
+    # 0.4 of each head; its head_dim 80 (hidden 160 / 2 heads; 32 rotary dimensions)
+    "phi": {"tie": False, "hidden_size": 160, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "partial_rotary_factor": 0.4},
 }
+# a tiny model's family where its name says more (a variant of one family)
+FAMILY_OF = {"llama3": "llama", "stablelm_parallel": "stablelm"}
+
+
+def family_of(name: str) -> str:
+    return FAMILY_OF.get(name, name)
 # the tiny models with a sliding window: on every layer (the cache frees pages behind it), or on
 # some layers beside global ones (a second, sliding page pool); the window tests run on these
 EVERY_LAYER_WINDOWED = ("mistral", "phi3")
@@ -68,7 +85,7 @@ def family_model(root: Path, name: str) -> Path:
     ship."""
     from tests.tiny_models import make_tiny_model, to_bfloat16
 
-    family_name = "llama" if name == "llama3" else name
+    family_name = family_of(name)
     path = make_tiny_model(root, family_name, seed=7, **FAMILIES[name])
     return to_bfloat16(path) if name == "qwen2" else path
 
@@ -78,7 +95,7 @@ def gguf_case(root: Path, arch: str) -> tuple[Path, Path]:
     from tests.tiny_models import make_tiny_model, write_gguf
 
     name, changes = GGUF_CASES[arch]
-    family_name = "llama" if name == "llama3" else name
+    family_name = family_of(name)
     hf_dir = make_tiny_model(root, family_name, seed=11, merges=[("\u0120", "\u0120")],
                              **{**FAMILIES[name], **changes})
     return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{arch}.gguf", arch)

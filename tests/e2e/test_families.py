@@ -18,6 +18,7 @@ from tests.e2e.family_models import (
     HUB_REPOS,
     WINDOWED_BESIDE_GLOBAL,
     family_model,
+    family_of,
     gguf_case,
 )
 from tests.e2e.helpers import (
@@ -59,7 +60,7 @@ def family(request, tmp_path_factory, compiled, backend):
 def test_manifest_names_the_family(family):
     name, core, _, art_dir, _ = family
     art = load_artifact(art_dir)
-    assert art.model["family"] == core.info.family == ("llama" if name == "llama3" else name)
+    assert art.model["family"] == core.info.family == family_of(name)
     names = {p.name for p in art.params}
     if name == "qwen2":
         assert sum(n.endswith("qkv_proj.bias") for n in names) == 2
@@ -231,7 +232,7 @@ def test_gguf_architecture_matches_transformers(arch, request, tmp_path_factory,
     logits and greedy tokens equal to transformers on the HF directory. (Llama 3's is fetched
     from a repo of the stand-in Hub, hf://org/tiny-llama-GGUF.)"""
     name = GGUF_CASES[arch][0]
-    family_name = "llama" if name == "llama3" else name
+    family_name = family_of(name)
     if f"gguf:{arch}" in HUB_REPOS:  # (Llama 3's: a GGUF in a repo of the stand-in Hub)
         hf_dir = request.getfixturevalue("hub_models").dirs[f"gguf:{arch}"]
         art_dir = request.getfixturevalue("compiled_from_hub")(f"gguf:{arch}")

@@ -1,0 +1,100 @@
+"""Phi-1, Phi-1.5 and Phi-2 (Microsoft; ``model_type: phi``): a parallel block (attention and MLP
+both read one LayerNorm's output and add to the residual: stablelm.ParallelLayer), RoPE on the
+first part of each head (``partial_rotary_factor``, 0.4 in Phi-2), biases on every projection
+and on the LM head, and a plain MLP (``fc2(gelu(fc1(x)))``, GELU with the tanh approximation
+for ``gelu_new``), with a LayerNorm at the end.
+
+Semantics: HF transformers ``models/phi/modeling_phi.py``. Its modules are renamed to the
+decoder's as the weights are read (``dense`` -> ``o_proj``, ``fc1``/``fc2`` -> ``up_proj``/
+``down_proj``, ``final_layernorm`` -> ``norm``), so that a GGUF's common names fit too.
+
+GGUF: llama.cpp's ``phi2`` architecture (biases under llama.cpp's names; q/k/v separate, or the
+original checkpoint's fused ``attn_qkv``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from ..model_config import UnsupportedConfig
+from .decoder import Attention, DecoderConfig, DecoderForCausalLM, fuse_layer_weights
+from .layers import QLinear
+from .qwen2 import check_no_window
+from .stablelm import ParallelLayer
+
+NAME = "phi"
+HF_MODEL_TYPES = ("phi",)
+GGUF_ARCHITECTURES = ("phi2",)
+GGUF_PERMUTED_QK = False
+GGUF_LAYER_NAMES = {
+    "attn_norm.bias": "input_layernorm.bias",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "attn_qkv.bias": "self_attn.qkv_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
+}
+GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias", "output.bias": "lm_head.bias"}
+# transformers' module names -> the decoder's (the GGUF names already map to the latter)
+RENAMED = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
+           ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
+# transformers' activation names -> GELU's approximation
+GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    return {"hidden_act": "gelu_new", "tie_word_embeddings": False}
+
+
+class Config(DecoderConfig):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        check_no_window(hf)
+        if hf.get("qk_layernorm"):
+            raise UnsupportedConfig("qk_layernorm=true in a Phi config (no released Phi-1/1.5/2 "
+                                    "checkpoint sets it) is not supported")
+        act = hf.get("hidden_act", "gelu_new")
+        if act not in GELU:
+            raise UnsupportedConfig(f"hidden_act {act!r} in a Phi config is not supported "
+                                    f"(wick has {', '.join(GELU)})")
+        eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
+        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=True,
+                            o_bias=True, mlp_bias=True, head_bias=True)
+        c.extra["gelu"] = GELU[act]
+        return c
+
+
+class PlainMLP(nn.Module):
+    """down(act(up(x))), with biases."""
+
+    def __init__(self, c: DecoderConfig, quant, approximate: str) -> None:
+        self.approximate = approximate
+        self.up_proj = QLinear(c.hidden_size, c.intermediate_size, quant, bias=True)
+        self.down_proj = QLinear(c.intermediate_size, c.hidden_size, quant, bias=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(op.gelu(self.up_proj(x), approximate=self.approximate))
+
+
+class Model(DecoderForCausalLM):
+    def make_layer(self, c, attn, quant) -> nn.Module:
+        return ParallelLayer(c, Attention(c, attn, quant), PlainMLP(c, quant, c.extra["gelu"]),
+                             quant.dtype)
+
+
+def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    renamed = {}
+    for name, w in weights.items():
+        for old, new in RENAMED.items():
+            name = name.replace(old, new)
+        renamed[name] = w
+    out = fuse_layer_weights(c, renamed, norms=("input_layernorm.weight",))
+    for i in range(c.num_hidden_layers):
+        for kind in ("weight", "bias"):
+            name = f"model.layers.{i}.mlp.up_proj.{kind}"
+            out[name] = renamed[name]
+    return out
