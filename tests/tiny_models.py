@@ -125,6 +125,10 @@ GEMMA_LAYER_NAMES = {  # Gemma 2/3: four norms per layer
 OLMO2_LAYER_NAMES = {  # OLMo 2: the norms after each block only
     "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
 }
+PHI2_LAYER_NAMES = {"self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
+# the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
+# layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
+LAYER_NORM_ARCHS = ("stablelm", "phi2")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -134,12 +138,14 @@ LLAMA_PERMUTED = ("llama", "granite", "smollm3")
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
                ) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
-    (llama, qwen3, gemma2, phi3, granite, smollm3, olmo2, ernie4_5), read off its model classes: llama.cpp
-    tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head; Granite's
+    (llama, qwen3, gemma, gemma2, phi3, granite, smollm3, olmo2, ernie4_5, stablelm, phi2), read
+    off its model classes: llama.cpp tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head; Granite's
     multipliers as its ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency divisors
     (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's
     fused projections kept, its longrope factors as ``rope_factors_long/short`` tensors with
-    the pretrained length and attention factor as keys; the byte-level vocabulary as a
+    the pretrained length and attention factor as keys; StableLM's and Phi-2's LayerNorm
+    epsilon, rotary dimensions and norm biases, StableLM's per-head q/k norms stacked into one
+    tensor a layer; the byte-level vocabulary as a
     "gpt2" tokenizer. ``types``: GGML types by tensor kind (``{"attn_v.weight": "Q8_0"}``), as
     a quantized file mixes them (Q4_K_M keeps attn_v and ffn_down wider); float32 otherwise."""
     import math
@@ -162,7 +168,15 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch in LAYER_NORM_ARCHS:
+        writer.add_layer_norm_eps(cfg["layer_norm_eps"])
+        partial = (cfg.get("partial_rotary_factor")
+                   or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor"))
+        writer.add_rope_dimension_count(int(head_dim * partial))
+    else:
+        writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "stablelm":
+        writer.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
     if "head_dim" in cfg:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
@@ -208,10 +222,19 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                           raw_dtype=qtype)
 
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
-             "output_norm.weight", "lm_head.weight": "output.weight"}
-    layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch.startswith("gemma") else
-                                    OLMO2_LAYER_NAMES if arch == "olmo2" else {})}
+             "output_norm.weight", "lm_head.weight": "output.weight",
+             "model.norm.bias": "output_norm.bias", "lm_head.bias": "output.bias",  # Phi-2's
+             "model.final_layernorm.weight": "output_norm.weight",
+             "model.final_layernorm.bias": "output_norm.bias"}
+    layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch in ("gemma2", "gemma3") else
+                                    OLMO2_LAYER_NAMES if arch == "olmo2" else
+                                    PHI2_LAYER_NAMES if arch == "phi2" else {})}
+    head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():
+        if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor
+            module = name.split(".norms.")[0]
+            head_norms.setdefault(module, []).append((int(name.split(".")[-2]), w))
+            continue
         if arch.startswith("gemma"):
             if name == "lm_head.weight":
                 continue
@@ -227,6 +250,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         elif arch in LLAMA_PERMUTED and module == "self_attn.k_proj":
             w = interleave(w, kv_heads)
         add(f"blk.{i}.{layer[module]}.{kind}", w)
+    for module, heads_w in head_norms.items():
+        _, _, i, _, which = module.split(".")
+        add(f"blk.{i}.attn_{which[0]}_norm.weight", np.stack([w for _, w in sorted(heads_w)]))
     scaling = rope if rope.get("rope_type") in ("llama3", "longrope") else cfg.get("rope_scaling")
     if arch == "phi3":  # Phi3MiniModel: rotary dims, pretrained length, longrope tensors
         rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))

@@ -69,6 +69,7 @@ WINDOWED_BESIDE_GLOBAL = ("gemma2", "gemma3", "exaone4")
 # scales by 1/sqrt(key_length), so the tiny model uses that scale)
 GGUF_CASES = {
     "llama": ("llama3", {}),  # Llama 3.1: q/k rows interleaved, rope_freqs divisors
+    "qwen2": ("qwen2", {}),  # q/k/v biases, an untied head
     "qwen3": ("qwen3", {}),  # q/k norms, key_length != hidden / heads
     "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # norms stored as 1 + w, caps, window
     "phi3": ("phi3", {}),  # fused qkv / gate_up, longrope factor tensors, partial rotary
@@ -77,6 +78,10 @@ GGUF_CASES = {
     "smollm3": ("smollm3", {"layers": 4, "no_rope_layers": [1, 1, 1, 0]}),
     "olmo2": ("olmo2", {}),  # post-block norms under llama.cpp's names, full-width q/k norms
     "ernie4_5": ("ernie4_5", {"use_bias": False}),  # q/k rows in the checkpoint's order
+    "gemma": ("gemma", {}),  # norms stored as 1 + w under the common names, no output tensor
+    # LayerNorm biases and epsilon, rotary dimensions, per-head q/k norms stacked, parallel
+    "stablelm": ("stablelm_parallel", {"use_qkv_bias": True}),
+    "phi2": ("phi", {}),  # biases under llama.cpp's names (the LM head's: output.bias)
 }
 
 

@@ -314,3 +314,13 @@ def test_speculation_keeps_transformers_greedy_tokens(family):
     s = core.stats
     assert s.spec_accepted_tokens >= 20 and s.spec_drafted_tokens > s.spec_accepted_tokens
     assert core.kv.available_pages == core.kv.num_pages
+
+
+def test_every_family_has_a_tiny_model_and_each_gguf_architecture_a_file():
+    """A family added without a model here would go untested against transformers."""
+    from wick.compiler.models import FAMILIES as COMPILED, GGUF_ARCHITECTURES
+
+    decoders = {name for name in COMPILED if name != "bert"}  # (BERT: test_embeddings.py)
+    assert decoders == {family_of(name) for name in FAMILIES}
+    # (Gemma 3's: the real Gemma-3-270m GGUF, test_gemma3_270m.py)
+    assert set(GGUF_ARCHITECTURES) - set(GGUF_CASES) == {"gemma3"}
