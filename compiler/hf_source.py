@@ -101,6 +101,10 @@ def load_config(path: Path) -> dict[str, Any]:
     return config
 
 
+# the LM head's weight under the names checkpoints give it (GPT-NeoX's: embed_out)
+LM_HEAD_NAMES = {"lm_head.weight", "embed_out.weight"}
+
+
 def load_weights(
     path: Path, config: dict[str, Any], progress: Progress | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -129,11 +133,12 @@ def load_weights(
                 done += 1
                 if progress is not None:
                     progress("read", done, len(plan))
-    if not config["tie_word_embeddings"] and "lm_head.weight" not in weights:
+    if not config["tie_word_embeddings"] and not LM_HEAD_NAMES & weights.keys():
         config["tie_word_embeddings"] = True  # a config that left it to the default (Gemma)
     if config["tie_word_embeddings"]:
-        weights.pop("lm_head.weight", None)
-        dtypes.pop("lm_head.weight", None)
+        for name in LM_HEAD_NAMES:
+            weights.pop(name, None)
+            dtypes.pop(name, None)
     return weights, dtypes
 
 

@@ -53,6 +53,8 @@ FAMILY_CONFIGS = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
     "phi": ("PhiConfig", "PhiForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5,
+                                                         "num_key_value_heads": 4}),
 }
 
 
@@ -126,9 +128,11 @@ OLMO2_LAYER_NAMES = {  # OLMo 2: the norms after each block only
     "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
 }
 PHI2_LAYER_NAMES = {"self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
+GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
+                       "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
-LAYER_NORM_ARCHS = ("stablelm", "phi2")
+LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -138,16 +142,18 @@ LLAMA_PERMUTED = ("llama", "granite", "smollm3")
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
                ) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
-    (llama, qwen3, gemma, gemma2, phi3, granite, smollm3, olmo2, ernie4_5, stablelm, phi2), read
-    off its model classes: llama.cpp tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head; Granite's
-    multipliers as its ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency divisors
-    (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's
-    fused projections kept, its longrope factors as ``rope_factors_long/short`` tensors with
-    the pretrained length and attention factor as keys; StableLM's and Phi-2's LayerNorm
-    epsilon, rotary dimensions and norm biases, StableLM's per-head q/k norms stacked into one
-    tensor a layer; the byte-level vocabulary as a
-    "gpt2" tokenizer. ``types``: GGML types by tensor kind (``{"attn_v.weight": "Q8_0"}``), as
-    a quantized file mixes them (Q4_K_M keeps attn_v and ffn_down wider); float32 otherwise."""
+    (llama, qwen2, qwen3, gemma, gemma2, phi3, granite, smollm3, olmo2, ernie4_5, stablelm,
+    phi2, gptneox), read off its model classes: llama.cpp tensor names; Llama's (and
+    Granite's, SmolLM3's) q/k rows interleaved per head; Granite's multipliers as its
+    ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency divisors
+    (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's fused
+    projections kept, its longrope factors as ``rope_factors_long/short`` tensors with the
+    pretrained length and attention factor as keys; the LayerNorm families' (StableLM, Phi-2,
+    GPT-NeoX) epsilon, rotary dimensions and norm biases, StableLM's per-head q/k norms stacked
+    into one tensor a layer, GPT-NeoX's per-head q/k/v regrouped; the byte-level vocabulary as
+    a "gpt2" tokenizer. ``types``: GGML types by tensor kind (``{"attn_v.weight": "Q8_0"}``),
+    as a quantized file mixes them (Q4_K_M keeps attn_v and ffn_down wider); float32
+    otherwise."""
     import math
 
     import gguf
@@ -175,7 +181,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         writer.add_rope_dimension_count(int(head_dim * partial))
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if arch == "stablelm":
+    if arch in ("stablelm", "gptneox"):
         writer.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
     if "head_dim" in cfg:
         writer.add_key_length(head_dim)
@@ -225,10 +231,14 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
              "output_norm.weight", "lm_head.weight": "output.weight",
              "model.norm.bias": "output_norm.bias", "lm_head.bias": "output.bias",  # Phi-2's
              "model.final_layernorm.weight": "output_norm.weight",
-             "model.final_layernorm.bias": "output_norm.bias"}
+             "model.final_layernorm.bias": "output_norm.bias",
+             "gpt_neox.embed_in.weight": "token_embd.weight", "embed_out.weight": "output.weight",
+             "gpt_neox.final_layer_norm.weight": "output_norm.weight",
+             "gpt_neox.final_layer_norm.bias": "output_norm.bias"}
     layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch in ("gemma2", "gemma3") else
                                     OLMO2_LAYER_NAMES if arch == "olmo2" else
-                                    PHI2_LAYER_NAMES if arch == "phi2" else {})}
+                                    PHI2_LAYER_NAMES if arch == "phi2" else
+                                    GPTNEOX_LAYER_NAMES if arch == "gptneox" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor
@@ -245,6 +255,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             continue
         _, _, i, *rest = name.split(".")
         module, kind = ".".join(rest[:-1]), rest[-1]
+        if module == "attention.query_key_value":  # GPTNeoXModel: regrouped into q|k|v
+            w = w.reshape(heads, 3, head_dim, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
         if arch in LLAMA_PERMUTED and module == "self_attn.q_proj":
             w = interleave(w, heads)
         elif arch in LLAMA_PERMUTED and module == "self_attn.k_proj":

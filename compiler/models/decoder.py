@@ -309,6 +309,18 @@ def _with_signature(method, names: list[str]):
 
 # ----------------------------------------------------------------------------- weights
 
+def renamed_weights(weights: dict[str, np.ndarray], renames: dict[str, str]
+                    ) -> dict[str, np.ndarray]:
+    """``weights`` with each name's parts replaced by ``renames`` (old part -> new part): a
+    family whose checkpoint names its modules its own way reads them under the decoder's."""
+    out = {}
+    for name, w in weights.items():
+        for old, new in renames.items():
+            name = name.replace(old, new)
+        out[name] = w
+    return out
+
+
 LAYER_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
 
 
@@ -341,6 +353,8 @@ def fuse_layer_weights(c: DecoderConfig, weights: dict[str, np.ndarray],
             elif mlp + "gate_proj." + kind in weights:
                 out[mlp + "gate_up_proj." + kind] = np.concatenate(
                     [weights[mlp + "gate_proj." + kind], weights[mlp + "up_proj." + kind]])
+            elif mlp + "up_proj." + kind in weights:  # a plain MLP (Phi-2, GPT-NeoX)
+                out[mlp + "up_proj." + kind] = weights[mlp + "up_proj." + kind]
             for name in (attn + "o_proj." + kind, mlp + "down_proj." + kind):
                 if name in weights:
                     out[name] = weights[name]

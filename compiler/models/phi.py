@@ -21,7 +21,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from ..model_config import UnsupportedConfig
-from .decoder import Attention, DecoderConfig, DecoderForCausalLM, fuse_layer_weights
+from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, fuse_layer_weights,
+                      renamed_weights)
 from .layers import QLinear
 from .qwen2 import check_no_window
 from .stablelm import ParallelLayer
@@ -87,14 +88,5 @@ class Model(DecoderForCausalLM):
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    renamed = {}
-    for name, w in weights.items():
-        for old, new in RENAMED.items():
-            name = name.replace(old, new)
-        renamed[name] = w
-    out = fuse_layer_weights(c, renamed, norms=("input_layernorm.weight",))
-    for i in range(c.num_hidden_layers):
-        for kind in ("weight", "bias"):
-            name = f"model.layers.{i}.mlp.up_proj.{kind}"
-            out[name] = renamed[name]
-    return out
+    return fuse_layer_weights(c, renamed_weights(weights, RENAMED),
+                              norms=("input_layernorm.weight",))

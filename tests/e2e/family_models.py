@@ -51,9 +51,16 @@ FAMILIES = {
     # 0.4 of each head; its head_dim 80 (hidden 160 / 2 heads; 32 rotary dimensions)
     "phi": {"tie": False, "hidden_size": 160, "num_attention_heads": 2,
             "num_key_value_heads": 2, "partial_rotary_factor": 0.4},
+    # Pythia: q/k/v interleaved per head in one matrix, a parallel block with two norms, exact
+    # GELU, RoPE on a quarter of each head (head_dim 32: 8 dimensions)
+    "gpt_neox": {"tie": False, "hidden_size": 128, "partial_rotary_factor": 0.25},
+    # GPT-NeoX's sequential block (use_parallel_residual false)
+    "gpt_neox_sequential": {"tie": False, "hidden_size": 128, "partial_rotary_factor": 0.25,
+                            "use_parallel_residual": False},
 }
 # a tiny model's family where its name says more (a variant of one family)
-FAMILY_OF = {"llama3": "llama", "stablelm_parallel": "stablelm"}
+FAMILY_OF = {"llama3": "llama", "stablelm_parallel": "stablelm",
+             "gpt_neox_sequential": "gpt_neox"}
 
 
 def family_of(name: str) -> str:
@@ -82,6 +89,7 @@ GGUF_CASES = {
     # LayerNorm biases and epsilon, rotary dimensions, per-head q/k norms stacked, parallel
     "stablelm": ("stablelm_parallel", {"use_qkv_bias": True}),
     "phi2": ("phi", {}),  # biases under llama.cpp's names (the LM head's: output.bias)
+    "gptneox": ("gpt_neox", {}),  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 
 
