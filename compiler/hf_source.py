@@ -65,9 +65,27 @@ def check_files(path: Path) -> None:
     weight_files(path)
 
 
+# GPT-2-style config keys (GPT-2, GPT-BigCode) -> the names transformers' attribute_map reads
+# them as
+CONFIG_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
+                  "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
+                  "n_inner": "intermediate_size"}
+
+
+def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with GPT-2-style keys also under their usual names (where those are not set)."""
+    out = dict(raw)
+    for old, new in CONFIG_ALIASES.items():
+        if out.get(old) is not None and out.get(new) is None:
+            out[new] = out[old]
+    if out.get("n_embd") is not None and out.get("intermediate_size") is None:
+        out["intermediate_size"] = 4 * int(out["n_embd"])  # (n_inner null: four times the width)
+    return out
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """config.json with the keys wick relies on filled in and normalized (others kept)."""
-    raw = _read_json(path / "config.json")
+    raw = with_aliases(_read_json(path / "config.json"))
     check_config(raw, str(path / "config.json"))
     try:
         hidden = int(raw["hidden_size"])

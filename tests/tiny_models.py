@@ -53,6 +53,8 @@ FAMILY_CONFIGS = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
     "phi": ("PhiConfig", "PhiForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
+                                               "num_key_value_heads": 4, "n_inner": 128}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5,
                                                          "num_key_value_heads": 4}),
 }
@@ -128,11 +130,13 @@ OLMO2_LAYER_NAMES = {  # OLMo 2: the norms after each block only
     "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
 }
 PHI2_LAYER_NAMES = {"self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
+GPT2_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv",
+                    "attn.c_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
                        "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
-LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox")
+LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -163,6 +167,11 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     from tokenizers import Tokenizer
 
     cfg = json.loads((hf_dir / "config.json").read_text())
+    if arch == "gpt2":  # GPT2Model.set_gguf_parameters reads GPT-2's own names
+        cfg.update(hidden_size=cfg["n_embd"], num_hidden_layers=cfg["n_layer"],
+                   num_attention_heads=cfg["n_head"], num_key_value_heads=cfg["n_head"],
+                   max_position_embeddings=cfg["n_positions"],
+                   intermediate_size=4 * cfg["n_embd"], layer_norm_eps=cfg["layer_norm_epsilon"])
     weights = {k: v.to(torch.float32).numpy() for k, v in
                load_file(str(hf_dir / "model.safetensors")).items()}
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -178,7 +187,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         writer.add_layer_norm_eps(cfg["layer_norm_eps"])
         partial = (cfg.get("partial_rotary_factor")
                    or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor"))
-        writer.add_rope_dimension_count(int(head_dim * partial))
+        if partial:  # (GPT-2 has no RoPE)
+            writer.add_rope_dimension_count(int(head_dim * partial))
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if arch in ("stablelm", "gptneox"):
@@ -234,11 +244,16 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
              "model.final_layernorm.bias": "output_norm.bias",
              "gpt_neox.embed_in.weight": "token_embd.weight", "embed_out.weight": "output.weight",
              "gpt_neox.final_layer_norm.weight": "output_norm.weight",
-             "gpt_neox.final_layer_norm.bias": "output_norm.bias"}
+             "gpt_neox.final_layer_norm.bias": "output_norm.bias",
+             "transformer.wte.weight": "token_embd.weight",
+             "transformer.wpe.weight": "position_embd.weight",
+             "transformer.ln_f.weight": "output_norm.weight",
+             "transformer.ln_f.bias": "output_norm.bias"}
     layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch in ("gemma2", "gemma3") else
                                     OLMO2_LAYER_NAMES if arch == "olmo2" else
                                     PHI2_LAYER_NAMES if arch == "phi2" else
-                                    GPTNEOX_LAYER_NAMES if arch == "gptneox" else {})}
+                                    GPTNEOX_LAYER_NAMES if arch == "gptneox" else
+                                    GPT2_LAYER_NAMES if arch == "gpt2" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor
@@ -255,6 +270,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             continue
         _, _, i, *rest = name.split(".")
         module, kind = ".".join(rest[:-1]), rest[-1]
+        if arch == "gpt2" and module in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            w = w.T  # GPT2Model: Conv1D's (in, out) stored as (out, in)
         if module == "attention.query_key_value":  # GPTNeoXModel: regrouped into q|k|v
             w = w.reshape(heads, 3, head_dim, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
         if arch in LLAMA_PERMUTED and module == "self_attn.q_proj":

@@ -264,6 +264,10 @@ class DecoderForCausalLM(nn.Module):
     def embed(self, input_ids: Tensor) -> Tensor:
         return self.model.embed_tokens(input_ids)
 
+    def embed_step(self, step: dict[str, Tensor]) -> Tensor:
+        """The step's first hidden states: its tokens' embeddings (GPT-2 adds its positions')."""
+        return self.embed(step["input_ids"])
+
     def final_logits(self, logits: Tensor) -> Tensor:
         return logits
 
@@ -274,7 +278,7 @@ class DecoderForCausalLM(nn.Module):
         # the windowed layers of a paired model read their own pool's arrays
         local = {**step, **{name[len(WINDOW_PREFIX):]: t for name, t in step.items()
                             if name.startswith(WINDOW_PREFIX)}}
-        h = self.embed(step["input_ids"])  # (n, hidden)
+        h = self.embed_step(step)  # (n, hidden)
         for layer, attn, layer_pages in zip(self.model.layers, self.layer_attention, kv_pages):
             h = layer(h, layer_pages, local if self._in_window_pool(attn) else step)
         if self.embedding:

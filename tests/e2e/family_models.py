@@ -54,6 +54,8 @@ FAMILIES = {
     # Pythia: q/k/v interleaved per head in one matrix, a parallel block with two norms, exact
     # GELU, RoPE on a quarter of each head (head_dim 32: 8 dimensions)
     "gpt_neox": {"tie": False, "hidden_size": 128, "partial_rotary_factor": 0.25},
+    # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
+    "gpt2": {"tie": True},
     # GPT-NeoX's sequential block (use_parallel_residual false)
     "gpt_neox_sequential": {"tie": False, "hidden_size": 128, "partial_rotary_factor": 0.25,
                             "use_parallel_residual": False},
@@ -89,7 +91,10 @@ GGUF_CASES = {
     # LayerNorm biases and epsilon, rotary dimensions, per-head q/k norms stacked, parallel
     "stablelm": ("stablelm_parallel", {"use_qkv_bias": True}),
     "phi2": ("phi", {}),  # biases under llama.cpp's names (the LM head's: output.bias)
-    "gptneox": ("gpt_neox", {}),  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
+    "gptneox": ("gpt_neox", {}),
+    # learned positions as position_embd; llama.cpp writes 4 x the width as the MLP's (n_inner
+    # null, as GPT-2's own configs have it)
+    "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 
 

@@ -1,0 +1,89 @@
+"""Checkpoints that name or lay out the same weights their own ways reach one compiled model:
+GPT-2 saved with and without the ``transformer.`` prefix (openai-community/gpt2 has none, and
+keeps its attention-mask buffers), GPT-NeoX's per-head q/k/v interleaving, GPT-2-style config
+keys, an untied head named ``embed_out``. (The families' parity suite, tests/e2e/test_families.py,
+runs each one's own layout against transformers.)"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from wick.compiler import hf_source
+from wick.compiler.models import gpt2, gpt_neox
+
+
+def _weights(names_shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in names_shapes.items()}
+
+
+GPT2_CONFIG = {"model_type": "gpt2", "vocab_size": 11, "n_embd": 8, "n_layer": 1, "n_head": 2,
+               "n_positions": 16, "n_inner": None, "layer_norm_epsilon": 1e-5}
+
+
+def _gpt2_checkpoint(prefix: str) -> dict[str, np.ndarray]:
+    h, inner = 8, 32
+    shapes = {"wte.weight": (11, h), "wpe.weight": (16, h), "ln_f.weight": (h,), "ln_f.bias": (h,),
+              "h.0.ln_1.weight": (h,), "h.0.ln_1.bias": (h,), "h.0.ln_2.weight": (h,),
+              "h.0.ln_2.bias": (h,), "h.0.attn.c_attn.weight": (h, 3 * h),
+              "h.0.attn.c_attn.bias": (3 * h,), "h.0.attn.c_proj.weight": (h, h),
+              "h.0.attn.c_proj.bias": (h,), "h.0.mlp.c_fc.weight": (h, inner),
+              "h.0.mlp.c_fc.bias": (inner,), "h.0.mlp.c_proj.weight": (inner, h),
+              "h.0.mlp.c_proj.bias": (h,)}
+    return {prefix + n: w for n, w in _weights(shapes).items()}
+
+
+def test_gpt2_config_keys_are_read_under_the_usual_names(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(GPT2_CONFIG))
+    config = hf_source.load_config(tmp_path)
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["max_position_embeddings"], config["intermediate_size"]) == (8, 1, 2, 16, 32)
+    c = gpt2.Config.from_hf(config)
+    # (tied or not: load_weights decides, by whether the file has a head of its own)
+    assert (c.num_key_value_heads, c.rms_norm_eps, c.layer_norm) == (2, 1e-5, True)
+    assert not c.attention(0, "float32").rope
+
+
+def test_gpt2_with_or_without_the_transformer_prefix_converts_alike():
+    config = gpt2.Config.from_hf(hf_source.with_aliases(GPT2_CONFIG))
+    bare = _gpt2_checkpoint("")
+    bare["h.0.attn.bias"] = np.tril(np.ones((16, 16), np.float32))  # (old files' mask buffer)
+    prefixed = _gpt2_checkpoint("transformer.")
+    a, b = gpt2.convert_weights(config, bare), gpt2.convert_weights(config, prefixed)
+    assert a.keys() == b.keys()
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    # Conv1D's (in, out) became (out, in); q|k|v stay in their order
+    qkv = a["model.layers.0.self_attn.qkv_proj.weight"]
+    assert qkv.shape == (24, 8) and np.array_equal(qkv, bare["h.0.attn.c_attn.weight"].T)
+    assert a["model.embed_positions.weight"].shape == (16, 8)
+    assert "model.layers.0.attn.bias" not in a
+
+
+def test_gpt2_refuses_attention_scaled_by_layer():
+    with pytest.raises(Exception, match="scale_attn_by_inverse_layer_idx"):
+        gpt2.Config.from_hf(hf_source.with_aliases(
+            {**GPT2_CONFIG, "scale_attn_by_inverse_layer_idx": True}))
+
+
+def test_gpt_neox_regroups_interleaved_heads():
+    heads, d, hidden = 2, 3, 6
+    # rows named (head, part, i): what query_key_value's view(heads, 3 * d) reads
+    rows = np.array([[h * 100 + part * 10 + i] for h in range(heads) for part in range(3)
+                     for i in range(d)], np.float32) * np.ones((1, hidden), np.float32)
+    got = gpt_neox.regroup_qkv(rows, heads)[:, 0]
+    want = [h * 100 + part * 10 + i for part in range(3) for h in range(heads) for i in range(d)]
+    assert got.tolist() == want
+
+
+def test_an_untied_head_named_embed_out_is_kept(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"embed_out.weight": np.ones((4, 2), np.float32),
+               "gpt_neox.embed_in.weight": np.zeros((4, 2), np.float32)},
+              str(tmp_path / "model.safetensors"))
+    config = {"tie_word_embeddings": False}
+    weights, _ = hf_source.load_weights(tmp_path, config)
+    assert config["tie_word_embeddings"] is False and "embed_out.weight" in weights
