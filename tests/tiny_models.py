@@ -53,6 +53,8 @@ FAMILY_CONFIGS = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
     "phi": ("PhiConfig", "PhiForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"pad_token_id": 0,
+                                                                 "norm_epsilon": 1e-5}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
                                                "num_key_value_heads": 4, "n_inner": 128}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5,
@@ -132,11 +134,12 @@ OLMO2_LAYER_NAMES = {  # OLMo 2: the norms after each block only
 PHI2_LAYER_NAMES = {"self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
 GPT2_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv",
                     "attn.c_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+STARCODER2_LAYER_NAMES = {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
                        "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
-LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2")
+LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder2")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -184,7 +187,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     if arch in LAYER_NORM_ARCHS:
-        writer.add_layer_norm_eps(cfg["layer_norm_eps"])
+        writer.add_layer_norm_eps(cfg.get("layer_norm_eps") or cfg["norm_epsilon"])
         partial = (cfg.get("partial_rotary_factor")
                    or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor"))
         if partial:  # (GPT-2 has no RoPE)
@@ -253,7 +256,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     OLMO2_LAYER_NAMES if arch == "olmo2" else
                                     PHI2_LAYER_NAMES if arch == "phi2" else
                                     GPTNEOX_LAYER_NAMES if arch == "gptneox" else
-                                    GPT2_LAYER_NAMES if arch == "gpt2" else {})}
+                                    GPT2_LAYER_NAMES if arch == "gpt2" else
+                                    STARCODER2_LAYER_NAMES if arch == "starcoder2" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor

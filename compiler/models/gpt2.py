@@ -70,7 +70,7 @@ class Config(LayerwiseConfig):
         eps = hf.get("layer_norm_epsilon") or hf.get("rms_norm_eps") or 1e-5
         heads = int(hf["num_attention_heads"])
         c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=True,
-                            o_bias=True, num_key_value_heads=heads,
+                            o_bias=True, mlp_bias=True, num_key_value_heads=heads,
                             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
         n = c.num_hidden_layers
         c.extra.update(gelu=GELU[act], parallel=False, rope=[False] * n, sliding=[False] * n)

@@ -74,7 +74,7 @@ class Config(DecoderConfig):
         eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
         heads = int(hf["num_attention_heads"])  # (no grouped heads: any other count is not its)
         c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
-                            o_bias=bias, num_key_value_heads=heads)
+                            o_bias=bias, mlp_bias=True, num_key_value_heads=heads)
         c.extra.update(gelu=GELU[act], parallel=bool(hf.get("use_parallel_residual", True)))
         return c
 
@@ -85,7 +85,7 @@ class NeoXLayer(nn.Module):
         self.input_layernorm = block_norm(c.hidden_size, c, quant.dtype)
         self.self_attn = Attention(c, attn, quant)
         self.post_attention_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.mlp = PlainMLP(c, quant, c.extra["gelu"])
+        self.mlp = PlainMLP(c, quant, c.extra["gelu"], bias=c.mlp_bias)
 
     def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
         attended = self.self_attn(self.input_layernorm(h), pages, step)

@@ -70,12 +70,12 @@ class Config(DecoderConfig):
 
 
 class PlainMLP(nn.Module):
-    """down(act(up(x))), with biases."""
+    """down(gelu(up(x))), with biases unless ``bias`` is false."""
 
-    def __init__(self, c: DecoderConfig, quant, approximate: str) -> None:
+    def __init__(self, c: DecoderConfig, quant, approximate: str, bias: bool = True) -> None:
         self.approximate = approximate
-        self.up_proj = QLinear(c.hidden_size, c.intermediate_size, quant, bias=True)
-        self.down_proj = QLinear(c.intermediate_size, c.hidden_size, quant, bias=True)
+        self.up_proj = QLinear(c.hidden_size, c.intermediate_size, quant, bias=bias)
+        self.down_proj = QLinear(c.intermediate_size, c.hidden_size, quant, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(op.gelu(self.up_proj(x), approximate=self.approximate))

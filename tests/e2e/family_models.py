@@ -54,6 +54,8 @@ FAMILIES = {
     # Pythia: q/k/v interleaved per head in one matrix, a parallel block with two norms, exact
     # GELU, RoPE on a quarter of each head (head_dim 32: 8 dimensions)
     "gpt_neox": {"tie": False, "hidden_size": 128, "partial_rotary_factor": 0.25},
+    # StarCoder2: LayerNorms and biases everywhere, a plain GELU MLP, a window on every layer
+    "starcoder2": {"tie": True, "sliding_window": 20},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
     "gpt2": {"tie": True},
     # GPT-NeoX's sequential block (use_parallel_residual false)
@@ -92,6 +94,7 @@ GGUF_CASES = {
     "stablelm": ("stablelm_parallel", {"use_qkv_bias": True}),
     "phi2": ("phi", {}),  # biases under llama.cpp's names (the LM head's: output.bias)
     "gptneox": ("gpt_neox", {}),
+    "starcoder2": ("starcoder2", {}),  # the window as attention.sliding_window, norm biases
     # learned positions as position_embd; llama.cpp writes 4 x the width as the MLP's (n_inner
     # null, as GPT-2's own configs have it)
     "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),  # q|k|v regrouped in attn_qkv, parallel blocks with two norms

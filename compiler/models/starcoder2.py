@@ -1,0 +1,66 @@
+"""StarCoder2 (BigCode's 3B/7B/15B code models): the Mistral-style decoder (GQA, RoPE on whole
+heads, a sliding window on every layer) with GPT-NeoX's sequential layer: LayerNorms with
+biases, biases on every projection (``use_bias``) and a plain MLP (``c_proj(gelu(c_fc(x)))``,
+GELU with the tanh approximation).
+
+Semantics: HF transformers ``models/starcoder2/modeling_starcoder2.py`` (``norm_epsilon``).
+
+GGUF: llama.cpp's ``starcoder2`` architecture (its loader keeps no window: a GGUF's window is
+read where the file has one).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from tvm.relax.frontend import nn
+
+from ..model_config import UnsupportedConfig
+from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights, renamed_weights
+from .gpt_neox import NeoXLayer
+from .phi import GELU
+
+NAME = "starcoder2"
+HF_MODEL_TYPES = ("starcoder2",)
+GGUF_ARCHITECTURES = ("starcoder2",)
+GGUF_PERMUTED_QK = False
+GGUF_LAYER_NAMES = {
+    "attn_norm.bias": "input_layernorm.bias",
+    "ffn_norm.bias": "post_attention_layernorm.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
+}
+GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
+RENAMED = {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."}
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    return {"sliding_window": key("attention.sliding_window", None) or None,
+            "use_bias": "blk.0.attn_q.bias" in tensors, "hidden_act": "gelu_pytorch_tanh"}
+
+
+class Config(DecoderConfig):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        act = hf.get("hidden_act", "gelu_pytorch_tanh")
+        if act not in GELU:
+            raise UnsupportedConfig(f"hidden_act {act!r} in a StarCoder2 config is not "
+                                    f"supported (wick has {', '.join(GELU)})")
+        eps = hf.get("norm_epsilon") or hf.get("rms_norm_eps") or 1e-5
+        bias = bool(hf.get("use_bias", True))
+        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
+                            o_bias=bias, mlp_bias=bias, sliding_window=hf.get("sliding_window"),
+                            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+        c.extra.update(gelu=GELU[act], parallel=False)
+        return c
+
+
+class Model(DecoderForCausalLM):
+    def make_layer(self, c, attn, quant) -> nn.Module:
+        return NeoXLayer(c, attn, quant)
+
+
+def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return fuse_layer_weights(c, renamed_weights(weights, RENAMED))
