@@ -55,6 +55,8 @@ FAMILY_CONFIGS = {
     "phi": ("PhiConfig", "PhiForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"pad_token_id": 0,
                                                                  "norm_epsilon": 1e-5}),
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", {
+        "pad_token_id": 0, "layer_norm_epsilon": 1e-5, "n_inner": 128}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
                                                "num_key_value_heads": 4, "n_inner": 128}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5,
@@ -139,7 +141,7 @@ GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense
                        "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
-LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder2")
+LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcoder2")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -170,9 +172,10 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     from tokenizers import Tokenizer
 
     cfg = json.loads((hf_dir / "config.json").read_text())
-    if arch == "gpt2":  # GPT2Model.set_gguf_parameters reads GPT-2's own names
+    if arch in ("gpt2", "starcoder"):  # GPT2Model/StarCoderModel read GPT-2's own names
         cfg.update(hidden_size=cfg["n_embd"], num_hidden_layers=cfg["n_layer"],
-                   num_attention_heads=cfg["n_head"], num_key_value_heads=cfg["n_head"],
+                   num_attention_heads=cfg["n_head"],
+                   num_key_value_heads=1 if arch == "starcoder" else cfg["n_head"],
                    max_position_embeddings=cfg["n_positions"],
                    intermediate_size=4 * cfg["n_embd"], layer_norm_eps=cfg["layer_norm_epsilon"])
     weights = {k: v.to(torch.float32).numpy() for k, v in
@@ -256,7 +259,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     OLMO2_LAYER_NAMES if arch == "olmo2" else
                                     PHI2_LAYER_NAMES if arch == "phi2" else
                                     GPTNEOX_LAYER_NAMES if arch == "gptneox" else
-                                    GPT2_LAYER_NAMES if arch == "gpt2" else
+                                    GPT2_LAYER_NAMES if arch in ("gpt2", "starcoder") else
                                     STARCODER2_LAYER_NAMES if arch == "starcoder2" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():

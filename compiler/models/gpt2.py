@@ -99,11 +99,14 @@ class Model(DecoderForCausalLM):
         return self.embed(step["input_ids"]) + self.model.embed_positions(step["q_positions"])
 
 
-def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def convert_weights(c: Config, weights: dict[str, np.ndarray], conv1d: bool = True
+                    ) -> dict[str, np.ndarray]:
+    """``conv1d``: the projections are stored (in, out) (GPT-2's Conv1D; GPT-BigCode's are
+    Linear)."""
     hf = {}
     for name, w in weights.items():
         name = name.removeprefix("transformer.")
-        if name.endswith(CONV1D):
+        if conv1d and name.endswith(CONV1D):
             w = np.ascontiguousarray(w.T)
         if name.startswith("h."):
             name = "model.layers." + name[2:]

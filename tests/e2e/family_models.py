@@ -58,13 +58,17 @@ FAMILIES = {
     "starcoder2": {"tie": True, "sliding_window": 20},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
     "gpt2": {"tie": True},
+    # GPT-BigCode: GPT-2 with one key/value head (multi_query) and Linear weights; and without
+    # multi_query, q/k/v interleaved per head
+    "gpt_bigcode": {"tie": True},
+    "gpt_bigcode_mha": {"tie": True, "multi_query": False},
     # GPT-NeoX's sequential block (use_parallel_residual false)
     "gpt_neox_sequential": {"tie": False, "hidden_size": 128, "partial_rotary_factor": 0.25,
                             "use_parallel_residual": False},
 }
 # a tiny model's family where its name says more (a variant of one family)
 FAMILY_OF = {"llama3": "llama", "stablelm_parallel": "stablelm",
-             "gpt_neox_sequential": "gpt_neox"}
+             "gpt_neox_sequential": "gpt_neox", "gpt_bigcode_mha": "gpt_bigcode"}
 
 
 def family_of(name: str) -> str:
@@ -97,7 +101,8 @@ GGUF_CASES = {
     "starcoder2": ("starcoder2", {}),  # the window as attention.sliding_window, norm biases
     # learned positions as position_embd; llama.cpp writes 4 x the width as the MLP's (n_inner
     # null, as GPT-2's own configs have it)
-    "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
+    "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),
+    "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 
 
