@@ -73,12 +73,16 @@ CONFIG_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
 
 
 def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` with GPT-2-style keys also under their usual names (where those are not set)."""
+    """``raw`` with GPT-2-style keys also under their usual names. Where a config has both, the
+    GPT-2-style key is the one its model reads (transformers' attribute_map makes the usual
+    name an alias of it; a stray ``intermediate_size`` beside ``n_inner`` is ignored there)."""
     out = dict(raw)
+    if out.get("n_embd") is None:
+        return out
     for old, new in CONFIG_ALIASES.items():
-        if out.get(old) is not None and out.get(new) is None:
+        if out.get(old) is not None:
             out[new] = out[old]
-    if out.get("n_embd") is not None and out.get("intermediate_size") is None:
+    if out.get("n_inner") is None:
         out["intermediate_size"] = 4 * int(out["n_embd"])  # (n_inner null: four times the width)
     return out
 

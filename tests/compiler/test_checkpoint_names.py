@@ -47,6 +47,15 @@ def test_gpt2_config_keys_are_read_under_the_usual_names(tmp_path):
     assert not c.attention(0, "float32").rope
 
 
+def test_gpt2_style_keys_win_over_stray_usual_ones():
+    """transformers' GPT-2 reads n_inner, not an intermediate_size saved beside it."""
+    config = hf_source.with_aliases({**GPT2_CONFIG, "n_inner": 24, "intermediate_size": 128,
+                                     "hidden_size": 99})
+    assert (config["intermediate_size"], config["hidden_size"]) == (24, 8)
+    assert hf_source.with_aliases({"hidden_size": 8, "intermediate_size": 5}) == {
+        "hidden_size": 8, "intermediate_size": 5}  # (not a GPT-2-style config: as it is)
+
+
 def test_gpt2_with_or_without_the_transformer_prefix_converts_alike():
     config = gpt2.Config.from_hf(hf_source.with_aliases(GPT2_CONFIG))
     bare = _gpt2_checkpoint("")
