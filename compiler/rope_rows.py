@@ -20,3 +20,20 @@ def pairs_to_halves(w: np.ndarray, n_heads: int) -> np.ndarray:
     head_dim = w.shape[0] // n_heads
     rest = w.shape[1:]
     return w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape).copy()
+
+
+def qk_pairs_to_halves(weights: dict[str, np.ndarray], num_q: int, num_kv: int
+                       ) -> dict[str, np.ndarray]:
+    """A checkpoint with RoPE on adjacent pairs (ERNIE 4.5, Cohere) with its q/k projections'
+    rows and biases reordered for RoPE on halves (``pairs_to_halves``), and the weights of a
+    norm over each q or k head (Cohere's ``q_norm``/``k_norm``, (heads, head_dim)) with them:
+    the dimensions they weigh move."""
+    out = dict(weights)
+    for name, array in weights.items():
+        heads = (num_q if ".self_attn.q_proj." in name or ".self_attn.q_norm." in name
+                 else num_kv if ".self_attn.k_proj." in name or ".self_attn.k_norm." in name
+                 else 0)
+        if heads:
+            flat = array.reshape(-1) if "_norm." in name else array
+            out[name] = pairs_to_halves(flat, heads).reshape(array.shape)
+    return out

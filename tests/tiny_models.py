@@ -57,6 +57,8 @@ FAMILY_CONFIGS = {
                                                                  "norm_epsilon": 1e-5}),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", {
         "pad_token_id": 0, "layer_norm_epsilon": 1e-5, "n_inner": 128}),
+    "cohere": ("CohereConfig", "CohereForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
                                                "num_key_value_heads": 4, "n_inner": 128}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5,
@@ -141,7 +143,8 @@ GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense
                        "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
-LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcoder2")
+LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcoder2", "command-r",
+                    "cohere2")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -197,6 +200,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             writer.add_rope_dimension_count(int(head_dim * partial))
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch in ("command-r", "cohere2"):  # CommandR2Model, Cohere2Model
+        writer.add_logit_scale(cfg["logit_scale"])
     if arch in ("stablelm", "gptneox"):
         writer.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
     if "head_dim" in cfg:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..rope_rows import pairs_to_halves
+from ..rope_rows import qk_pairs_to_halves
 from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights
 
 NAME = "ernie4_5"
@@ -37,10 +37,5 @@ Model = DecoderForCausalLM
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    halves = dict(weights)
-    for name, array in weights.items():
-        heads = (c.num_attention_heads if ".self_attn.q_proj." in name
-                 else c.num_key_value_heads if ".self_attn.k_proj." in name else 0)
-        if heads:
-            halves[name] = pairs_to_halves(array, heads)
-    return fuse_layer_weights(c, halves)
+    return fuse_layer_weights(
+        c, qk_pairs_to_halves(weights, c.num_attention_heads, c.num_key_value_heads))

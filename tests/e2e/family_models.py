@@ -56,6 +56,11 @@ FAMILIES = {
     "gpt_neox": {"tie": False, "hidden_size": 128, "partial_rotary_factor": 0.25},
     # StarCoder2: LayerNorms and biases everywhere, a plain GELU MLP, a window on every layer
     "starcoder2": {"tie": True, "sliding_window": 20},
+    # Command R: parallel block, LayerNorms without bias, RoPE on adjacent pairs, logit_scale,
+    # per-head q/k LayerNorms (Aya Expanse has none; Command R+ has them)
+    "cohere": {"tie": True, "logit_scale": 0.5, "use_qk_norm": True},
+    # Command R7B: windowed layers with RoPE, then a global one without (pattern 2 here)
+    "cohere2": {"tie": True, "logit_scale": 0.5, "sliding_window": 20, "sliding_window_pattern": 2},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
     "gpt2": {"tie": True},
     # GPT-BigCode: GPT-2 with one key/value head (multi_query) and Linear weights; and without
@@ -102,6 +107,9 @@ GGUF_CASES = {
     # learned positions as position_embd; llama.cpp writes 4 x the width as the MLP's (n_inner
     # null, as GPT-2's own configs have it)
     "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),
+    "command-r": ("cohere", {}),  # rows in the checkpoint's order, per-head norms, logit_scale
+    # no layer list: llama.cpp takes every fourth layer as global, so the tiny model's is that
+    "cohere2": ("cohere2", {"layers": 4, "sliding_window_pattern": 4}),
     "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 
