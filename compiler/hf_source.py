@@ -72,11 +72,19 @@ CONFIG_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
                   "n_inner": "intermediate_size"}
 
 
+# other families' names for a usual key (OPT's MLP width)
+OTHER_ALIASES = {"ffn_dim": "intermediate_size"}
+
+
 def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
     """``raw`` with GPT-2-style keys also under their usual names. Where a config has both, the
     GPT-2-style key is the one its model reads (transformers' attribute_map makes the usual
-    name an alias of it; a stray ``intermediate_size`` beside ``n_inner`` is ignored there)."""
+    name an alias of it; a stray ``intermediate_size`` beside ``n_inner`` is ignored there).
+    ``OTHER_ALIASES`` fill a usual key a config does not have."""
     out = dict(raw)
+    for old, new in OTHER_ALIASES.items():
+        if out.get(old) is not None and out.get(new) is None:
+            out[new] = out[old]
     if out.get("n_embd") is None:
         return out
     for old, new in CONFIG_ALIASES.items():

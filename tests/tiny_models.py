@@ -59,6 +59,9 @@ FAMILY_CONFIGS = {
         "pad_token_id": 0, "layer_norm_epsilon": 1e-5, "n_inner": 128}),
     "cohere": ("CohereConfig", "CohereForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
+    "opt": ("OPTConfig", "OPTForCausalLM", {"pad_token_id": 0, "ffn_dim": 128,
+                                            "num_key_value_heads": 4}),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", {"pad_token_id": 0, "norm_eps": 1e-5}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
                                                "num_key_value_heads": 4, "n_inner": 128}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5,
@@ -144,7 +147,7 @@ GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
 LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcoder2", "command-r",
-                    "cohere2")
+                    "cohere2", "nemotron")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -154,18 +157,18 @@ LLAMA_PERMUTED = ("llama", "granite", "smollm3")
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
                ) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
-    (llama, qwen2, qwen3, gemma, gemma2, phi3, granite, smollm3, olmo2, ernie4_5, stablelm,
-    phi2, gptneox), read off its model classes: llama.cpp tensor names; Llama's (and
-    Granite's, SmolLM3's) q/k rows interleaved per head; Granite's multipliers as its
-    ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency divisors
-    (``rope_freqs.weight``); Gemma's norms stored as 1 + w and no output tensor; Phi-3's fused
-    projections kept, its longrope factors as ``rope_factors_long/short`` tensors with the
-    pretrained length and attention factor as keys; the LayerNorm families' (StableLM, Phi-2,
-    GPT-NeoX) epsilon, rotary dimensions and norm biases, StableLM's per-head q/k norms stacked
-    into one tensor a layer, GPT-NeoX's per-head q/k/v regrouped; the byte-level vocabulary as
-    a "gpt2" tokenizer. ``types``: GGML types by tensor kind (``{"attn_v.weight": "Q8_0"}``),
-    as a quantized file mixes them (Q4_K_M keeps attn_v and ffn_down wider); float32
-    otherwise."""
+    (each architecture of tests/e2e/family_models.GGUF_CASES), read off its model classes:
+    llama.cpp tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head;
+    Granite's multipliers as its ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency
+    divisors (``rope_freqs.weight``); Gemma's and Nemotron's norms stored as 1 + w, Gemma's
+    without an output tensor; Phi-3's fused projections kept, its longrope factors as
+    ``rope_factors_long/short`` tensors with the pretrained length and attention factor as
+    keys; the LayerNorm families' epsilon, rotary dimensions and norm biases; StableLM's
+    per-head q/k norms stacked into one tensor a layer; GPT-NeoX's per-head q/k/v regrouped;
+    GPT-2's Conv1D weights transposed and GPT-2's own config names read; Command R's
+    ``logit_scale``; the byte-level vocabulary as a "gpt2" tokenizer. ``types``: GGML types by
+    tensor kind (``{"attn_v.weight": "Q8_0"}``), as a quantized file mixes them (Q4_K_M keeps
+    attn_v and ffn_down wider); float32 otherwise."""
     import math
 
     import gguf
@@ -193,7 +196,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     if arch in LAYER_NORM_ARCHS:
-        writer.add_layer_norm_eps(cfg.get("layer_norm_eps") or cfg["norm_epsilon"])
+        writer.add_layer_norm_eps(cfg.get("layer_norm_eps") or cfg.get("norm_epsilon")
+                                  or cfg["norm_eps"])
         partial = (cfg.get("partial_rotary_factor")
                    or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor"))
         if partial:  # (GPT-2 has no RoPE)
@@ -272,11 +276,10 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             module = name.split(".norms.")[0]
             head_norms.setdefault(module, []).append((int(name.split(".")[-2]), w))
             continue
-        if arch.startswith("gemma"):
-            if name == "lm_head.weight":
-                continue
-            if name.endswith("norm.weight"):  # Gemma's RMSNorm multiplies by 1 + w
-                w = w + 1.0
+        if arch.startswith("gemma") and name == "lm_head.weight":
+            continue
+        if (arch.startswith("gemma") or arch == "nemotron") and name.endswith("norm.weight"):
+            w = w + 1.0  # Gemma's RMSNorm and Nemotron's LayerNorm1P multiply by 1 + w
         if name in names:
             add(names[name], w)
             continue

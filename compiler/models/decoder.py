@@ -173,6 +173,38 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act(gate) * up)
 
 
+def gelu_tanh(x: Tensor) -> Tensor:
+    return op.gelu(x, approximate="tanh")
+
+
+# transformers' activation names (its ACT2FN) a plain MLP may name -> the function
+PLAIN_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": op.gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "gelu_fast": gelu_tanh,
+    "relu": op.relu, "relu2": lambda x: op.square(op.relu(x)),
+}
+
+
+def plain_activation(name: str, key: str, family: str) -> str:
+    """``name`` (a config's ``key``), refused in words where wick has no such activation."""
+    if name not in PLAIN_ACTIVATIONS:
+        raise UnsupportedConfig(f"{key} {name!r} in a {family} config is not supported (wick "
+                                f"has {', '.join(PLAIN_ACTIVATIONS)})")
+    return name
+
+
+class PlainMLP(nn.Module):
+    """down(act(up(x))), with biases unless ``bias`` is false; ``act`` a PLAIN_ACTIVATIONS
+    name."""
+
+    def __init__(self, c: DecoderConfig, quant: Quantization, act: str, bias: bool = True) -> None:
+        self.act = PLAIN_ACTIVATIONS[act]
+        self.up_proj = QLinear(c.hidden_size, c.intermediate_size, quant, bias=bias)
+        self.down_proj = QLinear(c.intermediate_size, c.hidden_size, quant, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
 class Layer(nn.Module):
     def __init__(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> None:
         self.input_layernorm = block_norm(c.hidden_size, c, quant.dtype)

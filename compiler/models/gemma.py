@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 import numpy as np
 from tvm.relax.frontend import nn
-from tvm.relax.frontend.nn import Tensor, op
+from tvm.relax.frontend.nn import Tensor
 
-from .decoder import DecoderConfig, DecoderForCausalLM, GatedMLP, Layer, fuse_layer_weights
+from .decoder import (DecoderConfig, DecoderForCausalLM, GatedMLP, Layer, fuse_layer_weights,
+                      gelu_tanh)
 from .qwen2 import check_no_window
 
 NAME = "gemma"
@@ -32,10 +33,6 @@ GGUF_LAYER_NAMES: dict[str, str] = {}  # a pre-norm layer's two norms: the commo
 # Gemma's residual stream outgrows float16 (transformers runs it in bf16 or f32): f16 variants
 # would give inf/NaN, so compile refuses them
 FLOAT16_OVERFLOWS = True
-
-
-def gelu_tanh(x: Tensor) -> Tensor:
-    return op.gelu(x, approximate="tanh")
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:

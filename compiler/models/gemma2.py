@@ -19,7 +19,8 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .decoder import Attention, DecoderConfig, GatedMLP, effective_window, fuse_layer_weights, rms_norm
+from .decoder import (Attention, DecoderConfig, GatedMLP, effective_window, fuse_layer_weights,
+                      rms_norm)
 from .gemma import Model as GemmaModel
 from .gemma import gelu_tanh, gguf_tensor, norms_plus_one  # noqa: F401 (gguf_tensor: Gemma's)
 from .paged_attention import AttentionSpec

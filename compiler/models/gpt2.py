@@ -24,10 +24,10 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
 from ..model_config import UnsupportedConfig
-from .decoder import DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights, renamed_weights
+from .decoder import (DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights, plain_activation,
+                      renamed_weights)
 from .gpt_neox import NeoXLayer
 from .layers import MAX_BINDING_BYTES, take_rows
-from .phi import GELU
 
 NAME = "gpt2"
 HF_MODEL_TYPES = ("gpt2",)
@@ -63,17 +63,15 @@ class Config(LayerwiseConfig):
             raise UnsupportedConfig("GPT-2 attention scaled other than by 1/sqrt(head_dim) "
                                     "(scale_attn_by_inverse_layer_idx, scale_attn_weights) is "
                                     "not supported")
-        act = hf.get("activation_function", "gelu_new")
-        if act not in GELU:
-            raise UnsupportedConfig(f"activation_function {act!r} in a GPT-2 config is not "
-                                    f"supported (wick has {', '.join(GELU)})")
+        act = plain_activation(hf.get("activation_function", "gelu_new"), "activation_function",
+                               "GPT-2")
         eps = hf.get("layer_norm_epsilon") or hf.get("rms_norm_eps") or 1e-5
         heads = int(hf["num_attention_heads"])
         c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=True,
                             o_bias=True, mlp_bias=True, num_key_value_heads=heads,
                             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
         n = c.num_hidden_layers
-        c.extra.update(gelu=GELU[act], parallel=False, rope=[False] * n, sliding=[False] * n)
+        c.extra.update(act=act, parallel=False, rope=[False] * n, sliding=[False] * n)
         return c
 
 

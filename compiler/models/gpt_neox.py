@@ -24,9 +24,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
 from ..model_config import UnsupportedConfig
-from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, block_norm, fuse_layer_weights,
-                      renamed_weights)
-from .phi import GELU, PlainMLP
+from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, PlainMLP, block_norm,
+                      fuse_layer_weights, plain_activation, renamed_weights)
 
 NAME = "gpt_neox"
 HF_MODEL_TYPES = ("gpt_neox",)
@@ -66,16 +65,13 @@ class Config(DecoderConfig):
             hf["rope_theta"] = hf.get("rotary_emb_base", 10000.0)
         if hf.get("rope_scaling"):
             raise UnsupportedConfig("rope_scaling in a GPT-NeoX config is not supported")
-        act = hf.get("hidden_act", "gelu")
-        if act not in GELU:
-            raise UnsupportedConfig(f"hidden_act {act!r} in a GPT-NeoX config is not supported "
-                                    f"(wick has {', '.join(GELU)})")
+        act = plain_activation(hf.get("hidden_act", "gelu"), "hidden_act", "GPT-NeoX")
         bias = bool(hf.get("attention_bias", True))
         eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
         heads = int(hf["num_attention_heads"])  # (no grouped heads: any other count is not its)
         c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
                             o_bias=bias, mlp_bias=True, num_key_value_heads=heads)
-        c.extra.update(gelu=GELU[act], parallel=bool(hf.get("use_parallel_residual", True)))
+        c.extra.update(act=act, parallel=bool(hf.get("use_parallel_residual", True)))
         return c
 
 
@@ -85,7 +81,7 @@ class NeoXLayer(nn.Module):
         self.input_layernorm = block_norm(c.hidden_size, c, quant.dtype)
         self.self_attn = Attention(c, attn, quant)
         self.post_attention_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.mlp = PlainMLP(c, quant, c.extra["gelu"], bias=c.mlp_bias)
+        self.mlp = PlainMLP(c, quant, c.extra["act"], bias=c.mlp_bias)
 
     def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
         attended = self.self_attn(self.input_layernorm(h), pages, step)

@@ -18,12 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 from tvm.relax.frontend import nn
-from tvm.relax.frontend.nn import Tensor, op
 
 from ..model_config import UnsupportedConfig
-from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, fuse_layer_weights,
-                      renamed_weights)
-from .layers import QLinear
+from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, PlainMLP, fuse_layer_weights,
+                      plain_activation, renamed_weights)
 from .qwen2 import check_no_window
 from .stablelm import ParallelLayer
 
@@ -43,8 +41,6 @@ GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias", "output.bias": "lm_h
 # transformers' module names -> the decoder's (the GGUF names already map to the latter)
 RENAMED = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
            ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
-# transformers' activation names -> GELU's approximation
-GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
@@ -58,32 +54,17 @@ class Config(DecoderConfig):
         if hf.get("qk_layernorm"):
             raise UnsupportedConfig("qk_layernorm=true in a Phi config (no released Phi-1/1.5/2 "
                                     "checkpoint sets it) is not supported")
-        act = hf.get("hidden_act", "gelu_new")
-        if act not in GELU:
-            raise UnsupportedConfig(f"hidden_act {act!r} in a Phi config is not supported "
-                                    f"(wick has {', '.join(GELU)})")
+        act = plain_activation(hf.get("hidden_act", "gelu_new"), "hidden_act", "Phi")
         eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
         c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=True,
                             o_bias=True, mlp_bias=True, head_bias=True)
-        c.extra["gelu"] = GELU[act]
+        c.extra["act"] = act
         return c
-
-
-class PlainMLP(nn.Module):
-    """down(gelu(up(x))), with biases unless ``bias`` is false."""
-
-    def __init__(self, c: DecoderConfig, quant, approximate: str, bias: bool = True) -> None:
-        self.approximate = approximate
-        self.up_proj = QLinear(c.hidden_size, c.intermediate_size, quant, bias=bias)
-        self.down_proj = QLinear(c.intermediate_size, c.hidden_size, quant, bias=bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(op.gelu(self.up_proj(x), approximate=self.approximate))
 
 
 class Model(DecoderForCausalLM):
     def make_layer(self, c, attn, quant) -> nn.Module:
-        return ParallelLayer(c, Attention(c, attn, quant), PlainMLP(c, quant, c.extra["gelu"]),
+        return ParallelLayer(c, Attention(c, attn, quant), PlainMLP(c, quant, c.extra["act"]),
                              quant.dtype)
 
 

@@ -16,10 +16,9 @@ from typing import Any, Callable
 import numpy as np
 from tvm.relax.frontend import nn
 
-from ..model_config import UnsupportedConfig
-from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights, renamed_weights
+from .decoder import (DecoderConfig, DecoderForCausalLM, fuse_layer_weights, plain_activation,
+                      renamed_weights)
 from .gpt_neox import NeoXLayer
-from .phi import GELU
 
 NAME = "starcoder2"
 HF_MODEL_TYPES = ("starcoder2",)
@@ -44,16 +43,14 @@ def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        act = hf.get("hidden_act", "gelu_pytorch_tanh")
-        if act not in GELU:
-            raise UnsupportedConfig(f"hidden_act {act!r} in a StarCoder2 config is not "
-                                    f"supported (wick has {', '.join(GELU)})")
+        act = plain_activation(hf.get("hidden_act", "gelu_pytorch_tanh"), "hidden_act",
+                               "StarCoder2")
         eps = hf.get("norm_epsilon") or hf.get("rms_norm_eps") or 1e-5
         bias = bool(hf.get("use_bias", True))
         c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
                             o_bias=bias, mlp_bias=bias, sliding_window=hf.get("sliding_window"),
                             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
-        c.extra.update(gelu=GELU[act], parallel=False)
+        c.extra.update(act=act, parallel=False)
         return c
 
 

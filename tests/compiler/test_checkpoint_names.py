@@ -96,3 +96,31 @@ def test_an_untied_head_named_embed_out_is_kept(tmp_path):
     config = {"tie_word_embeddings": False}
     weights, _ = hf_source.load_weights(tmp_path, config)
     assert config["tie_word_embeddings"] is False and "embed_out.weight" in weights
+
+
+def test_opt_without_the_model_prefix_converts_alike_and_drops_two_position_rows():
+    from wick.compiler.models import opt
+
+    h = 8
+    config = opt.Config.from_hf(hf_source.with_aliases({
+        "model_type": "opt", "vocab_size": 11, "hidden_size": h, "ffn_dim": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 6}))
+    assert config.intermediate_size == 16  # (OPT's ffn_dim)
+    layer = "decoder.layers.0."
+    shapes = {"decoder.embed_tokens.weight": (11, h), "decoder.embed_positions.weight": (8, h),
+              "decoder.final_layer_norm.weight": (h,), "decoder.final_layer_norm.bias": (h,),
+              **{layer + f"self_attn.{x}_proj.{k}": (h, h) if k == "weight" else (h,)
+                 for x in ("q", "k", "v", "out") for k in ("weight", "bias")},
+              **{layer + f"{n}.{k}": (h,) for n in ("self_attn_layer_norm", "final_layer_norm")
+                 for k in ("weight", "bias")},
+              layer + "fc1.weight": (16, h), layer + "fc1.bias": (16,),
+              layer + "fc2.weight": (h, 16), layer + "fc2.bias": (h,)}
+    bare = _weights(shapes)
+    a = opt.convert_weights(config, bare)
+    b = opt.convert_weights(config, {"model." + n: w for n, w in bare.items()})
+    assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+    assert np.array_equal(a["model.embed_positions.weight"], bare["decoder.embed_positions.weight"][2:])
+    # the layer's own final_layer_norm is the MLP's norm; the decoder's the model's last
+    assert np.array_equal(a["model.layers.0.post_attention_layernorm.weight"],
+                          bare[layer + "final_layer_norm.weight"])
+    assert np.array_equal(a["model.norm.weight"], bare["decoder.final_layer_norm.weight"])

@@ -61,6 +61,10 @@ FAMILIES = {
     "cohere": {"tie": True, "logit_scale": 0.5, "use_qk_norm": True},
     # Command R7B: windowed layers with RoPE, then a global one without (pattern 2 here)
     "cohere2": {"tie": True, "logit_scale": 0.5, "sliding_window": 20, "sliding_window_pattern": 2},
+    # OPT: GPT-2's shape with ReLU, separate q/k/v, a position table offset by two rows
+    "opt": {"tie": True},
+    # Nemotron: LayerNorm1P (1 + w, with bias), squared-ReLU plain MLP, RoPE on half of each head
+    "nemotron": {"tie": False, "partial_rotary_factor": 0.5},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
     "gpt2": {"tie": True},
     # GPT-BigCode: GPT-2 with one key/value head (multi_query) and Linear weights; and without
@@ -107,6 +111,7 @@ GGUF_CASES = {
     # learned positions as position_embd; llama.cpp writes 4 x the width as the MLP's (n_inner
     # null, as GPT-2's own configs have it)
     "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),
+    "nemotron": ("nemotron", {}),  # norms stored as 1 + w, biases, rotary dimensions
     "command-r": ("cohere", {}),  # rows in the checkpoint's order, per-head norms, logit_scale
     # no layer list: llama.cpp takes every fourth layer as global, so the tiny model's is that
     "cohere2": ("cohere2", {"layers": 4, "sliding_window_pattern": 4}),

@@ -1,0 +1,56 @@
+"""Nemotron (NVIDIA's Nemotron-3/4, Minitron, Nemotron-Mini): the Llama decoder with LayerNorms
+whose weights are stored as offsets from one (``LayerNorm1P``: ``convert_weights`` adds the one,
+as for Gemma's norms), a plain MLP with squared ReLU (``down(relu(up(x))^2)``), RoPE on part of
+each head (``partial_rotary_factor``, 0.5) and an untied head.
+
+Semantics: HF transformers ``models/nemotron/modeling_nemotron.py`` (``norm_eps``).
+
+GGUF: llama.cpp's ``nemotron`` architecture, which stores the norms already as ``1 + w``
+(``gguf_tensor`` takes the one off, as for Gemma).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from tvm.relax.frontend import nn
+
+from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights, plain_activation
+from .gemma import gguf_tensor, norms_plus_one  # noqa: F401 (gguf_tensor: the same undoing)
+from .gpt_neox import NeoXLayer
+from .qwen2 import check_no_window
+
+NAME = "nemotron"
+HF_MODEL_TYPES = ("nemotron",)
+GGUF_ARCHITECTURES = ("nemotron",)
+GGUF_PERMUTED_QK = False
+GGUF_LAYER_NAMES = {"attn_norm.bias": "input_layernorm.bias",
+                    "ffn_norm.bias": "post_attention_layernorm.bias"}
+GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    return {"hidden_act": "relu2"}
+
+
+class Config(DecoderConfig):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        check_no_window(hf)
+        act = plain_activation(hf.get("hidden_act", "relu2"), "hidden_act", "Nemotron")
+        eps = hf.get("norm_eps") or hf.get("rms_norm_eps") or 1e-5
+        bias = bool(hf.get("attention_bias", False))
+        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
+                            o_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)))
+        c.extra.update(act=act, parallel=False)
+        return c
+
+
+class Model(DecoderForCausalLM):
+    def make_layer(self, c, attn, quant) -> nn.Module:
+        return NeoXLayer(c, attn, quant)
+
+
+def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return norms_plus_one(fuse_layer_weights(c, weights))
