@@ -1,6 +1,8 @@
 """A local Hugging Face model directory -> config, weights, tokenizer.
 
-Expected files: ``config.json``, one or more ``*.safetensors``, ``tokenizer.json``; optional
+Expected files: ``config.json``, one or more ``*.safetensors``, ``tokenizer.json`` (or, in older
+repos such as OPT's, a GPT-2-style tokenizer's ``vocab.json`` and ``merges.txt``, with
+``special_tokens_map.json``: tokenizer_build.build_from_bpe_files); optional
 ``tokenizer_config.json``, ``chat_template.jinja`` (transformers 5 writes the template there) and
 ``generation_config.json`` (its ``eos_token_id`` list wins over config.json's single id, as in
 HF generation).
@@ -24,7 +26,10 @@ from .model_config import check_config
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
-REQUIRED_FILES = ("config.json", "tokenizer.json")
+REQUIRED_FILES = ("config.json",)
+TOKENIZER_JSON = "tokenizer.json"
+BPE_FILES = ("vocab.json", "merges.txt")  # (a tokenizer.json's absence: what stands for it)
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 
 
 class HFDirError(WickError):
@@ -50,9 +55,10 @@ def tracked_files(path: Path) -> list[Path]:
     """Everything ``load`` reads: what the content hash covers."""
     check_files(path)
     optional = ("tokenizer_config.json", "chat_template.jinja", "generation_config.json",
-                "modules.json", "1_Pooling/config.json", "sentence_bert_config.json")
+                "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
+                SPECIAL_TOKENS_MAP)
     return sorted(
-        [path / n for n in REQUIRED_FILES]
+        [path / n for n in REQUIRED_FILES] + tokenizer_files(path)
         + [path / n for n in optional if (path / n).is_file()]
         + weight_files(path)
     )
@@ -62,7 +68,18 @@ def check_files(path: Path) -> None:
     for name in REQUIRED_FILES:
         if not (path / name).is_file():
             raise HFDirError(f"{path}: required file {name} is missing")
+    tokenizer_files(path)
     weight_files(path)
+
+
+def tokenizer_files(path: Path) -> list[Path]:
+    """tokenizer.json, or else a GPT-2-style tokenizer's vocab.json and merges.txt."""
+    if (path / TOKENIZER_JSON).is_file():
+        return [path / TOKENIZER_JSON]
+    if all((path / name).is_file() for name in BPE_FILES):
+        return [path / name for name in BPE_FILES]
+    raise HFDirError(f"{path}: required file {TOKENIZER_JSON} is missing (nor are there "
+                     f"{' and '.join(BPE_FILES)}, a GPT-2-style tokenizer's files)")
 
 
 # GPT-2-style config keys (GPT-2, GPT-BigCode) -> the names transformers' attribute_map reads
@@ -173,14 +190,26 @@ def load_weights(
 
 
 def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:
-    """(tokenizer.json text, tokenizer_config with plain-string special tokens)."""
-    tokenizer_json = without_padding((path / "tokenizer.json").read_text(encoding="utf-8"))
+    """(tokenizer.json text, tokenizer_config with plain-string special tokens). Without a
+    tokenizer.json, the one transformers would build from vocab.json and merges.txt, its
+    special tokens from tokenizer_config.json, else special_tokens_map.json."""
     config_file = path / "tokenizer_config.json"
     config = _read_json(config_file) if config_file.is_file() else {}
+    (first, *_) = tokenizer_files(path)
+    if first.name != TOKENIZER_JSON and (path / SPECIAL_TOKENS_MAP).is_file():
+        config = {**_read_json(path / SPECIAL_TOKENS_MAP), **config}
     for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
         value = config.get(key)
         if isinstance(value, dict):  # older files: {"content": "<s>", "lstrip": ...}
             config[key] = value.get("content")
+    if first.name == TOKENIZER_JSON:
+        tokenizer_json = without_padding(first.read_text(encoding="utf-8"))
+    else:
+        from .tokenizer_build import build_from_bpe_files
+
+        tokenizer_json = build_from_bpe_files(_read_json(path / BPE_FILES[0]),
+                                              (path / BPE_FILES[1]).read_text(encoding="utf-8"),
+                                              config)
     template = path / "chat_template.jinja"
     if "chat_template" not in config and template.is_file():
         config["chat_template"] = template.read_text(encoding="utf-8")

@@ -33,6 +33,15 @@ HF_PATTERNS = [
     "chat_template.jinja", "*.safetensors", "model.safetensors.index.json",
     "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
 ]  # fmt: skip
+# a GPT-2-style tokenizer in its two files, in repos without a tokenizer.json (OPT's)
+BPE_TOKENIZER_PATTERNS = ["vocab.json", "merges.txt", "special_tokens_map.json"]
+
+
+def hf_patterns(files: list[str] | None) -> list[str]:
+    """What to fetch of an HF repo holding ``files`` (None: not known)."""
+    if files is not None and "tokenizer.json" in files:
+        return HF_PATTERNS
+    return HF_PATTERNS + BPE_TOKENIZER_PATTERNS
 
 
 class HubAccessError(WickError):
@@ -119,7 +128,7 @@ def fetch(model: str) -> Fetched:
     kind, names = _kind(ref, files)
     if kind == "gguf":
         return _gguf(ref, names[0])
-    folder = _snapshot(ref, None if kind == "artifact" else HF_PATTERNS)
+    folder = _snapshot(ref, None if kind == "artifact" else hf_patterns(files))
     return _fetched(kind, Path(folder), ref)
 
 
@@ -183,7 +192,8 @@ def _from_cache(ref: HubRef, cause: BaseException | None) -> Fetched:
     if _cached(ref, MANIFEST_NAME):
         return _fetched("artifact", Path(_snapshot(ref, None, True, cause)), ref)
     if _cached(ref, "config.json"):
-        return _fetched("hf", Path(_snapshot(ref, HF_PATTERNS, True, cause)), ref)
+        tokenizer = ["tokenizer.json"] if _cached(ref, "tokenizer.json") else None
+        return _fetched("hf", Path(_snapshot(ref, hf_patterns(tokenizer), True, cause)), ref)
     folder = Path(_snapshot(ref, ["*.gguf"], True, cause))
     ggufs = sorted(p for p in folder.rglob("*.gguf"))
     if not ggufs:

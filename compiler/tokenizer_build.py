@@ -123,6 +123,37 @@ def build_from_gguf(meta: Mapping[str, Any]) -> BuiltTokenizer:
     return BuiltTokenizer(tokenizer.to_str(), config, bos_id, eos_id)
 
 
+def build_from_bpe_files(vocab: dict[str, int], merges: str, config: Mapping[str, Any]) -> str:
+    """tokenizer.json text for a GPT-2-style byte-level BPE given as ``vocab.json`` and
+    ``merges.txt`` (repos older than tokenizer.json: OPT's), as transformers' GPT-2 converter
+    builds it from them: the byte-level split with ``add_prefix_space`` from ``config``
+    (tokenizer_config.json), and the config's special tokens (bos/eos/unk/pad, and the added
+    ones it lists) matched whole. No post-processor: the engine alone decides about BOS."""
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise TokenizerBuildError("vocab.json is not a token -> id object")
+    pairs = []
+    for number, line in enumerate(merges.splitlines(), 1):
+        if not line.strip() or (number == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise TokenizerBuildError(f"merges.txt line {number} is not two tokens: {line!r}")
+        pairs.append((parts[0], parts[1]))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=bool(config.get("add_prefix_space", False)))
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = [config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")
+                if isinstance(config.get(k), str)]
+    plain = []
+    for added in (config.get("added_tokens_decoder") or {}).values():
+        if isinstance(added, dict) and isinstance(added.get("content"), str):
+            (specials if added.get("special", True) else plain).append(added["content"])
+    tokenizer.add_special_tokens(list(dict.fromkeys(specials)))
+    tokenizer.add_tokens([t for t in dict.fromkeys(plain) if t not in specials])
+    return tokenizer.to_str()
+
+
 def _byte_level_bpe(meta: Mapping[str, Any], tokens: list[str]) -> Tokenizer:
     pre_name = meta.get("tokenizer.ggml.pre", "default")
     pre = _PRE_TOKENIZERS.get(pre_name)

@@ -111,6 +111,24 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
     return out
 
 
+def to_bpe_files(hf_dir: Path) -> Path:
+    """The directory's tokenizer as older repos (OPT's) ship it, in place: vocab.json and
+    merges.txt, its added tokens listed in tokenizer_config.json, no tokenizer.json."""
+    tokenizer = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = dict(tokenizer["model"]["vocab"])
+    added = {str(t["id"]): {"content": t["content"], "special": t["special"]}
+             for t in tokenizer["added_tokens"]}
+    vocab.update({t["content"]: int(i) for i, t in added.items()})
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
+    (hf_dir / "vocab.json").write_text(json.dumps(vocab))
+    (hf_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+    config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({**config,
+                                                              "added_tokens_decoder": added}))
+    (hf_dir / "tokenizer.json").unlink()
+    return hf_dir
+
+
 def to_bfloat16(hf_dir: Path) -> Path:
     """The directory's weights stored in bfloat16 (as most Hub checkpoints ship), in place."""
     import torch

@@ -26,7 +26,7 @@ def hf_repo(weights: bytes = b"w" * 4000) -> dict[str, bytes]:
     """An HF model repo as the Hub holds one: what wick reads, and what it must not fetch."""
     return {"config.json": CONFIG, "generation_config.json": b'{"temperature": 0.5}',
             "tokenizer.json": b'{"model": {}}', "tokenizer_config.json": b'{"eos_token": "</s>"}',
-            "model.safetensors": weights,
+            "model.safetensors": weights, "vocab.json": b"{}", "merges.txt": b"",
             "README.md": b"# card", ".gitattributes": b"*.bin lfs",
             "pytorch_model.bin": b"p" * 5000, "onnx/model.onnx": b"o" * 5000,
             "model-q4_k_m.gguf": b"g" * 3000}
@@ -76,6 +76,19 @@ def test_a_model_repo_fetches_only_what_wick_reads(hub):
     fetched_files = {r.path.rsplit("/", 1)[-1] for r in hub.asked("GET", "/resolve/")}
     assert fetched_files == {"config.json", "generation_config.json", "model.safetensors",
                              "tokenizer.json", "tokenizer_config.json"}
+
+
+def test_a_repo_without_tokenizer_json_gets_its_vocab_and_merges(hub):
+    """(OPT's repos: a GPT-2-style tokenizer's files; the repo above, with a tokenizer.json,
+    does not get them)"""
+    from wick.compiler.hub import fetch
+
+    repo = {k: v for k, v in hf_repo().items() if k != "tokenizer.json"}
+    hub.add("org/old", {**repo, "special_tokens_map.json": b'{"eos_token": "</s>"}'})
+    fetched = fetch("hf://org/old")
+    assert {"vocab.json", "merges.txt", "special_tokens_map.json"} <= {
+        p.name for p in fetched.path.iterdir()}
+    assert not (fetched.path / "pytorch_model.bin").exists()
 
 
 def test_a_gguf_repo_and_a_named_gguf(hub):

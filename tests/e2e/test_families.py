@@ -58,10 +58,16 @@ def family(request, tmp_path_factory, compiled, backend):
 
 
 def test_manifest_names_the_family(family):
-    name, core, _, art_dir, _ = family
+    name, core, _, art_dir, path = family
     art = load_artifact(art_dir)
     assert art.model["family"] == core.info.family == family_of(name)
     names = {p.name for p in art.params}
+    if name == "opt":  # its tokenizer came as vocab.json + merges.txt: the same ids
+        from tests.tiny_models import byte_level_tokenizer
+
+        assert not (path / "tokenizer.json").exists()
+        text = "<|im_start|>user\nthe  cat<|im_end|>"
+        assert core.tokenizer.encode(text) == byte_level_tokenizer().encode(text).ids
     if name == "qwen2":
         assert sum(n.endswith("qkv_proj.bias") for n in names) == 2
         assert not any(n.endswith("o_proj.bias") for n in names)
