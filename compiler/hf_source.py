@@ -89,8 +89,9 @@ CONFIG_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
                   "n_inner": "intermediate_size"}
 
 
-# other families' names for a usual key (OPT's MLP width)
-OTHER_ALIASES = {"ffn_dim": "intermediate_size"}
+# other families' names for a usual key (OPT's MLP width; GPT-NeoX's older RoPE keys)
+OTHER_ALIASES = {"ffn_dim": "intermediate_size", "rotary_emb_base": "rope_theta",
+                 "rotary_pct": "partial_rotary_factor"}
 
 
 def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +131,9 @@ def load_config(path: Path) -> dict[str, Any]:
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            # (absent: None, the family's default; load_weights ties a file without a head)
+            tie_word_embeddings=(None if raw.get("tie_word_embeddings") is None
+                                 else bool(raw["tie_word_embeddings"])),
             model_type=raw["model_type"],
         )
     except KeyError as missing:
@@ -181,7 +184,7 @@ def load_weights(
                 if progress is not None:
                     progress("read", done, len(plan))
     if not config["tie_word_embeddings"] and not LM_HEAD_NAMES & weights.keys():
-        config["tie_word_embeddings"] = True  # a config that left it to the default (Gemma)
+        config["tie_word_embeddings"] = True  # (no head of its own: tied, whatever it says)
     if config["tie_word_embeddings"]:
         for name in LM_HEAD_NAMES:
             weights.pop(name, None)

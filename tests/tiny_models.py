@@ -224,8 +224,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if arch in ("command-r", "cohere2"):  # CommandR2Model, Cohere2Model
         writer.add_logit_scale(cfg["logit_scale"])
-    if arch in ("stablelm", "gptneox"):
-        writer.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
+    if arch in ("stablelm", "gptneox"):  # (both converters write true where a config has none)
+        writer.add_parallel_residual(bool(cfg.get("use_parallel_residual", True)))
     if "head_dim" in cfg:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)

@@ -23,7 +23,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
 from ..rope_rows import qk_pairs_to_halves
-from .decoder import DecoderConfig, DecoderForCausalLM, GatedMLP, fuse_layer_weights
+from .decoder import (DecoderConfig, DecoderForCausalLM, GatedMLP, fuse_layer_weights,
+                      layer_norm_eps, tied_head)
 from .qwen2 import check_no_window
 from .stablelm import ParallelLayer, StableLmAttention
 
@@ -37,8 +38,9 @@ NORMS = ("input_layernorm.weight",)
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"logit_scale": key("logit_scale", 1.0), "tie_word_embeddings": True,
-            "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors}
+    return {"logit_scale": key("logit_scale", 1.0),
+            "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+            "layer_norm_eps": key("attention.layer_norm_epsilon")}
 
 
 class Config(DecoderConfig):
@@ -51,10 +53,11 @@ class Config(DecoderConfig):
 def cohere_config(from_hf: Callable[..., DecoderConfig], hf: dict[str, Any],
                   **overrides: Any) -> DecoderConfig:
     """The config of Cohere's layer (Cohere 2's too), built by the base class's ``from_hf``."""
-    eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
     bias = bool(hf.get("attention_bias", False))
-    c = from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias, o_bias=bias,
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)), **overrides)
+    c = from_hf(hf, layer_norm=True, rms_norm_eps=layer_norm_eps(hf, "layer_norm_eps"),
+                qkv_bias=bias, o_bias=bias,
+                tie_word_embeddings=tied_head(hf, True),
+                **overrides)
     c.extra.update(logit_scale=float(hf.get("logit_scale", 0.0625)),
                    head_norms=bool(hf.get("use_qk_norm", False)))
     return c

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .cohere import GGUF_LAYER_NAMES, Model, cohere_config, convert_weights  # noqa: F401
-from .decoder import DecoderConfig, LayerwiseConfig
+from .decoder import DecoderConfig, LayerwiseConfig, config_value
 from .gemma2 import layer_types
 
 NAME = "cohere2"
@@ -24,7 +24,8 @@ PATTERN = 4  # a global layer after every three windowed ones
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"logit_scale": key("logit_scale", 1.0), "tie_word_embeddings": True,
+    return {"logit_scale": key("logit_scale", 1.0),
+            "layer_norm_eps": key("attention.layer_norm_epsilon"),
             "sliding_window": key("attention.sliding_window", None),
             "sliding_window_pattern": PATTERN}
 
@@ -32,7 +33,9 @@ def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
 class Config(LayerwiseConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> DecoderConfig:
-        c = cohere_config(super().from_hf, hf, sliding_window=hf.get("sliding_window"))
+        # (no sliding_window: transformers' 4096)
+        window = config_value(hf, "sliding_window", 4096, int)
+        c = cohere_config(super().from_hf, hf, sliding_window=window)
         pattern = int(hf.get("sliding_window_pattern") or PATTERN)
         sliding = layer_types(hf, lambda i: (i + 1) % pattern != 0)
         c.extra.update(sliding=sliding, rope=sliding)  # (no RoPE on the global layers)

@@ -64,7 +64,7 @@ class DecoderConfig:
         theta, scaling = rope_settings(hf)
         partial = float(hf.get("partial_rotary_factor")
                         or (hf.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
-        rotary_dim = int(round(head_dim * partial))
+        rotary_dim = int(head_dim * partial)  # (truncated, as transformers' attention does)
         if scaling and scaling["rope_type"] == "su":  # Phi-3's first name for longrope
             scaling["rope_type"] = "longrope"
         if scaling and scaling["rope_type"] not in ("linear", "llama3", "longrope"):
@@ -85,7 +85,7 @@ class DecoderConfig:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             context_window=int(hf.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_word_embeddings=config_value(hf, "tie_word_embeddings", False, bool),
             rope_scaling=scaling,
             rotary_dim=rotary_dim if rotary_dim != head_dim else None,
         )
@@ -100,6 +100,33 @@ class DecoderConfig:
                              dtype, self.rope_theta, self.rope_scaling,
                              window=effective_window(self.sliding_window, self.context_window),
                              rotary_dim=self.rotary_dim)
+
+
+def config_value(hf: dict[str, Any], key: str, default: Any, kind: Callable[[Any], Any] = float
+                 ) -> Any:
+    """``hf[key]`` as ``kind``, or ``default`` where the config has no value for it (absent or
+    null): the family's own default, as its transformers config class has it."""
+    value = hf.get(key)
+    return default if value is None else kind(value)
+
+
+def tied_head(hf: dict[str, Any], default: bool) -> bool:
+    """Whether the LM head is the embedding: the config's word, else the family's default."""
+    return config_value(hf, "tie_word_embeddings", default, bool)
+
+
+def layer_norm_eps(hf: dict[str, Any], key: str) -> float:
+    """A LayerNorm family's epsilon under its own config key (its gguf_config puts llama.cpp's
+    there too), else transformers' default for all of them, 1e-5."""
+    return config_value(hf, key, 1e-5)
+
+
+def with_partial_rotary(hf: dict[str, Any], default: float) -> dict[str, Any]:
+    """``hf`` with the family's default ``partial_rotary_factor`` where it names none."""
+    if hf.get("partial_rotary_factor") is not None or \
+            (hf.get("rope_parameters") or {}).get("partial_rotary_factor") is not None:
+        return hf
+    return {**hf, "partial_rotary_factor": default}
 
 
 class LayerwiseConfig(DecoderConfig):

@@ -15,14 +15,14 @@ takes the one off so that both sources reach ``convert_weights`` in HF's convent
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
 from .decoder import (DecoderConfig, DecoderForCausalLM, GatedMLP, Layer, fuse_layer_weights,
-                      gelu_tanh)
+                      gelu_tanh, tied_head)
 from .qwen2 import check_no_window
 
 NAME = "gemma"
@@ -35,10 +35,6 @@ GGUF_LAYER_NAMES: dict[str, str] = {}  # a pre-norm layer's two norms: the commo
 FLOAT16_OVERFLOWS = True
 
 
-def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"tie_word_embeddings": True}
-
-
 def gguf_tensor(name: str, array: np.ndarray) -> np.ndarray:
     return array - 1.0 if name.endswith("norm.weight") else array
 
@@ -47,7 +43,7 @@ class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         check_no_window(hf)
-        return super().from_hf(hf, tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+        return super().from_hf(hf, tie_word_embeddings=tied_head(hf, True))
 
 
 class GemmaLayer(Layer):

@@ -20,7 +20,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .decoder import (Attention, DecoderConfig, GatedMLP, effective_window, fuse_layer_weights,
-                      rms_norm)
+                      rms_norm, tied_head)
 from .gemma import Model as GemmaModel
 from .gemma import gelu_tanh, gguf_tensor, norms_plus_one  # noqa: F401 (gguf_tensor: Gemma's)
 from .paged_attention import AttentionSpec
@@ -54,15 +54,14 @@ def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {"sliding_window": key("attention.sliding_window", None),
             "query_pre_attn_scalar": key("attention.key_length", None),
             "attn_logit_softcapping": key("attn_logit_softcapping", None),
-            "final_logit_softcapping": key("final_logit_softcapping", None),
-            "tie_word_embeddings": True}
+            "final_logit_softcapping": key("final_logit_softcapping", None)}
 
 
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         c = super().from_hf(hf, sliding_window=hf.get("sliding_window"),
-                            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+                            tie_word_embeddings=tied_head(hf, True))
         head_dim = c.head_dim
         c.extra.update(
             scale=float(hf.get("query_pre_attn_scalar") or head_dim) ** -0.5,

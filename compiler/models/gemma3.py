@@ -16,7 +16,7 @@ from typing import Any, Callable
 # (Gemma 2's model, weight conversion and GGUF tensor reader, as they are)
 from .gemma2 import GGUF_LAYER_NAMES as GEMMA2_LAYER_NAMES
 from .gemma2 import Model, convert_weights, gguf_tensor, layer_types  # noqa: F401
-from .decoder import DecoderConfig, effective_window
+from .decoder import DecoderConfig, effective_window, tied_head
 from ..hf_source import rope_settings
 from .paged_attention import AttentionSpec
 
@@ -37,7 +37,7 @@ GGUF_LAYER_NAMES = {
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {"sliding_window": key("attention.sliding_window", None),
             "query_pre_attn_scalar": key("attention.key_length", None),
-            "rope_local_base_freq": 10000.0, "tie_word_embeddings": True}
+            "rope_local_base_freq": 10000.0}
 
 
 def _rope_by_kind(hf: dict[str, Any]) -> dict[bool, tuple[float, Any]]:
@@ -55,7 +55,7 @@ class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         c = super().from_hf(hf, sliding_window=hf.get("sliding_window"), qk_norm=True,
-                            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+                            tie_word_embeddings=tied_head(hf, True))
         pattern = int(hf.get("sliding_window_pattern") or 6)
         c.extra.update(
             scale=float(hf.get("query_pre_attn_scalar") or c.head_dim) ** -0.5,

@@ -24,8 +24,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
 from ..model_config import UnsupportedConfig
-from .decoder import (DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights, plain_activation,
-                      renamed_weights)
+from .decoder import (DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights, layer_norm_eps,
+                      plain_activation, renamed_weights, tied_head)
 from .gpt_neox import NeoXLayer
 from .layers import MAX_BINDING_BYTES, take_rows
 
@@ -53,7 +53,8 @@ GLOBAL_RENAMED = {"wte.weight": "model.embed_tokens.weight", "wpe.weight": POSIT
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"activation_function": "gelu_new"}
+    return {"activation_function": "gelu_new",
+            "layer_norm_epsilon": key("attention.layer_norm_epsilon")}
 
 
 class Config(LayerwiseConfig):
@@ -65,11 +66,11 @@ class Config(LayerwiseConfig):
                                     "not supported")
         act = plain_activation(hf.get("activation_function", "gelu_new"), "activation_function",
                                "GPT-2")
-        eps = hf.get("layer_norm_epsilon") or hf.get("rms_norm_eps") or 1e-5
         heads = int(hf["num_attention_heads"])
-        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=True,
+        c = super().from_hf(hf, layer_norm=True,
+                            rms_norm_eps=layer_norm_eps(hf, "layer_norm_epsilon"), qkv_bias=True,
                             o_bias=True, mlp_bias=True, num_key_value_heads=heads,
-                            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+                            tie_word_embeddings=tied_head(hf, True))
         n = c.num_hidden_layers
         c.extra.update(act=act, parallel=False, rope=[False] * n, sliding=[False] * n)
         return c

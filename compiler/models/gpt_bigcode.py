@@ -30,7 +30,8 @@ QKV = (".attn.c_attn.weight", ".attn.c_attn.bias")
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"activation_function": "gelu_pytorch_tanh", "multi_query": True}
+    return {**gpt2.gguf_config(key, tensors), "activation_function": "gelu_pytorch_tanh",
+            "multi_query": True}
 
 
 class Config(gpt2.Config):

@@ -25,7 +25,8 @@ from tvm.relax.frontend.nn import Tensor
 
 from ..model_config import UnsupportedConfig
 from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, PlainMLP, block_norm,
-                      fuse_layer_weights, plain_activation, renamed_weights)
+                      fuse_layer_weights, layer_norm_eps, plain_activation, renamed_weights,
+                      with_partial_rotary)
 
 NAME = "gpt_neox"
 HF_MODEL_TYPES = ("gpt_neox",)
@@ -52,24 +53,21 @@ INTERLEAVED_QKV = ".attention.query_key_value."
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {"use_parallel_residual": bool(key("use_parallel_residual", True)),
+            "layer_norm_eps": key("attention.layer_norm_epsilon"),
             "hidden_act": "gelu", "attention_bias": "blk.0.attn_qkv.bias" in tensors}
 
 
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        hf = dict(hf)
-        if "rope_parameters" not in hf and "partial_rotary_factor" not in hf:
-            hf["partial_rotary_factor"] = hf.get("rotary_pct", 0.25)
-        if "rope_parameters" not in hf and "rope_theta" not in hf:
-            hf["rope_theta"] = hf.get("rotary_emb_base", 10000.0)
+        hf = with_partial_rotary(hf, 0.25)  # (rotary_pct: hf_source.with_aliases)
         if hf.get("rope_scaling"):
             raise UnsupportedConfig("rope_scaling in a GPT-NeoX config is not supported")
         act = plain_activation(hf.get("hidden_act", "gelu"), "hidden_act", "GPT-NeoX")
         bias = bool(hf.get("attention_bias", True))
-        eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
         heads = int(hf["num_attention_heads"])  # (no grouped heads: any other count is not its)
-        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
+        c = super().from_hf(hf, layer_norm=True,
+                            rms_norm_eps=layer_norm_eps(hf, "layer_norm_eps"), qkv_bias=bias,
                             o_bias=bias, mlp_bias=True, num_key_value_heads=heads)
         c.extra.update(act=act, parallel=bool(hf.get("use_parallel_residual", True)))
         return c

@@ -16,7 +16,8 @@ from typing import Any, Callable
 import numpy as np
 from tvm.relax.frontend import nn
 
-from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights, plain_activation
+from .decoder import (DecoderConfig, DecoderForCausalLM, fuse_layer_weights, layer_norm_eps,
+                      plain_activation, with_partial_rotary)
 from .gemma import gguf_tensor, norms_plus_one  # noqa: F401 (gguf_tensor: the same undoing)
 from .gpt_neox import NeoXLayer
 from .qwen2 import check_no_window
@@ -31,7 +32,7 @@ GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"hidden_act": "relu2"}
+    return {"hidden_act": "relu2", "norm_eps": key("attention.layer_norm_epsilon")}
 
 
 class Config(DecoderConfig):
@@ -39,9 +40,9 @@ class Config(DecoderConfig):
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         check_no_window(hf)
         act = plain_activation(hf.get("hidden_act", "relu2"), "hidden_act", "Nemotron")
-        eps = hf.get("norm_eps") or hf.get("rms_norm_eps") or 1e-5
         bias = bool(hf.get("attention_bias", False))
-        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
+        c = super().from_hf(with_partial_rotary(hf, 0.5), layer_norm=True,
+                            rms_norm_eps=layer_norm_eps(hf, "norm_eps"), qkv_bias=bias,
                             o_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)))
         c.extra.update(act=act, parallel=False)
         return c

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..model_config import UnsupportedConfig
-from .decoder import LayerwiseConfig, fuse_layer_weights, plain_activation, renamed_weights
+from .decoder import (LayerwiseConfig, fuse_layer_weights, plain_activation, renamed_weights,
+                      tied_head)
 from .gpt2 import POSITIONS
 from .gpt2 import Model as GPT2Model
 
@@ -39,7 +40,7 @@ class Config(LayerwiseConfig):
         if not hf.get("do_layer_norm_before", True):
             raise UnsupportedConfig("OPT with its norms after the blocks (do_layer_norm_before: "
                                     "false, OPT-350m) is not supported")
-        if hf.get("word_embed_proj_dim", hf["hidden_size"]) != hf["hidden_size"]:
+        if (hf.get("word_embed_proj_dim") or hf["hidden_size"]) != hf["hidden_size"]:
             raise UnsupportedConfig("an OPT embedding narrower than the model "
                                     "(word_embed_proj_dim) is not supported")
         if not hf.get("layer_norm_elementwise_affine", True):
@@ -50,7 +51,7 @@ class Config(LayerwiseConfig):
         heads = int(hf["num_attention_heads"])
         c = super().from_hf(hf, layer_norm=True, rms_norm_eps=1e-5, qkv_bias=bias, o_bias=bias,
                             mlp_bias=bias, num_key_value_heads=heads,
-                            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+                            tie_word_embeddings=tied_head(hf, True))
         n = c.num_hidden_layers
         c.extra.update(act=act, parallel=False, rope=[False] * n, sliding=[False] * n)
         return c

@@ -21,7 +21,7 @@ from tvm.relax.frontend import nn
 
 from ..model_config import UnsupportedConfig
 from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, PlainMLP, fuse_layer_weights,
-                      plain_activation, renamed_weights)
+                      layer_norm_eps, plain_activation, renamed_weights, with_partial_rotary)
 from .qwen2 import check_no_window
 from .stablelm import ParallelLayer
 
@@ -44,7 +44,7 @@ RENAMED = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"hidden_act": "gelu_new", "tie_word_embeddings": False}
+    return {"hidden_act": "gelu_new", "layer_norm_eps": key("attention.layer_norm_epsilon")}
 
 
 class Config(DecoderConfig):
@@ -55,8 +55,8 @@ class Config(DecoderConfig):
             raise UnsupportedConfig("qk_layernorm=true in a Phi config (no released Phi-1/1.5/2 "
                                     "checkpoint sets it) is not supported")
         act = plain_activation(hf.get("hidden_act", "gelu_new"), "hidden_act", "Phi")
-        eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
-        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=True,
+        c = super().from_hf(with_partial_rotary(hf, 0.5), layer_norm=True,
+                            rms_norm_eps=layer_norm_eps(hf, "layer_norm_eps"), qkv_bias=True,
                             o_bias=True, mlp_bias=True, head_bias=True)
         c.extra["act"] = act
         return c

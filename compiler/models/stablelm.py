@@ -24,7 +24,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, Layer, block_norm,
-                      fuse_layer_weights)
+                      fuse_layer_weights, layer_norm_eps, with_partial_rotary)
 from .qwen2 import check_no_window
 
 NAME = "stablelm"
@@ -41,7 +41,10 @@ GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
-    return {"use_parallel_residual": bool(key("use_parallel_residual", False)),
+    # (llama.cpp's converter writes true where a config has no such key, and its loader goes by
+    # whether the layers have a second norm: so does this)
+    return {"use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors,
+            "layer_norm_eps": key("attention.layer_norm_epsilon"),
             "use_qkv_bias": "blk.0.attn_q.bias" in tensors,
             "qk_layernorm": "blk.0.attn_q_norm.weight" in tensors}
 
@@ -50,9 +53,8 @@ class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         check_no_window(hf)
-        # (a GGUF's config has the epsilon as rms_norm_eps: gguf_source.py)
-        eps = hf.get("layer_norm_eps") or hf.get("rms_norm_eps") or 1e-5
-        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps),
+        c = super().from_hf(with_partial_rotary(hf, 0.25), layer_norm=True,
+                            rms_norm_eps=layer_norm_eps(hf, "layer_norm_eps"),
                             qkv_bias=bool(hf.get("use_qkv_bias", False)))
         c.extra.update(parallel=bool(hf.get("use_parallel_residual", False)),
                        head_norms=bool(hf.get("qk_layernorm", False)))
@@ -68,10 +70,13 @@ class HeadLayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # (n, heads, head_dim)
         # (by hand: op.layer_norm without weights would put a vector of ones in the module as a
-        # constant, which the step's plan cannot pass)
-        centered = x - op.sum(x, axis=-1, keepdims=True) / self.head_dim
+        # constant, which the step's plan cannot pass; in float32, as transformers' Cohere
+        # computes it: a head's sum of squares can outgrow float16)
+        x32 = op.astype(x, "float32")
+        centered = x32 - op.sum(x32, axis=-1, keepdims=True) / self.head_dim
         variance = op.sum(centered * centered, axis=-1, keepdims=True) / self.head_dim
-        return centered / op.sqrt(variance + self.eps) * self.weight
+        normed = centered / op.sqrt(variance + self.eps)
+        return op.astype(normed, x.dtype) * self.weight
 
 
 class StableLmAttention(Attention):

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import numpy as np
 from tvm.relax.frontend import nn
 
-from .decoder import (DecoderConfig, DecoderForCausalLM, fuse_layer_weights, plain_activation,
-                      renamed_weights)
+from .decoder import (DecoderConfig, DecoderForCausalLM, fuse_layer_weights, layer_norm_eps,
+                      plain_activation, renamed_weights, tied_head)
 from .gpt_neox import NeoXLayer
 
 NAME = "starcoder2"
@@ -37,7 +37,8 @@ RENAMED = {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."}
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     return {"sliding_window": key("attention.sliding_window", None) or None,
-            "use_bias": "blk.0.attn_q.bias" in tensors, "hidden_act": "gelu_pytorch_tanh"}
+            "use_bias": "blk.0.attn_q.bias" in tensors, "hidden_act": "gelu_pytorch_tanh",
+            "norm_epsilon": key("attention.layer_norm_epsilon")}
 
 
 class Config(DecoderConfig):
@@ -45,11 +46,11 @@ class Config(DecoderConfig):
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         act = plain_activation(hf.get("hidden_act", "gelu_pytorch_tanh"), "hidden_act",
                                "StarCoder2")
-        eps = hf.get("norm_epsilon") or hf.get("rms_norm_eps") or 1e-5
         bias = bool(hf.get("use_bias", True))
-        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=float(eps), qkv_bias=bias,
+        c = super().from_hf(hf, layer_norm=True, rms_norm_eps=layer_norm_eps(hf, "norm_epsilon"),
+                            qkv_bias=bias,
                             o_bias=bias, mlp_bias=bias, sliding_window=hf.get("sliding_window"),
-                            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)))
+                            tie_word_embeddings=tied_head(hf, True))
         c.extra.update(act=act, parallel=False)
         return c
 

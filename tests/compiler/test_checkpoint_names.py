@@ -124,3 +124,56 @@ def test_opt_without_the_model_prefix_converts_alike_and_drops_two_position_rows
     assert np.array_equal(a["model.layers.0.post_attention_layernorm.weight"],
                           bare[layer + "final_layer_norm.weight"])
     assert np.array_equal(a["model.norm.weight"], bare["decoder.final_layer_norm.weight"])
+
+
+def _hf_config(tmp_path, **values) -> dict:
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    return hf_source.load_config(tmp_path)
+
+
+NEOX = {"model_type": "gpt_neox", "vocab_size": 11, "hidden_size": 8, "intermediate_size": 32,
+        "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+def test_family_defaults_apply_where_a_config_is_silent(tmp_path):
+    """transformers' config classes' defaults, not the Llama-shaped ones load_config fills:
+    GPT-NeoX's older rotary keys, LayerNorm epsilon 1e-5, a quarter of each head rotated."""
+    c = gpt_neox.Config.from_hf(_hf_config(tmp_path, **NEOX, rotary_emb_base=1e6,
+                                           rotary_pct=0.5))
+    assert (c.rope_theta, c.rotary_dim, c.rms_norm_eps) == (1e6, 2, 1e-5)
+    c = gpt_neox.Config.from_hf(_hf_config(tmp_path, **NEOX))
+    assert (c.rope_theta, c.rotary_dim) == (10000.0, 1)
+
+
+def test_a_silent_tie_is_the_familys(tmp_path):
+    """GPT-2 ties its head by default, even beside a stored copy; Llama does not."""
+    config = _hf_config(tmp_path, **GPT2_CONFIG)
+    assert config["tie_word_embeddings"] is None
+    assert gpt2.Config.from_hf(config).tie_word_embeddings is True
+    from wick.compiler.models import llama
+
+    llama_config = _hf_config(tmp_path, model_type="llama", vocab_size=11, hidden_size=8,
+                              intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    assert llama.Config.from_hf(llama_config).tie_word_embeddings is False
+
+
+def test_stablelm_gguf_layers_are_parallel_only_without_a_second_norm():
+    """llama.cpp's converter writes use_parallel_residual true where a config has no such key
+    (StableLM 2 1.6B's); its loader goes by the second norm's presence, as wick does."""
+    from wick.compiler.models import stablelm
+
+    def key(name, default=None):
+        return {"attention.layer_norm_epsilon": 1e-5, "use_parallel_residual": True}.get(
+            name, default)
+
+    assert stablelm.gguf_config(key, {"blk.0.ffn_norm.weight"})["use_parallel_residual"] is False
+    assert stablelm.gguf_config(key, set())["use_parallel_residual"] is True
+
+
+def test_opt_takes_a_null_embedding_width_as_the_models():
+    from wick.compiler.models import opt
+
+    c = opt.Config.from_hf(hf_source.with_aliases({
+        "model_type": "opt", "vocab_size": 11, "hidden_size": 8, "ffn_dim": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "word_embed_proj_dim": None}))
+    assert c.hidden_size == 8
