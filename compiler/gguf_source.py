@@ -145,6 +145,7 @@ class GGUFModel:
             "eos_token_id": eos if eos is None or isinstance(eos, list) else int(eos),
             "model_type": self.family.HF_MODEL_TYPES[0],
             "partial_rotary_factor": rotary / head_dim,
+            "gguf_rotary_dim": rotary,  # (exact: the factor times head_dim may round below it)
         }
 
     def _rope_scaling(self, key: Callable[..., Any]) -> dict[str, Any] | None:

@@ -54,11 +54,13 @@ def weight_files(path: Path) -> list[Path]:
 def tracked_files(path: Path) -> list[Path]:
     """Everything ``load`` reads: what the content hash covers."""
     check_files(path)
+    tokenizer = tokenizer_files(path)
     optional = ("tokenizer_config.json", "chat_template.jinja", "generation_config.json",
-                "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
-                SPECIAL_TOKENS_MAP)
+                "modules.json", "1_Pooling/config.json", "sentence_bert_config.json")
+    if tokenizer[0].name != TOKENIZER_JSON:  # (read only beside vocab.json and merges.txt)
+        optional += (SPECIAL_TOKENS_MAP,)
     return sorted(
-        [path / n for n in REQUIRED_FILES] + tokenizer_files(path)
+        [path / n for n in REQUIRED_FILES] + tokenizer
         + [path / n for n in optional if (path / n).is_file()]
         + weight_files(path)
     )
@@ -200,7 +202,8 @@ def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:
     config = _read_json(config_file) if config_file.is_file() else {}
     (first, *_) = tokenizer_files(path)
     if first.name != TOKENIZER_JSON and (path / SPECIAL_TOKENS_MAP).is_file():
-        config = {**_read_json(path / SPECIAL_TOKENS_MAP), **config}
+        # (as transformers' slow tokenizers load them: the map's tokens win)
+        config = {**config, **_read_json(path / SPECIAL_TOKENS_MAP)}
     for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
         value = config.get(key)
         if isinstance(value, dict):  # older files: {"content": "<s>", "lstrip": ...}

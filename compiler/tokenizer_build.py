@@ -123,6 +123,9 @@ def build_from_gguf(meta: Mapping[str, Any]) -> BuiltTokenizer:
     return BuiltTokenizer(tokenizer.to_str(), config, bos_id, eos_id)
 
 
+GPT2_END = "<|endoftext|>"  # GPT-2's one special token
+
+
 def build_from_bpe_files(vocab: dict[str, int], merges: str, config: Mapping[str, Any]) -> str:
     """tokenizer.json text for a GPT-2-style byte-level BPE given as ``vocab.json`` and
     ``merges.txt`` (repos older than tokenizer.json: OPT's), as transformers' GPT-2 converter
@@ -131,6 +134,10 @@ def build_from_bpe_files(vocab: dict[str, int], merges: str, config: Mapping[str
     ones it lists) matched whole. No post-processor: the engine alone decides about BOS."""
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
         raise TokenizerBuildError("vocab.json is not a token -> id object")
+    if any(token.endswith("</w>") for token in vocab):
+        raise TokenizerBuildError("vocab.json has end-of-word tokens (</w>, CLIP's kind of BPE): "
+                                  "only GPT-2's byte-level BPE is read from vocab.json and "
+                                  "merges.txt; a tokenizer.json is needed for this one")
     pairs = []
     for number, line in enumerate(merges.splitlines(), 1):
         if not line.strip() or (number == 1 and line.startswith("#version")):
@@ -143,12 +150,19 @@ def build_from_bpe_files(vocab: dict[str, int], merges: str, config: Mapping[str
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(
         add_prefix_space=bool(config.get("add_prefix_space", False)))
     tokenizer.decoder = decoders.ByteLevel()
-    specials = [config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")
-                if isinstance(config.get(k), str)]
+    named = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
+             "mask_token")
+    specials = [config[k] for k in named if isinstance(config.get(k), str)]
+    if not any(config.get(k) for k in ("bos_token", "eos_token", "unk_token")) and \
+            GPT2_END in vocab:  # (GPT2Tokenizer's defaults for all three)
+        specials.append(GPT2_END)
+    specials += [t.get("content") if isinstance(t, dict) else t
+                 for t in config.get("additional_special_tokens") or []]
+    specials = [t for t in specials if isinstance(t, str)]
     plain = []
     for added in (config.get("added_tokens_decoder") or {}).values():
         if isinstance(added, dict) and isinstance(added.get("content"), str):
-            (specials if added.get("special", True) else plain).append(added["content"])
+            (specials if added.get("special", False) else plain).append(added["content"])
     tokenizer.add_special_tokens(list(dict.fromkeys(specials)))
     tokenizer.add_tokens([t for t in dict.fromkeys(plain) if t not in specials])
     return tokenizer.to_str()

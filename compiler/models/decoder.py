@@ -64,7 +64,8 @@ class DecoderConfig:
         theta, scaling = rope_settings(hf)
         partial = float(hf.get("partial_rotary_factor")
                         or (hf.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
-        rotary_dim = int(head_dim * partial)  # (truncated, as transformers' attention does)
+        # (truncated, as transformers' attention does; a GGUF's config says it outright)
+        rotary_dim = int(hf.get("gguf_rotary_dim") or head_dim * partial)
         if scaling and scaling["rope_type"] == "su":  # Phi-3's first name for longrope
             scaling["rope_type"] = "longrope"
         if scaling and scaling["rope_type"] not in ("linear", "llama3", "longrope"):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..rope_rows import qk_pairs_to_halves
-from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights
+from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights, tied_head
 
 NAME = "ernie4_5"
 HF_MODEL_TYPES = ("ernie4_5",)
@@ -30,7 +30,8 @@ class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         bias = bool(hf.get("use_bias", False))
-        return super().from_hf(hf, qkv_bias=bias, o_bias=bias, mlp_bias=bias)
+        return super().from_hf(hf, qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+                               tie_word_embeddings=tied_head(hf, True))
 
 
 Model = DecoderForCausalLM

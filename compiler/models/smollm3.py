@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .decoder import DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights
+from .decoder import DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights, tied_head
 
 NAME = "smollm3"
 HF_MODEL_TYPES = ("smollm3",)
@@ -44,7 +44,8 @@ class Config(LayerwiseConfig):
         windowed = bool(hf.get("use_sliding_window")) and hf.get("sliding_window") is not None
         c = super().from_hf(hf, qkv_bias=bias, o_bias=bias,
                             mlp_bias=bool(hf.get("mlp_bias", False)),
-                            sliding_window=hf.get("sliding_window") if windowed else None)
+                            sliding_window=hf.get("sliding_window") if windowed else None,
+                            tie_word_embeddings=tied_head(hf, True))
         rope = rope_layers(hf)
         types = hf.get("layer_types")
         if types and len(types) < len(rope):

@@ -76,7 +76,7 @@ class HeadLayerNorm(nn.Module):
         centered = x32 - op.sum(x32, axis=-1, keepdims=True) / self.head_dim
         variance = op.sum(centered * centered, axis=-1, keepdims=True) / self.head_dim
         normed = centered / op.sqrt(variance + self.eps)
-        return op.astype(normed, x.dtype) * self.weight
+        return op.astype(normed * op.astype(self.weight, "float32"), x.dtype)
 
 
 class StableLmAttention(Attention):

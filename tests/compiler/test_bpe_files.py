@@ -64,3 +64,24 @@ def test_damaged_files_say_which():
         build_from_bpe_files({"a": 0, "b": 1}, "#version: 0.2\na b c\n", {})
     with pytest.raises(TokenizerBuildError, match="vocab.json"):
         build_from_bpe_files(["a"], "", {})
+
+
+def test_gpt2_end_of_text_is_special_where_no_token_is_named(tmp_path):
+    """GPT2Tokenizer's default bos/eos/unk: a repo naming none still matches it whole."""
+    from tokenizers import Tokenizer
+    from transformers import GPT2Tokenizer
+
+    vocab = json.loads(byte_level_tokenizer(MERGES).to_str())["model"]["vocab"]
+    vocab["<|endoftext|>"] = len(vocab)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("".join(f"{a} {b}\n" for a, b in MERGES))
+    ours = Tokenizer.from_str(hf_source.load_tokenizer(tmp_path)[0])
+    reference = GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    text = "the<|endoftext|>in"
+    assert ours.encode(text).ids == reference.encode(text)
+    assert vocab["<|endoftext|>"] in ours.encode(text).ids  # (whole, not its bytes)
+
+
+def test_clip_style_files_are_refused_in_words():
+    with pytest.raises(TokenizerBuildError, match="</w>"):
+        build_from_bpe_files({"a</w>": 0, "a": 1}, "", {})
