@@ -123,7 +123,10 @@ def test_a_slow_compile_is_stopped_and_small_schemas_pass_it(guarded):
             sent = time.monotonic()
             assert post(guarded, "/v1/chat/completions", small(f"k{i}")).status_code == 200
             assert time.monotonic() - sent < 1.0
-        assert not slow.done()
+            if i == 0:  # (the first one within 1.3 s of the start: the slow one still runs;
+                # all three could outlast its 1.5 s budget on a loaded machine, as one
+                # clean-clone run's did)
+                assert not slow.done()
         err = assert_openai_error(slow.result(), 400, param="response_format.grammar",
                                   code="grammar_too_large")
         assert 1.5 <= time.monotonic() - t0 < 4
