@@ -26,22 +26,13 @@ from tvm.relax.frontend.nn import Tensor
 from ..model_config import UnsupportedConfig
 from .decoder import (DecoderForCausalLM, LayerwiseConfig, fuse_layer_weights, layer_norm_eps,
                       plain_activation, renamed_weights, tied_head)
-from .gpt_neox import NeoXLayer
+from .gpt_neox import GGUF_LAYER_NAMES, NeoXLayer  # noqa: F401 (GPT-NeoX's names, the same)
 from .layers import MAX_BINDING_BYTES, take_rows
 
 NAME = "gpt2"
 HF_MODEL_TYPES = ("gpt2",)
 GGUF_ARCHITECTURES = ("gpt2",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES = {
-    "attn_norm.bias": "input_layernorm.bias",
-    "ffn_norm.bias": "post_attention_layernorm.bias",
-    "attn_qkv.weight": "self_attn.qkv_proj.weight",
-    "attn_qkv.bias": "self_attn.qkv_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
-}
 POSITIONS = "model.embed_positions.weight"
 GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias", "position_embd.weight": POSITIONS}
 CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")

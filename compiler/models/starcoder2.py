@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
-from tvm.relax.frontend import nn
 
-from .decoder import (DecoderConfig, DecoderForCausalLM, fuse_layer_weights, layer_norm_eps,
+from .decoder import (DecoderConfig, fuse_layer_weights, layer_norm_eps,
                       plain_activation, renamed_weights, tied_head)
-from .gpt_neox import NeoXLayer
+from .gpt_neox import Model as NeoXModel
 
 NAME = "starcoder2"
 HF_MODEL_TYPES = ("starcoder2",)
@@ -55,9 +54,7 @@ class Config(DecoderConfig):
         return c
 
 
-class Model(DecoderForCausalLM):
-    def make_layer(self, c, attn, quant) -> nn.Module:
-        return NeoXLayer(c, attn, quant)
+Model = NeoXModel  # (GPT-NeoX's: the decoder with its layer)
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
