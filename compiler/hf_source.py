@@ -1,6 +1,8 @@
 """A local Hugging Face model directory -> config, weights, tokenizer.
 
-Expected files: ``config.json``, one or more ``*.safetensors``, ``tokenizer.json`` (or, in older
+Expected files: ``config.json``, one or more ``*.safetensors`` (or, in repos that have none,
+``pytorch_model*.bin``: torch_pickle reads them without torch and without running them),
+``tokenizer.json`` (or, in older
 repos such as OPT's, a GPT-2-style tokenizer's ``vocab.json`` and ``merges.txt``, with
 ``special_tokens_map.json``: tokenizer_build.build_from_bpe_files); optional
 ``tokenizer_config.json``, ``chat_template.jinja`` (transformers 5 writes the template there) and
@@ -15,13 +17,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from safetensors import safe_open
 
 from ..engine.errors import WickError
 from ..engine.sampling_defaults import read_values
+from . import torch_pickle
 from .model_config import check_config
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -44,10 +47,14 @@ def is_hf_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
+TORCH_WEIGHTS = "pytorch_model*.bin"  # (torch.save files; read only where no safetensors is)
+
+
 def weight_files(path: Path) -> list[Path]:
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob(TORCH_WEIGHTS))
     if not files:
-        raise HFDirError(f"{path}: no *.safetensors weight file (model.safetensors) found")
+        raise HFDirError(f"{path}: no weight file found (model.safetensors, or "
+                         "pytorch_model.bin in older repos)")
     return files
 
 
@@ -164,27 +171,14 @@ def load_weights(
     weights: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
     files = weight_files(path)
-    plan: list[tuple[Path, str]] = []
+    total = sum(_tensor_count(file) for file in files)
     for file in files:
-        with safe_open(file, framework="numpy") as f:
-            plan += [(file, name) for name in f.keys()]
-    done = 0
-    for file in files:
-        offsets = None
-        with safe_open(file, framework="numpy") as f:
-            for name in f.keys():
-                dtype = f.get_slice(name).get_dtype()
-                if dtype == "BF16":
-                    offsets = offsets or _header(file)
-                    array = _read_bf16(file, offsets, name)
-                else:
-                    array = np.array(f.get_tensor(name), copy=True)
-                if name in weights:
-                    raise HFDirError(f"{file}: tensor {name} also appears in another file")
-                weights[name], dtypes[name] = array, dtype
-                done += 1
-                if progress is not None:
-                    progress("read", done, len(plan))
+        for name, array, dtype in _tensors(file):
+            if name in weights:
+                raise HFDirError(f"{file}: tensor {name} also appears in another file")
+            weights[name], dtypes[name] = array, dtype
+            if progress is not None:
+                progress("read", len(weights), total)
     if not config["tie_word_embeddings"] and not LM_HEAD_NAMES & weights.keys():
         config["tie_word_embeddings"] = True  # (no head of its own: tied, whatever it says)
     if config["tie_word_embeddings"]:
@@ -192,6 +186,36 @@ def load_weights(
             weights.pop(name, None)
             dtypes.pop(name, None)
     return weights, dtypes
+
+
+def _tensors(file: Path) -> Iterator[tuple[str, np.ndarray, str]]:
+    """(name, array, stored dtype) of each tensor in one weight file."""
+    if file.suffix == ".bin":
+        try:
+            yield from torch_pickle.read(file)
+        except torch_pickle.TorchPickleError as err:
+            raise HFDirError(f"{file}: {err}") from None
+        return
+    offsets = None
+    with safe_open(file, framework="numpy") as f:
+        for name in f.keys():
+            dtype = f.get_slice(name).get_dtype()
+            if dtype == "BF16":
+                offsets = offsets or _header(file)
+                yield name, _read_bf16(file, offsets, name), dtype
+            else:
+                yield name, np.array(f.get_tensor(name), copy=True), dtype
+
+
+def _tensor_count(file: Path) -> int:
+    """How many tensors ``file`` holds (for the progress total)."""
+    if file.suffix == ".bin":
+        try:
+            return torch_pickle.count(file)
+        except torch_pickle.TorchPickleError as err:
+            raise HFDirError(f"{file}: {err}") from None
+    with safe_open(file, framework="numpy") as f:
+        return len(list(f.keys()))
 
 
 def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:

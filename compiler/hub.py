@@ -1,7 +1,7 @@
 """``hf://ORG/REPO[@REVISION][/PATH/FILE.gguf]``: a model on the Hugging Face Hub.
 
     fetched = fetch("hf://HuggingFaceTB/SmolLM2-135M-Instruct")
-    fetched.kind    # "hf" (config.json + safetensors), "gguf" (one file) or "artifact" (wick's)
+    fetched.kind    # "hf" (config.json + weights), "gguf" (one file) or "artifact" (wick's)
     fetched.path    # the snapshot directory, or the .gguf file, in huggingface_hub's cache
     fetched.origin  # "hf://ORG/REPO@<commit>[/FILE]": exactly these files, for the manifest
 
@@ -35,13 +35,27 @@ HF_PATTERNS = [
 ]  # fmt: skip
 # a GPT-2-style tokenizer in its two files, in repos without a tokenizer.json (OPT's)
 BPE_TOKENIZER_PATTERNS = ["vocab.json", "merges.txt", "special_tokens_map.json"]
+# torch.save weights, in repos without safetensors (older ones: OPT's, many fine-tunes)
+TORCH_WEIGHT_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 
 
-def hf_patterns(files: list[str] | None) -> list[str]:
-    """What to fetch of an HF repo holding ``files`` (None: not known)."""
-    if files is not None and "tokenizer.json" in files:
-        return HF_PATTERNS
-    return HF_PATTERNS + BPE_TOKENIZER_PATTERNS
+def hf_patterns(tokenizer_json: bool, safetensors: bool) -> list[str]:
+    """What to fetch of an HF repo, given whether it has a tokenizer.json and safetensors
+    weights (each the older files' stand-in where it has not)."""
+    patterns = list(HF_PATTERNS)
+    if not tokenizer_json:
+        patterns += BPE_TOKENIZER_PATTERNS
+    if not safetensors:
+        patterns += TORCH_WEIGHT_PATTERNS
+    return patterns
+
+
+def _is_safetensors(name: str) -> bool:
+    return name.endswith(".safetensors") and "/" not in name
+
+
+def _is_torch_weights(name: str) -> bool:
+    return name.startswith("pytorch_model") and name.endswith(".bin") and "/" not in name
 
 
 class HubAccessError(WickError):
@@ -128,7 +142,8 @@ def fetch(model: str) -> Fetched:
     kind, names = _kind(ref, files)
     if kind == "gguf":
         return _gguf(ref, names[0])
-    folder = _snapshot(ref, None if kind == "artifact" else hf_patterns(files))
+    folder = _snapshot(ref, None if kind == "artifact" else hf_patterns(
+        "tokenizer.json" in files, any(_is_safetensors(f) for f in files)))
     return _fetched(kind, Path(folder), ref)
 
 
@@ -171,7 +186,7 @@ def _kind(ref: HubRef, files: list[str]) -> tuple[str, list[str]]:
     """What the repo holds: ("artifact" | "hf" | "gguf", the files that say so)."""
     if MANIFEST_NAME in files:
         return "artifact", [MANIFEST_NAME]
-    if "config.json" in files and any(f.endswith(".safetensors") and "/" not in f for f in files):
+    if "config.json" in files and any(_is_safetensors(f) or _is_torch_weights(f) for f in files):
         return "hf", ["config.json"]
     ggufs = sorted(f for f in files if f.endswith(".gguf"))
     if len(ggufs) == 1:
@@ -182,7 +197,8 @@ def _kind(ref: HubRef, files: list[str]) -> tuple[str, list[str]]:
             f"{ref.uri} holds {len(ggufs)} GGUF files ({shown}): name one, as "
             f"hf://{ref.repo_id}/{ggufs[0]}", param="model")
     raise InvalidRequestError(
-        f"{ref.uri} holds no model wick reads: config.json with *.safetensors, a .gguf file, "
+        f"{ref.uri} holds no model wick reads: config.json with *.safetensors (or "
+        f"pytorch_model.bin), a .gguf file, "
         f"or a compiled wick artifact ({MANIFEST_NAME})", param="model")
 
 
@@ -192,8 +208,9 @@ def _from_cache(ref: HubRef, cause: BaseException | None) -> Fetched:
     if _cached(ref, MANIFEST_NAME):
         return _fetched("artifact", Path(_snapshot(ref, None, True, cause)), ref)
     if _cached(ref, "config.json"):
-        tokenizer = ["tokenizer.json"] if _cached(ref, "tokenizer.json") else None
-        return _fetched("hf", Path(_snapshot(ref, hf_patterns(tokenizer), True, cause)), ref)
+        patterns = hf_patterns(_cached(ref, "tokenizer.json"),
+                               _cached(ref, "model.safetensors", "model.safetensors.index.json"))
+        return _fetched("hf", Path(_snapshot(ref, patterns, True, cause)), ref)
     folder = Path(_snapshot(ref, ["*.gguf"], True, cause))
     ggufs = sorted(p for p in folder.rglob("*.gguf"))
     if not ggufs:

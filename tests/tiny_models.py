@@ -129,6 +129,22 @@ def to_bpe_files(hf_dir: Path) -> Path:
     return hf_dir
 
 
+def to_torch_bin(hf_dir: Path) -> Path:
+    """The directory's weights as older repos (OPT's) ship them, in place: one
+    pytorch_model.bin written by torch.save from the model's state dict (a tied head saved as
+    the embedding's own storage, as a module's state_dict holds it), no safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    file = hf_dir / "model.safetensors"
+    state = load_file(str(file))
+    embedding = next(k for k in state if k.endswith("embed_tokens.weight"))
+    state.setdefault("lm_head.weight", state[embedding])
+    torch.save(state, hf_dir / "pytorch_model.bin")
+    file.unlink()
+    return hf_dir
+
+
 def to_bfloat16(hf_dir: Path) -> Path:
     """The directory's weights stored in bfloat16 (as most Hub checkpoints ship), in place."""
     import torch

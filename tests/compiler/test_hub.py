@@ -91,6 +91,24 @@ def test_a_repo_without_tokenizer_json_gets_its_vocab_and_merges(hub):
     assert not (fetched.path / "pytorch_model.bin").exists()
 
 
+def test_a_repo_without_safetensors_gets_its_torch_weights(hub):
+    """(older repos: pytorch_model.bin, or its shards and their index; the repos above, with
+    safetensors, do not get them, nor does any repo get a trainer's other .bin files)"""
+    from wick.compiler.hub import fetch
+
+    repo = {k: v for k, v in hf_repo().items() if k not in ("model.safetensors",
+                                                             "pytorch_model.bin")}
+    shards = {"pytorch_model-00001-of-00002.bin": b"1" * 3000,
+              "pytorch_model-00002-of-00002.bin": b"2" * 3000,
+              "pytorch_model.bin.index.json": b'{"weight_map": {}}'}
+    hub.add("org/bin", {**repo, **shards, "training_args.bin": b"t", "tf_model.h5": b"h" * 900})
+    fetched = fetch("hf://org/bin")
+    assert fetched.kind == "hf"
+    names = {p.name for p in fetched.path.iterdir()}
+    assert set(shards) <= names and not {"training_args.bin", "tf_model.h5"} & names
+    assert (fetched.path / "pytorch_model-00002-of-00002.bin").read_bytes() == b"2" * 3000
+
+
 def test_a_gguf_repo_and_a_named_gguf(hub):
     from wick.compiler.hub import fetch
     from wick.engine.errors import InvalidRequestError
@@ -179,12 +197,15 @@ def test_the_cache_serves_without_network(hub, tmp_path, caplog):
 
     commit = hub.add("org/model", hf_repo())
     hub.add("org/gguf", {"m.gguf": b"g" * 100})
-    online = [fetch("hf://org/model"), fetch("hf://org/gguf"), fetch("hf://org/gguf/m.gguf")]
+    hub.add("org/bin", {k: v for k, v in hf_repo().items() if k != "model.safetensors"})
+    online = [fetch("hf://org/model"), fetch("hf://org/gguf"), fetch("hf://org/gguf/m.gguf"),
+              fetch("hf://org/bin")]
     hub.close()
     dead = "http://127.0.0.1:9"  # (discard: nothing listens)
     with using(dead, tmp_path / "hf-cache"):
         assert [fetch("hf://org/model"), fetch("hf://org/gguf"),
-                fetch("hf://org/gguf/m.gguf")] == online
+                fetch("hf://org/gguf/m.gguf"), fetch("hf://org/bin")] == online
+        assert (online[3].path / "pytorch_model.bin").is_file()
         assert fetch(f"hf://org/model@{commit}") == online[0]
         with pytest.raises(HubUnreachableError) as caught:
             fetch("hf://org/never")

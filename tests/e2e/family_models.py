@@ -121,13 +121,14 @@ GGUF_CASES = {
 
 def family_model(root: Path, name: str) -> Path:
     """A family's tiny HF directory; Qwen2's weights in bfloat16, as most Hub checkpoints
-    ship; OPT's tokenizer as vocab.json and merges.txt, as OPT's repos ship it."""
-    from tests.tiny_models import make_tiny_model, to_bfloat16, to_bpe_files
+    ship; OPT's tokenizer as vocab.json and merges.txt and its weights as pytorch_model.bin,
+    as OPT's repos ship them."""
+    from tests.tiny_models import make_tiny_model, to_bfloat16, to_bpe_files, to_torch_bin
 
     family_name = family_of(name)
     path = make_tiny_model(root, family_name, seed=7, **FAMILIES[name])
     if name == "opt":
-        return to_bpe_files(path)
+        return to_torch_bin(to_bpe_files(path))
     return to_bfloat16(path) if name == "qwen2" else path
 
 
