@@ -53,8 +53,8 @@ TORCH_WEIGHTS = "pytorch_model*.bin"  # (torch.save files; read only where no sa
 def weight_files(path: Path) -> list[Path]:
     files = sorted(path.glob("*.safetensors")) or sorted(path.glob(TORCH_WEIGHTS))
     if not files:
-        raise HFDirError(f"{path}: no weight file found (model.safetensors, or "
-                         "pytorch_model.bin in older repos)")
+        raise HFDirError(f"{path}: no weight file found (*.safetensors, or "
+                         f"{TORCH_WEIGHTS} in older repos)")
     return files
 
 
