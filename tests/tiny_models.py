@@ -48,6 +48,7 @@ FAMILY_CONFIGS = {
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"pad_token_id": 0}),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"pad_token_id": 0}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0}),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {"pad_token_id": 0}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"pad_token_id": 0}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),

@@ -66,15 +66,7 @@ class DecoderConfig:
                         or (hf.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
         # (truncated, as transformers' attention does; a GGUF's config says it outright)
         rotary_dim = int(hf.get("gguf_rotary_dim") or head_dim * partial)
-        if scaling and scaling["rope_type"] == "su":  # Phi-3's first name for longrope
-            scaling["rope_type"] = "longrope"
-        if scaling and scaling["rope_type"] not in ("linear", "llama3", "longrope"):
-            raise UnsupportedConfig(f"rope_scaling type {scaling['rope_type']!r} is not "
-                                    "supported (wick has linear, llama3 and longrope)")
-        if scaling and scaling["rope_type"] == "longrope":
-            from .longrope import longrope_settings
-
-            scaling = longrope_settings(scaling, hf, rotary_dim)
+        scaling = kernel_rope_scaling(scaling, hf, rotary_dim, theta)
         values = dict(
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
@@ -101,6 +93,33 @@ class DecoderConfig:
                              dtype, self.rope_theta, self.rope_scaling,
                              window=effective_window(self.sliding_window, self.context_window),
                              rotary_dim=self.rotary_dim)
+
+
+ROPE_SCALINGS = ("linear", "llama3", "longrope", "yarn")
+
+
+def kernel_rope_scaling(scaling: dict[str, Any] | None, hf: dict[str, Any], rotary_dim: int,
+                        theta: float) -> dict[str, Any] | None:
+    """A config's RoPE scaling (hf_source.rope_settings') as the attention kernels take it:
+    longrope and YaRN as their per-dimension factor tables (compiler/models/longrope.py);
+    any other kind refused in words."""
+    if not scaling:
+        return None
+    scaling = dict(scaling)
+    if scaling["rope_type"] == "su":  # Phi-3's first name for longrope
+        scaling["rope_type"] = "longrope"
+    if scaling["rope_type"] not in ROPE_SCALINGS:
+        raise UnsupportedConfig(f"rope_scaling type {scaling['rope_type']!r} is not supported "
+                                f"(wick has {', '.join(ROPE_SCALINGS)})")
+    if scaling["rope_type"] == "longrope":
+        from .longrope import longrope_settings
+
+        return longrope_settings(scaling, hf, rotary_dim)
+    if scaling["rope_type"] == "yarn":
+        from .longrope import yarn_settings
+
+        return yarn_settings(scaling, hf, rotary_dim, theta)
+    return scaling
 
 
 def config_value(hf: dict[str, Any], key: str, default: Any, kind: Callable[[Any], Any] = float
@@ -132,14 +151,38 @@ def with_partial_rotary(hf: dict[str, Any], default: float) -> dict[str, Any]:
 
 class LayerwiseConfig(DecoderConfig):
     """A config whose layers differ, one entry a layer in ``extra``: ``sliding`` (windowed by
-    ``sliding_window``, else global) and ``rope`` (whether the layer applies RoPE)."""
+    ``sliding_window``, else global) and ``rope`` (whether the layer applies RoPE; absent: all
+    do); and, where each kind of layer has a RoPE of its own, ``rope_by_kind`` (sliding? ->
+    (theta, scaling): ``rope_by_kind``)."""
 
     def attention(self, layer: int, dtype: str) -> AttentionSpec:
-        window = (effective_window(self.sliding_window, self.context_window)
-                  if self.extra["sliding"][layer] else None)
+        sliding = self.extra["sliding"][layer]
+        window = effective_window(self.sliding_window, self.context_window) if sliding else None
+        theta, scaling = self.extra.get("rope_by_kind", {}).get(
+            sliding, (self.rope_theta, self.rope_scaling))
+        rope = self.extra["rope"][layer] if "rope" in self.extra else True
         return AttentionSpec(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
-                             dtype, self.rope_theta, self.rope_scaling, window=window,
-                             rotary_dim=self.rotary_dim, rope=self.extra["rope"][layer])
+                             dtype, theta, scaling, window=window, rotary_dim=self.rotary_dim,
+                             rope=rope)
+
+
+def rope_by_kind(hf: dict[str, Any], rotary_dim: int, local_theta: float | None = None
+                 ) -> dict[bool, tuple[float, dict[str, Any] | None]]:
+    """sliding? -> (theta, kernel scaling) for models whose windowed and global layers rotate
+    differently: transformers 5 nests ``rope_parameters`` per layer kind; a 4.x config's
+    ``rope_theta`` + ``rope_scaling`` are the global layers', the windowed ones plain RoPE at
+    ``local_theta`` (default: the same theta)."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        # (each kind's dict is a rope_parameters of its own: theta, type and its keys)
+        kinds = {sliding: rope_settings({"rope_parameters": params.get(kind) or {}})
+                 for sliding, kind in ((False, "full_attention"), (True, "sliding_attention"))}
+    else:
+        theta, scaling = rope_settings(hf)
+        kinds = {False: (theta, scaling),
+                 True: (theta if local_theta is None else float(local_theta), None)}
+    return {sliding: (theta, kernel_rope_scaling(scaling, hf, rotary_dim, theta))
+            for sliding, (theta, scaling) in kinds.items()}
 
 
 def effective_window(window: int | None, context_window: int) -> int | None:

@@ -16,8 +16,7 @@ from typing import Any, Callable
 # (Gemma 2's model, weight conversion and GGUF tensor reader, as they are)
 from .gemma2 import GGUF_LAYER_NAMES as GEMMA2_LAYER_NAMES
 from .gemma2 import Model, convert_weights, gguf_tensor, layer_types  # noqa: F401
-from .decoder import DecoderConfig, effective_window, tied_head
-from ..hf_source import rope_settings
+from .decoder import DecoderConfig, effective_window, rope_by_kind, tied_head
 from .paged_attention import AttentionSpec
 
 NAME = "gemma3"
@@ -40,17 +39,6 @@ def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
             "rope_local_base_freq": 10000.0}
 
 
-def _rope_by_kind(hf: dict[str, Any]) -> dict[bool, tuple[float, Any]]:
-    """sliding? -> (theta, scaling): transformers 5 nests rope_parameters per layer kind,
-    4.x has rope_theta + rope_scaling (global) and rope_local_base_freq."""
-    params = hf.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:
-        return {False: rope_settings(params.get("full_attention", {})),
-                True: rope_settings(params.get("sliding_attention", {}))}
-    return {False: rope_settings(hf),
-            True: (float(hf.get("rope_local_base_freq", 10000.0)), None)}
-
-
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
@@ -60,7 +48,8 @@ class Config(DecoderConfig):
         c.extra.update(
             scale=float(hf.get("query_pre_attn_scalar") or c.head_dim) ** -0.5,
             sliding=layer_types(hf, lambda i: (i + 1) % pattern != 0),
-            rope=_rope_by_kind(hf),
+            rope=rope_by_kind(hf, c.rotary_dim or c.head_dim,
+                              float(hf.get("rope_local_base_freq", 10000.0))),
         )
         return c
 

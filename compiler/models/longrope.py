@@ -15,6 +15,12 @@ The factors are baked into the kernel as constants (a binary tree of selects ove
 dimension: a table lookup without a buffer argument), so the kernel keeps ``fused_rope``'s
 signature: (qkv: (n, hq + 2*hkv, d), positions: (n,)) -> q, k, v. Only the first
 ``rotary_dim`` dimensions rotate (partial rotary); the rest pass through.
+
+YaRN (``rope_type: "yarn"``: OLMo 3, Qwen's long-context settings, gpt-oss, Ministral 3) is the
+same kernel with one factor table for every position: each frequency is divided by 1 where it
+turns often enough within the pretrained length to extrapolate, by ``factor`` where it turns
+too rarely, and by a blend on a linear ramp between (``yarn_settings``); cos/sin are multiplied
+by its attention factor.
 """
 
 from __future__ import annotations
@@ -50,6 +56,43 @@ def longrope_settings(scaling: dict[str, Any], hf: dict[str, Any], rotary_dim: i
                                     f"(half the rotary dimensions)")
     return {"rope_type": "longrope", "short_factor": tuple(float(f) for f in short),
             "long_factor": tuple(float(f) for f in long),
+            "original_max_position_embeddings": original, "attention_factor": float(attention)}
+
+
+def yarn_settings(scaling: dict[str, Any], hf: dict[str, Any], rotary_dim: int, theta: float
+                  ) -> dict[str, Any]:
+    """transformers' YaRN parameters from a config as this kernel's: one per-dimension factor
+    table (the divisor its blended inverse frequency amounts to: 1 / (e + (1 - e) / factor),
+    ``e`` the extrapolation ramp over ``beta_fast``..``beta_slow`` rotations) for short and long
+    positions alike, and the attention factor (given, else from ``mscale``/``mscale_all_dim``,
+    else 0.1 ln(factor) + 1)."""
+    original = int(scaling.get("original_max_position_embeddings")
+                   or hf.get("max_position_embeddings", 4096))
+    factor = float(scaling.get("factor")
+                   or int(hf.get("max_position_embeddings", original)) / original)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return (rotary_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # (as transformers: no division by zero)
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrapolated = 1.0 - ramp.astype(np.float64)
+    table = tuple(float(1.0 / (e + (1.0 - e) / factor)) for e in extrapolated)
+    return {"rope_type": "yarn", "short_factor": table, "long_factor": table,
             "original_max_position_embeddings": original, "attention_factor": float(attention)}
 
 

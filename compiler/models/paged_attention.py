@@ -92,7 +92,7 @@ class PagedAttention:
         if not s.rope:
             rope = None
             self._rope_args = None
-        elif scaling.get("rope_type") == "longrope":
+        elif scaling.get("rope_type") in ("longrope", "yarn"):  # (factor tables: longrope.py)
             from .longrope import longrope_prim_func
 
             rope = longrope_prim_func(s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype,

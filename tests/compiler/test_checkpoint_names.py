@@ -177,3 +177,38 @@ def test_opt_takes_a_null_embedding_width_as_the_models():
         "model_type": "opt", "vocab_size": 11, "hidden_size": 8, "ffn_dim": 16,
         "num_hidden_layers": 1, "num_attention_heads": 2, "word_embed_proj_dim": None}))
     assert c.hidden_size == 8
+
+
+def olmo3_config(**changes):
+    raw = {"model_type": "olmo3", "vocab_size": 100, "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "max_position_embeddings": 65536, "rms_norm_eps": 1e-6,
+           "sliding_window": 4096}
+    return {**raw, **changes}
+
+
+def test_olmo3_layers_and_each_kinds_rope_from_a_transformers_4_config():
+    """OLMo 3 7B's config.json as released (transformers 4.x: rope_theta + rope_scaling, the
+    YaRN for the global layers only): transformers 5 reads the same numbers out of it."""
+    from transformers import Olmo3Config
+
+    from wick.compiler.models import olmo3
+
+    yarn = {"rope_type": "yarn", "factor": 8.0, "attention_factor": 1.2079, "beta_fast": 32,
+            "beta_slow": 1, "original_max_position_embeddings": 8192}
+    raw = olmo3_config(rope_theta=500000, rope_scaling=yarn)
+    c = olmo3.Config.from_hf(raw)
+    hf = Olmo3Config(**{k: v for k, v in raw.items() if k != "model_type"})
+    assert c.extra["sliding"] == [t == "sliding_attention" for t in hf.layer_types]
+    assert c.extra["sliding"] == [True, True, True, False] * 2
+    (full_theta, full), (local_theta, local) = (c.extra["rope_by_kind"][False],
+                                                c.extra["rope_by_kind"][True])
+    assert (full_theta, local_theta, local) == (500000.0, 500000.0, None)
+    assert full["rope_type"] == "yarn" and full["attention_factor"] == 1.2079
+    assert (c.attention(3, "float32").window, c.attention(0, "float32").window) == (None, 4096)
+    assert c.attention(3, "float32").rope_scaling != c.attention(0, "float32").rope_scaling
+    # (no rope_theta at all: transformers' 500k; no sliding_window: its 4096)
+    bare = olmo3.Config.from_hf({k: v for k, v in olmo3_config().items()
+                                 if k != "sliding_window"})
+    assert bare.extra["rope_by_kind"][False] == (500000.0, None)
+    assert bare.sliding_window == 4096

@@ -1,5 +1,5 @@
-"""LongRoPE settings (Phi-3 128k / 3.5 / 4-mini) read from a config, against transformers'
-own longrope frequencies and attention factor; refusals of what wick does not implement."""
+"""LongRoPE settings (Phi-3 128k / 3.5 / 4-mini) and YaRN's read from a config, against
+transformers' own frequencies and attention factors; refusals of what wick does not implement."""
 
 from __future__ import annotations
 
@@ -63,7 +63,50 @@ def test_wrong_factor_count_and_unknown_rope_types_are_refused():
     with pytest.raises(UnsupportedConfig, match="long_factor must list 48"):
         phi3.Config.from_hf(raw)
     raw = phi3_config(*SHAPES[0])
-    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
-    with pytest.raises(UnsupportedConfig, match="'yarn' is not supported") as err:
+    raw["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
+    with pytest.raises(UnsupportedConfig, match="'dynamic' is not supported") as err:
         phi3.Config.from_hf(raw)
     assert err.value.status == 400 and err.value.code == "unsupported_model"
+
+
+def llama_config(head_dim: int, theta: float, max_pos: int, scaling: dict) -> dict:
+    heads = 4
+    return {"model_type": "llama", "vocab_size": 100, "hidden_size": heads * head_dim,
+            "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": heads,
+            "num_key_value_heads": heads, "max_position_embeddings": max_pos,
+            "rope_theta": theta, "rms_norm_eps": 1e-5, "rope_scaling": scaling}
+
+
+YARN_CASES = [  # (head_dim, theta, max positions, rope_scaling)
+    # Qwen3's documented long-context setting; OLMo 3 7B's (attention factor given)
+    (128, 1e6, 131072, {"rope_type": "yarn", "factor": 4.0,
+                        "original_max_position_embeddings": 32768}),
+    (128, 5e5, 65536, {"rope_type": "yarn", "factor": 8.0, "attention_factor": 1.2079,
+                       "beta_fast": 32, "beta_slow": 1, "original_max_position_embeddings": 8192}),
+    # DeepSeek-style mscale pair, the older "type" key; gpt-oss's untruncated ramp
+    (64, 1e4, 16384, {"type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0,
+                      "original_max_position_embeddings": 4096}),
+    (64, 15e4, 131072, {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                        "truncate": False, "original_max_position_embeddings": 4096}),
+]
+
+
+@pytest.mark.parametrize("case", YARN_CASES, ids=["qwen3", "olmo3", "mscale", "untruncated"])
+def test_yarn_settings_give_transformers_frequencies(case):
+    import torch
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from wick.compiler.models import llama
+
+    raw = llama_config(*case)
+    c = llama.Config.from_hf(raw)
+    hf = LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    want, attention = ROPE_INIT_FUNCTIONS["yarn"](hf, torch.device("cpu"))
+    scaling = c.rope_scaling
+    assert scaling["rope_type"] == "yarn" and scaling["short_factor"] == scaling["long_factor"]
+    got = inverse_frequencies(c.rope_theta, c.head_dim, scaling["short_factor"])
+    assert np.allclose(got, want.numpy(), rtol=2e-6)
+    assert scaling["attention_factor"] == pytest.approx(attention, rel=1e-9)
+    factors = np.asarray(scaling["short_factor"])
+    assert factors.min() == pytest.approx(1.0) and factors.max() > 1.5  # (both ends of the ramp)

@@ -24,10 +24,12 @@ FAMILIES = {
     # that they bite on these logits)
     "gemma2": {"tie": True, "layers": 3, "sliding_window": 20, "attn_logit_softcapping": 6.0,
                "final_logit_softcapping": 15.0},
-    # 5:1 local/global (2 of 6 layers here: pattern 3), each kind with its own RoPE base
+    # 5:1 local/global (2 of 6 layers here: pattern 3), each kind with its own RoPE base, the
+    # global layers' scaled (Gemma 3 4B and up: linear, factor 8)
     "gemma3": {"tie": True, "layers": 3, "sliding_window": 20, "sliding_window_pattern": 3,
-               "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                                   "full_attention": {"rope_type": "default", "rope_theta": 50000.0}}},
+               "rope_parameters": {
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 50000.0}}},
     # its four scalars, none of them transformers' default of 1
     "granite": {"tie": True, "embedding_multiplier": 3.0, "attention_multiplier": 0.2,
                 "residual_multiplier": 0.5, "logits_scaling": 2.0},
@@ -35,6 +37,11 @@ FAMILIES = {
     "smollm3": {"tie": True, "layers": 3, "no_rope_layers": [1, 0, 1]},
     # norms after the blocks only; q/k norms over all heads at once
     "olmo2": {"tie": False},
+    # OLMo 2's layer in windowed and global layers, YaRN on the global ones only
+    "olmo3": {"tie": False, "layers": 3, "sliding_window": 20,
+              "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+              "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                               "original_max_position_embeddings": 32}},
     # RoPE on adjacent pairs (interleaved), biases on every projection, head_dim 32 with hidden
     # 64 / 4 heads
     "ernie4_5": {"tie": True, "use_bias": True},

@@ -211,14 +211,18 @@ def test_the_window_matters_in_these_comparisons(family):
     assert diff > 1e-2
 
 
-def test_linear_rope_scaling_matches_transformers(tmp_path_factory, compiled):
-    """``rope_type: linear`` (positions divided by the factor): the logits of a 40-token
-    prompt equal transformers', and differ from those without the scaling."""
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+], ids=["linear", "yarn"])
+def test_rope_scaling_matches_transformers(scaling, tmp_path_factory, compiled):
+    """``rope_type: linear`` (positions divided by the factor) and ``yarn`` (frequencies
+    blended on a ramp, cos/sin scaled): the logits of a 40-token prompt equal transformers',
+    and differ from those without the scaling."""
     from tests.tiny_models import make_tiny_model
 
-    scaling = {"rope_type": "linear", "factor": 4.0}
-    path = make_tiny_model(tmp_path_factory.mktemp("tiny-linear-rope"), "llama", seed=5,
-                           rope_scaling=scaling)
+    path = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{scaling['rope_type']}-rope"),
+                           "llama", seed=5, rope_scaling=scaling)
     core = make_core(compiled(path, "q0f32", kernel_sets=WEBGPU_ONLY, **TINY_OPTIONS),
                      num_pages=16)
     hf = load_hf(path)
