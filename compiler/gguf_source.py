@@ -36,6 +36,9 @@ from .tokenizer_build import BuiltTokenizer, build_from_gguf
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+# YaRN's optional GGUF keys (rope.scaling.*) -> transformers' rope_scaling names
+YARN_KEYS = {"yarn_attn_factor": "attention_factor", "yarn_beta_fast": "beta_fast",
+             "yarn_beta_slow": "beta_slow"}
 ROPE_FREQS = "rope_freqs.weight"  # read into the config (rope_scaling), not a weight
 # longrope's per-dimension factors (llama.cpp's Phi-3 converter), also config, not weights
 ROPE_FACTORS = {"long_factor": "rope_factors_long.weight",
@@ -155,14 +158,13 @@ class GGUFModel:
         factor = float(key("rope.scaling.factor"))
         if kind == "linear":
             return {"rope_type": "linear", "factor": factor}
-        if kind == "yarn":
-            return {
-                "rope_type": "yarn",
-                "factor": factor,
-                "original_max_position_embeddings": int(
-                    key("rope.scaling.original_context_length")
-                ),
-            }
+        if kind == "yarn":  # (llama.cpp's converter writes the optional ones where HF has them)
+            scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings":
+                       int(key("rope.scaling.original_context_length"))}
+            for name, hf_name in YARN_KEYS.items():
+                if (value := key(f"rope.scaling.{name}", None)) is not None:
+                    scaling[hf_name] = float(value)
+            return scaling
         raise GGUFFormatError(f"{self.path}: rope.scaling.type={kind!r} is not supported")
 
     def _longrope_scaling(self, key: Callable[..., Any]) -> dict[str, Any]:

@@ -196,7 +196,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     llama.cpp tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head;
     Granite's multipliers as its ``*_scale`` keys and Llama 3's RoPE scaling as per-frequency
     divisors (``rope_freqs.weight``); Gemma's and Nemotron's norms stored as 1 + w, Gemma's
-    without an output tensor; Phi-3's fused projections kept, its longrope factors as
+    without an output tensor; YaRN as its rope.scaling keys; Phi-3's fused projections kept,
+    its longrope factors as
     ``rope_factors_long/short`` tensors with the pretrained length and attention factor as
     keys; the LayerNorm families' epsilon, rotary dimensions and norm biases; StableLM's
     per-head q/k norms stacked into one tensor a layer; GPT-NeoX's per-head q/k/v regrouped;
@@ -332,8 +333,18 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     for module, heads_w in head_norms.items():
         _, _, i, _, which = module.split(".")
         add(f"blk.{i}.attn_{which[0]}_norm.weight", np.stack([w for _, w in sorted(heads_w)]))
-    scaling = rope if rope.get("rope_type") in ("llama3", "longrope") else cfg.get("rope_scaling")
-    if arch == "phi3":  # Phi3MiniModel: rotary dims, pretrained length, longrope tensors
+    scaling = (rope if rope.get("rope_type") in ("llama3", "longrope", "yarn")
+               else cfg.get("rope_scaling"))
+    if scaling and scaling.get("rope_type") == "yarn":  # TextModel.set_gguf_parameters
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        for key, add_key in (("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                             ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                             ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):
+            if scaling.get(key) is not None:
+                add_key(scaling[key])
+    elif arch == "phi3":  # Phi3MiniModel: rotary dims, pretrained length, longrope tensors
         rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
         original = cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"])
         writer.add_rope_dimension_count(rotary)

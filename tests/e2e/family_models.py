@@ -100,7 +100,10 @@ WINDOWED_BESIDE_GLOBAL = ("gemma2", "gemma3", "exaone4")
 # scales by 1/sqrt(key_length), so the tiny model uses that scale)
 GGUF_CASES = {
     "llama": ("llama3", {}),  # Llama 3.1: q/k rows interleaved, rope_freqs divisors
-    "qwen2": ("qwen2", {}),  # q/k/v biases, an untied head
+    # q/k/v biases, an untied head, Qwen's long-context YaRN (factor, pretrained length and
+    # beta_fast as llama.cpp's keys)
+    "qwen2": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 2.0,
+                                         "original_max_position_embeddings": 64}}),
     "qwen3": ("qwen3", {}),  # q/k norms, key_length != hidden / heads
     "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # norms stored as 1 + w, caps, window
     "phi3": ("phi3", {}),  # fused qkv / gate_up, longrope factor tensors, partial rotary
