@@ -49,6 +49,8 @@ FAMILY_CONFIGS = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"pad_token_id": 0}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0}),
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {"pad_token_id": 0}),
+    "glm": ("GlmConfig", "GlmForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"pad_token_id": 0}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),
@@ -177,6 +179,8 @@ PHI2_LAYER_NAMES = {"self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.
 GPT2_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv",
                     "attn.c_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 STARCODER2_LAYER_NAMES = {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+GLM4_LAYER_NAMES = {"post_self_attn_layernorm": "post_attention_norm",
+                    "post_mlp_layernorm": "post_ffw_norm"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
                        "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
@@ -240,6 +244,10 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             writer.add_rope_dimension_count(int(head_dim * partial))
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "glm4":  # Glm4Model: RoPE on the first half of each head
+        writer.add_rope_dimension_count(int(head_dim * cfg.get(
+            "partial_rotary_factor", (cfg.get("rope_parameters") or {}).get(
+                "partial_rotary_factor", 0.5))))
     if arch in ("command-r", "cohere2"):  # CommandR2Model, Cohere2Model
         writer.add_logit_scale(cfg["logit_scale"])
     if arch in ("stablelm", "gptneox"):  # (both converters write true where a config has none)
@@ -305,7 +313,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     PHI2_LAYER_NAMES if arch == "phi2" else
                                     GPTNEOX_LAYER_NAMES if arch == "gptneox" else
                                     GPT2_LAYER_NAMES if arch in ("gpt2", "starcoder") else
-                                    STARCODER2_LAYER_NAMES if arch == "starcoder2" else {})}
+                                    STARCODER2_LAYER_NAMES if arch == "starcoder2" else
+                                    GLM4_LAYER_NAMES if arch == "glm4" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor

@@ -70,6 +70,10 @@ FAMILIES = {
     "cohere2": {"tie": True, "logit_scale": 0.5, "sliding_window": 20, "sliding_window_pattern": 2},
     # OPT: GPT-2's shape with ReLU, separate q/k/v, a position table offset by two rows
     "opt": {"tie": True},
+    # GLM-4 (-hf): q/k/v biases, RoPE on adjacent pairs of half of each head, gate|up fused
+    "glm": {"tie": False},
+    # GLM-4-0414: GLM's layer with a norm after each block too
+    "glm4": {"tie": False},
     # Nemotron: LayerNorm1P (1 + w, with bias), squared-ReLU plain MLP, RoPE on half of each head
     "nemotron": {"tie": False, "partial_rotary_factor": 0.5},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
@@ -122,6 +126,7 @@ GGUF_CASES = {
     # null, as GPT-2's own configs have it)
     "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),
     "nemotron": ("nemotron", {}),  # norms stored as 1 + w, biases, rotary dimensions
+    "glm4": ("glm4", {}),  # rows in the checkpoint's order, post-block norms, rotary dimensions
     "command-r": ("cohere", {}),  # rows in the checkpoint's order, per-head norms, logit_scale
     # no layer list: llama.cpp takes every fourth layer as global, so the tiny model's is that
     "cohere2": ("cohere2", {"layers": 4, "sliding_window_pattern": 4}),
