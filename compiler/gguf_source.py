@@ -36,9 +36,10 @@ from .tokenizer_build import BuiltTokenizer, build_from_gguf
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
-# YaRN's optional GGUF keys (rope.scaling.*) -> transformers' rope_scaling names
-YARN_KEYS = {"yarn_attn_factor": "attention_factor", "yarn_beta_fast": "beta_fast",
-             "yarn_beta_slow": "beta_slow"}
+# YaRN's optional GGUF keys (rope.scaling.*) -> transformers' rope_scaling names (the first
+# one present wins: llama.cpp's OLMo 3 converter writes the attention factor as attn_factor)
+YARN_KEYS = {"yarn_attn_factor": "attention_factor", "attn_factor": "attention_factor",
+             "yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow"}
 ROPE_FREQS = "rope_freqs.weight"  # read into the config (rope_scaling), not a weight
 # longrope's per-dimension factors (llama.cpp's Phi-3 converter), also config, not weights
 ROPE_FACTORS = {"long_factor": "rope_factors_long.weight",
@@ -163,7 +164,7 @@ class GGUFModel:
                        int(key("rope.scaling.original_context_length"))}
             for name, hf_name in YARN_KEYS.items():
                 if (value := key(f"rope.scaling.{name}", None)) is not None:
-                    scaling[hf_name] = float(value)
+                    scaling.setdefault(hf_name, float(value))
             return scaling
         raise GGUFFormatError(f"{self.path}: rope.scaling.type={kind!r} is not supported")
 

@@ -261,6 +261,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     writer.add_rope_freq_base(theta)
     if cfg.get("sliding_window"):
         writer.add_sliding_window(cfg["sliding_window"])
+        if arch == "olmo2":  # Olmo2Model (OLMo 3): which layers are windowed
+            writer.add_sliding_window_pattern([t == "sliding_attention"
+                                               for t in cfg["layer_types"]])
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
@@ -348,7 +351,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(scaling["factor"])
         writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
-        for key, add_key in (("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+        attention = (writer.add_rope_scaling_attn_factors if arch == "olmo2"  # (Olmo2Model's)
+                     else writer.add_rope_scaling_yarn_attn_factor)
+        for key, add_key in (("attention_factor", attention),
                              ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
                              ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):
             if scaling.get(key) is not None:

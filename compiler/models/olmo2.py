@@ -4,19 +4,22 @@ each go through an RMSNorm over all their heads at once (``q_norm`` of num_heads
 not Qwen3's per head) before RoPE. Semantics: HF transformers ``models/olmo2/modeling_olmo2.py``.
 
 GGUF: llama.cpp's ``olmo2`` architecture (q/k rows as in the checkpoint; the norms as
-``post_attention_norm`` and ``post_ffw_norm``).
+``post_attention_norm`` and ``post_ffw_norm``). llama.cpp writes OLMo 3 under it too, with a
+``sliding_window`` and a per-layer ``sliding_window_pattern``: such a file gets OLMo 3's
+windowed layers (``Config`` takes the window wherever a config has one; olmo3.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, fuse_layer_weights,
-                      rms_norm)
+from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, LayerwiseConfig,
+                      fuse_layer_weights, rms_norm, rope_by_kind)
+from .gemma2 import layer_types
 from .qwen2 import check_no_window
 
 NAME = "olmo2"
@@ -33,12 +36,29 @@ GGUF_LAYER_NAMES = {
 LAYER_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
 
 
-class Config(DecoderConfig):
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    """An OLMo 3 file's window and which layers have it (none in an OLMo 2 file)."""
+    pattern = key("attention.sliding_window_pattern", None)
+    return {"sliding_window": key("attention.sliding_window", None),
+            "layer_types": None if pattern is None else [
+                "sliding_attention" if windowed else "full_attention" for windowed in pattern]}
+
+
+class Config(LayerwiseConfig):
+    """OLMo 2's layers are all global; with a ``sliding_window`` (OLMo 3), the layers
+    ``layer_types`` names (else three of every four) are windowed, and RoPE scaling applies to
+    the global layers only (``rope_by_kind``)."""
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         check_no_window(hf)
         bias = bool(hf.get("attention_bias", False))
-        return super().from_hf(hf, qkv_bias=bias, o_bias=bias)
+        window = hf.get("sliding_window")
+        c = super().from_hf(hf, qkv_bias=bias, o_bias=bias, sliding_window=window)
+        sliding = layer_types(hf, lambda i: (i + 1) % 4 != 0)
+        c.extra.update(sliding=[s and window is not None for s in sliding],
+                       rope_by_kind=rope_by_kind(hf, c.rotary_dim or c.head_dim))
+        return c
 
 
 class Olmo2Attention(Attention):

@@ -1,15 +1,15 @@
 """OLMo 3 (AllenAI): OLMo 2's layer (norms after each block only; q and k each RMS-normed over
 all their heads) with three sliding-window layers to one global layer (``layer_types``), and
-RoPE scaling (YaRN in the released 7B/32B) on the global layers only, the windowed ones plain.
-Semantics: HF transformers ``models/olmo3/modeling_olmo3.py``.
+RoPE scaling (YaRN in the released 7B/32B) on the global layers only, the windowed ones plain:
+OLMo 2's ``Config`` with transformers' OLMo 3 defaults. Semantics: HF transformers
+``models/olmo3/modeling_olmo3.py``. GGUF: llama.cpp writes OLMo 3 as ``olmo2`` (olmo2.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .decoder import LayerwiseConfig, rope_by_kind
-from .gemma2 import layer_types
+from . import olmo2
 from .olmo2 import LAYER_NORMS, Model, convert_weights  # noqa: F401
 
 NAME = "olmo3"
@@ -21,15 +21,11 @@ DEFAULT_WINDOW = 4096  # transformers' when config.json has no sliding_window
 DEFAULT_THETA = 500000.0  # transformers' when config.json has no rope_theta
 
 
-class Config(LayerwiseConfig):
+class Config(olmo2.Config):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         if hf.get("rope_theta") is None and not hf.get("rope_parameters"):
             hf = {**hf, "rope_theta": DEFAULT_THETA}
-        window = hf["sliding_window"] if "sliding_window" in hf else DEFAULT_WINDOW
-        bias = bool(hf.get("attention_bias", False))
-        c = super().from_hf(hf, qkv_bias=bias, o_bias=bias, sliding_window=window)
-        sliding = layer_types(hf, lambda i: (i + 1) % 4 != 0)
-        c.extra.update(sliding=[s and window is not None for s in sliding],
-                       rope_by_kind=rope_by_kind(hf, c.rotary_dim or c.head_dim))
-        return c
+        if "sliding_window" not in hf:
+            hf = {**hf, "sliding_window": DEFAULT_WINDOW}
+        return super().from_hf(hf)

@@ -115,6 +115,11 @@ GGUF_CASES = {
     # no layer list: llama.cpp takes every fourth layer as NoPE, so the tiny model's is that
     "smollm3": ("smollm3", {"layers": 4, "no_rope_layers": [1, 1, 1, 0]}),
     "olmo2": ("olmo2", {}),  # post-block norms under llama.cpp's names, full-width q/k norms
+    # OLMo 3, which llama.cpp writes as olmo2: the window, which layers have it, YaRN with its
+    # attention factor as attn_factor (one RoPE base in a GGUF: the same for both kinds here)
+    "olmo2+olmo3": ("olmo3", {"rope_theta": 500000.0, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "attention_factor": 1.3,
+        "original_max_position_embeddings": 32}}),
     "ernie4_5": ("ernie4_5", {"use_bias": False}),  # q/k rows in the checkpoint's order
     "gemma": ("gemma", {}),  # norms stored as 1 + w under the common names, no output tensor
     # LayerNorm biases and epsilon, rotary dimensions, per-head q/k norms stacked, parallel
@@ -155,7 +160,14 @@ def gguf_case(root: Path, arch: str) -> tuple[Path, Path]:
     family_name = family_of(name)
     hf_dir = make_tiny_model(root, family_name, seed=11, merges=[("\u0120", "\u0120")],
                              **{**FAMILIES[name], **changes})
-    return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{arch}.gguf", arch)
+    written = gguf_arch(arch)
+    return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{written}.gguf", written)
+
+
+def gguf_arch(case: str) -> str:
+    """A GGUF case's architecture: its name, up to a ``+`` naming the model written under it
+    (``olmo2+olmo3``: OLMo 3 as llama.cpp writes it)."""
+    return case.split("+")[0]
 
 
 # the hf:// repos of the stand-in Hub: (repo, family or GGUF architecture, kind)

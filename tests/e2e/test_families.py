@@ -18,6 +18,7 @@ from tests.e2e.family_models import (
     HUB_REPOS,
     WINDOWED_BESIDE_GLOBAL,
     family_model,
+    gguf_arch,
     family_of,
     gguf_case,
 )
@@ -241,8 +242,10 @@ def test_gguf_architecture_matches_transformers(arch, request, tmp_path_factory,
     it (tests/tiny_models.write_gguf): wick's GGUF path reads it back into the same model,
     logits and greedy tokens equal to transformers on the HF directory. (Llama 3's is fetched
     from a repo of the stand-in Hub, hf://org/tiny-llama-GGUF.)"""
+    from wick.compiler.models import GGUF_ARCHITECTURES
+
     name = GGUF_CASES[arch][0]
-    family_name = family_of(name)
+    family_name = GGUF_ARCHITECTURES[gguf_arch(arch)].NAME  # (OLMo 3's file: olmo2's)
     if f"gguf:{arch}" in HUB_REPOS:  # (Llama 3's: a GGUF in a repo of the stand-in Hub)
         hf_dir = request.getfixturevalue("hub_models").dirs[f"gguf:{arch}"]
         art_dir = request.getfixturevalue("compiled_from_hub")(f"gguf:{arch}")
@@ -333,4 +336,4 @@ def test_every_family_has_a_tiny_model_and_each_gguf_architecture_a_file():
     decoders = {name for name in COMPILED if name != "bert"}  # (BERT: test_embeddings.py)
     assert decoders == {family_of(name) for name in FAMILIES}
     # (Gemma 3's: the real Gemma-3-270m GGUF, test_gemma3_270m.py)
-    assert set(GGUF_ARCHITECTURES) - set(GGUF_CASES) == {"gemma3"}
+    assert set(GGUF_ARCHITECTURES) - {gguf_arch(case) for case in GGUF_CASES} == {"gemma3"}
