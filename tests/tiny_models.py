@@ -51,6 +51,9 @@ FAMILY_CONFIGS = {
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {"pad_token_id": 0}),
     "glm": ("GlmConfig", "GlmForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", {"pad_token_id": 0}),
+    "helium": ("HeliumConfig", "HeliumForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"pad_token_id": 0}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),
@@ -178,7 +181,7 @@ OLMO2_LAYER_NAMES = {  # OLMo 2: the norms after each block only
 PHI2_LAYER_NAMES = {"self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
 GPT2_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv",
                     "attn.c_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
-STARCODER2_LAYER_NAMES = {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+STARCODER2_LAYER_NAMES = {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # (and Arcee's)
 GLM4_LAYER_NAMES = {"post_self_attn_layernorm": "post_attention_norm",
                     "post_mlp_layernorm": "post_ffw_norm"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
@@ -190,7 +193,7 @@ LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcod
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
-LLAMA_PERMUTED = ("llama", "granite", "smollm3")
+LLAMA_PERMUTED = ("llama", "granite", "smollm3", "arcee")
 
 
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}

@@ -74,6 +74,12 @@ FAMILIES = {
     "glm": {"tie": False},
     # GLM-4-0414: GLM's layer with a norm after each block too
     "glm4": {"tie": False},
+    # Seed-OSS: q/k/v biases and (a config switch) one on the output projection
+    "seed_oss": {"tie": False, "attention_out_bias": True},
+    # Arcee (AFM): a squared-ReLU plain MLP in the Llama decoder
+    "arcee": {"tie": False},
+    # Helium: RoPE on adjacent pairs over the whole head, q/k/v biases (a config switch)
+    "helium": {"tie": False, "attention_bias": True},
     # Nemotron: LayerNorm1P (1 + w, with bias), squared-ReLU plain MLP, RoPE on half of each head
     "nemotron": {"tie": False, "partial_rotary_factor": 0.5},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
@@ -132,6 +138,8 @@ GGUF_CASES = {
     "gpt2": ("gpt2", {"n_inner": None, "intermediate_size": 256}),
     "nemotron": ("nemotron", {}),  # norms stored as 1 + w, biases, rotary dimensions
     "glm4": ("glm4", {}),  # rows in the checkpoint's order, post-block norms, rotary dimensions
+    "seed_oss": ("seed_oss", {}),  # rows in the checkpoint's order, the output bias
+    "arcee": ("arcee", {}),  # q/k rows interleaved (Llama's converter), no ffn_gate
     "command-r": ("cohere", {}),  # rows in the checkpoint's order, per-head norms, logit_scale
     # no layer list: llama.cpp takes every fourth layer as global, so the tiny model's is that
     "cohere2": ("cohere2", {"layers": 4, "sliding_window_pattern": 4}),
