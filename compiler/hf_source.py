@@ -98,9 +98,11 @@ CONFIG_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
                   "n_inner": "intermediate_size"}
 
 
-# other families' names for a usual key (OPT's MLP width; GPT-NeoX's older RoPE keys)
+# other families' names for a usual key (OPT's MLP width; GPT-NeoX's older RoPE keys; EXAONE
+# 3's layer count and norm epsilon, as transformers' ExaoneConfig attribute_map reads them)
 OTHER_ALIASES = {"ffn_dim": "intermediate_size", "rotary_emb_base": "rope_theta",
-                 "rotary_pct": "partial_rotary_factor"}
+                 "rotary_pct": "partial_rotary_factor", "num_layers": "num_hidden_layers"}
+FAMILY_ALIASES = {"exaone": {"layer_norm_epsilon": "rms_norm_eps"}}
 
 
 def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +111,7 @@ def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
     name an alias of it; a stray ``intermediate_size`` beside ``n_inner`` is ignored there).
     ``OTHER_ALIASES`` fill a usual key a config does not have."""
     out = dict(raw)
-    for old, new in OTHER_ALIASES.items():
+    for old, new in {**OTHER_ALIASES, **FAMILY_ALIASES.get(raw.get("model_type"), {})}.items():
         if out.get(old) is not None and out.get(new) is None:
             out[new] = out[old]
     if out.get("n_embd") is None:

@@ -54,6 +54,8 @@ FAMILY_CONFIGS = {
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "arcee": ("ArceeConfig", "ArceeForCausalLM", {"pad_token_id": 0}),
     "helium": ("HeliumConfig", "HeliumForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
+    "exaone": ("ExaoneConfig", "LlamaForCausalLM", {"pad_token_id": 0}),  # (transformers' way)
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"pad_token_id": 0}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "pad_token_id": 0}),
@@ -151,6 +153,20 @@ def to_torch_bin(hf_dir: Path) -> Path:
     return hf_dir
 
 
+def to_exaone_names(hf_dir: Path) -> Path:
+    """An EXAONE 3 directory's config as LG's checkpoints ship it, in place: ``num_layers``,
+    ``layer_norm_epsilon`` and ``activation_function`` keys (transformers' attribute_map reads
+    them back). Its weights need nothing: transformers saves them under the checkpoint's own
+    names (``transformer.h.N.attn.attention.*``: its conversion mapping, reversed on save)."""
+    config = json.loads((hf_dir / "config.json").read_text())
+    for new, old in (("num_hidden_layers", "num_layers"), ("rms_norm_eps", "layer_norm_epsilon"),
+                     ("hidden_act", "activation_function")):
+        config[old] = config.pop(new)
+    config["architectures"] = ["ExaoneForCausalLM"]
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    return hf_dir
+
+
 def to_bfloat16(hf_dir: Path) -> Path:
     """The directory's weights stored in bfloat16 (as most Hub checkpoints ship), in place."""
     import torch
@@ -182,6 +198,10 @@ PHI2_LAYER_NAMES = {"self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.
 GPT2_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv",
                     "attn.c_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 STARCODER2_LAYER_NAMES = {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # (and Arcee's)
+EXAONE_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
+                      "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
+                      "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
+                      "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"}
 GLM4_LAYER_NAMES = {"post_self_attn_layernorm": "post_attention_norm",
                     "post_mlp_layernorm": "post_ffw_norm"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
@@ -320,7 +340,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     GPTNEOX_LAYER_NAMES if arch == "gptneox" else
                                     GPT2_LAYER_NAMES if arch in ("gpt2", "starcoder") else
                                     STARCODER2_LAYER_NAMES if arch == "starcoder2" else
-                                    GLM4_LAYER_NAMES if arch == "glm4" else {})}
+                                    GLM4_LAYER_NAMES if arch == "glm4" else
+                                    EXAONE_LAYER_NAMES if arch == "exaone" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor

@@ -80,6 +80,13 @@ FAMILIES = {
     "arcee": {"tie": False},
     # Helium: RoPE on adjacent pairs over the whole head, q/k/v biases (a config switch)
     "helium": {"tie": False, "attention_bias": True},
+    # EXAONE 3.x: Llama under checkpoint and config names of its own (shipped so), llama3 RoPE
+    "exaone": {"tie": True, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 64}},
+    # Ministral: windowed and global layers as layer_types lists them
+    "ministral": {"tie": False, "layers": 3, "sliding_window": 20,
+                  "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
     # Nemotron: LayerNorm1P (1 + w, with bias), squared-ReLU plain MLP, RoPE on half of each head
     "nemotron": {"tie": False, "partial_rotary_factor": 0.5},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
@@ -140,6 +147,7 @@ GGUF_CASES = {
     "glm4": ("glm4", {}),  # rows in the checkpoint's order, post-block norms, rotary dimensions
     "seed_oss": ("seed_oss", {}),  # rows in the checkpoint's order, the output bias
     "arcee": ("arcee", {}),  # q/k rows interleaved (Llama's converter), no ffn_gate
+    "exaone": ("exaone", {}),  # rows in the checkpoint's order, llama3 scaling as rope_freqs
     "command-r": ("cohere", {}),  # rows in the checkpoint's order, per-head norms, logit_scale
     # no layer list: llama.cpp takes every fourth layer as global, so the tiny model's is that
     "cohere2": ("cohere2", {"layers": 4, "sliding_window_pattern": 4}),
@@ -151,12 +159,15 @@ def family_model(root: Path, name: str) -> Path:
     """A family's tiny HF directory; Qwen2's weights in bfloat16, as most Hub checkpoints
     ship; OPT's tokenizer as vocab.json and merges.txt and its weights as pytorch_model.bin,
     as OPT's repos ship them."""
-    from tests.tiny_models import make_tiny_model, to_bfloat16, to_bpe_files, to_torch_bin
+    from tests.tiny_models import (make_tiny_model, to_bfloat16, to_bpe_files, to_exaone_names,
+                                   to_torch_bin)
 
     family_name = family_of(name)
     path = make_tiny_model(root, family_name, seed=7, **FAMILIES[name])
     if name == "opt":
         return to_torch_bin(to_bpe_files(path))
+    if name == "exaone":
+        return to_exaone_names(path)
     return to_bfloat16(path) if name == "qwen2" else path
 
 
