@@ -50,12 +50,32 @@ def is_hf_dir(path: Path) -> bool:
 TORCH_WEIGHTS = "pytorch_model*.bin"  # (torch.save files; read only where no safetensors is)
 
 
+# each kind of weight file, and the index a sharded checkpoint lists its shards in
+WEIGHT_KINDS = (("*.safetensors", "model.safetensors.index.json"),
+                (TORCH_WEIGHTS, "pytorch_model.bin.index.json"))
+
+
 def weight_files(path: Path) -> list[Path]:
-    files = sorted(path.glob("*.safetensors")) or sorted(path.glob(TORCH_WEIGHTS))
-    if not files:
-        raise HFDirError(f"{path}: no weight file found (*.safetensors, or "
-                         f"{TORCH_WEIGHTS} in older repos)")
-    return files
+    """The checkpoint's weight files: safetensors, else torch's; where an index lists the
+    shards, those only (as transformers reads them: a variant such as model.fp16.safetensors
+    or a combined file left beside the shards is not the checkpoint)."""
+    for pattern, index_name in WEIGHT_KINDS:
+        files = sorted(path.glob(pattern))
+        if not files:
+            continue
+        index = path / index_name
+        if not index.is_file():
+            return files
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise HFDirError(f"{index}: no weight_map naming the checkpoint's shards")
+        named = [path / name for name in sorted(set(map(str, weight_map.values())))]
+        missing = [p.name for p in named if not p.is_file()]
+        if missing:
+            raise HFDirError(f"{path}: shard {missing[0]} named in {index_name} is missing")
+        return named
+    raise HFDirError(f"{path}: no weight file found (*.safetensors, or "
+                     f"{TORCH_WEIGHTS} in older repos)")
 
 
 def tracked_files(path: Path) -> list[Path]:
@@ -63,7 +83,8 @@ def tracked_files(path: Path) -> list[Path]:
     check_files(path)
     tokenizer = tokenizer_files(path)
     optional = ("tokenizer_config.json", "chat_template.jinja", "generation_config.json",
-                "modules.json", "1_Pooling/config.json", "sentence_bert_config.json")
+                "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
+                *(index for _, index in WEIGHT_KINDS))
     if tokenizer[0].name != TOKENIZER_JSON:  # (read only beside vocab.json and merges.txt)
         optional += (SPECIAL_TOKENS_MAP,)
     return sorted(

@@ -17,12 +17,13 @@ numpy copy, so a checkpoint costs about its own size in memory plus its largest 
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections import OrderedDict
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -74,43 +75,61 @@ def _tensor(storage, offset, shape, stride) -> TensorRef:
     if not isinstance(storage, StorageRef):
         raise TorchPickleError("a tensor that does not view a saved storage")
     try:
-        return TensorRef(storage, int(offset), tuple(int(n) for n in shape),
-                         tuple(int(n) for n in stride))
+        ref = TensorRef(storage, int(offset), tuple(int(n) for n in shape),
+                        tuple(int(n) for n in stride))
     except (TypeError, ValueError):
         raise TorchPickleError("a tensor with a malformed shape or stride") from None
+    if len(ref.shape) != len(ref.stride) or min((ref.offset, *ref.shape, *ref.stride),
+                                                default=0) < 0:
+        raise TorchPickleError("a tensor with a malformed shape or stride")
+    return ref
 
 
 class _StorageClass:
     """What ``torch.FloatStorage`` and its kin unpickle as: only their name is needed."""
 
+    __slots__ = ("name",)
+
     def __init__(self, name: str) -> None:
         self.name = name
 
 
-# (module, name) -> what the pickle gets for it; nothing else can be named
-ALLOWED: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
-    **{("torch", name): _StorageClass(name) for name in STORAGE_DTYPES},
+def _fresh(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A new callable for each lookup: what a pickle does to it (its BUILD opcode can set
+    attributes) stays with that one object, never with this module's functions."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+    return call
+
+
+# (module, name) -> a maker of what the pickle gets for it; nothing else can be named
+ALLOWED: dict[tuple[str, str], Callable[[], Any]] = {
+    ("collections", "OrderedDict"): lambda: type("StateDict", (OrderedDict,), {}),
+    ("torch._utils", "_rebuild_tensor_v2"): lambda: _fresh(_rebuild_tensor_v2),
+    ("torch._utils", "_rebuild_tensor"): lambda: _fresh(_rebuild_tensor),
+    ("torch._utils", "_rebuild_parameter"): lambda: _fresh(_rebuild_parameter),
+    ("torch._utils", "_rebuild_parameter_with_state"): lambda: _fresh(_rebuild_parameter),
+    **{("torch", name): (lambda name=name: _StorageClass(name)) for name in STORAGE_DTYPES},
 }
 
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        try:
-            return ALLOWED[(module, name)]
-        except KeyError:
-            raise TorchPickleError(
-                f"its pickle names {module}.{name}, which a checkpoint of tensors does not "
-                "need: refused, nothing in it was run") from None
+        make = ALLOWED.get((module, name))
+        if make is not None:
+            return make()
+        if module == "torch" and name.endswith("Storage"):
+            raise TorchPickleError(f"its tensors are stored as {name}, a type wick does not "
+                                   f"read (it reads {', '.join(STORAGE_DTYPES)})")
+        raise TorchPickleError(
+            f"its pickle names {module}.{name}, which a checkpoint of tensors does not "
+            "need: refused, nothing in it was run")
 
     def persistent_load(self, pid: Any) -> StorageRef:
         # ('storage', storage class, key, location, number of elements)
         if (not isinstance(pid, tuple) or len(pid) < 3 or pid[0] != "storage"
-                or not isinstance(pid[1], _StorageClass)):
+                or not isinstance(pid[1], _StorageClass)
+                or pid[1].name not in STORAGE_DTYPES):
             raise TorchPickleError(f"an unknown persistent reference {pid!r:.80}")
         return StorageRef(str(pid[2]), pid[1].name)
 
@@ -134,12 +153,24 @@ def read(file: Path) -> Iterator[tuple[str, np.ndarray, str]]:
         for name, ref in state.items():
             numpy_dtype, stored = STORAGE_DTYPES[ref.storage.storage_class]
             if cached is None or cached[0] != ref.storage.key:
-                try:
-                    data = archive.read(f"{root}data/{ref.storage.key}")
-                except KeyError:
-                    raise TorchPickleError(f"tensor {name}'s storage is not in the file") from None
-                cached = (ref.storage.key, np.frombuffer(data, dtype=byteorder + numpy_dtype))
+                data = _storage_bytes(archive, f"{root}data/{ref.storage.key}", file, name)
+                cached = (ref.storage.key, np.frombuffer(
+                    data, dtype=byteorder + numpy_dtype, count=len(data) // np.dtype(
+                        numpy_dtype).itemsize))
             yield name, _widened(_view(cached[1], ref, name), stored), stored
+
+
+def _storage_bytes(archive: zipfile.ZipFile, entry: str, file: Path, name: str) -> bytes:
+    """A storage's bytes, which torch writes uncompressed: a compressed entry (whose size
+    could be anything once inflated) is refused."""
+    try:
+        info = archive.getinfo(entry)
+    except KeyError:
+        raise TorchPickleError(f"tensor {name}'s storage is not in the file") from None
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size > file.stat().st_size:
+        raise TorchPickleError(f"tensor {name}'s storage is compressed, which torch.save "
+                               "never does")
+    return archive.read(info)
 
 
 def count(file: Path) -> int:
@@ -177,8 +208,10 @@ def _state(archive: zipfile.ZipFile) -> tuple[str, dict[str, TensorRef]]:
 def _view(storage: np.ndarray, ref: TensorRef, name: str) -> np.ndarray:
     """The tensor's elements as a contiguous native-order copy (bf16 widened to f32)."""
     extent = ref.offset + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride)) + 1
-    if min(ref.shape, default=1) > 0 and (ref.offset < 0 or min(ref.stride, default=0) < 0
-                                          or extent > storage.size):
+    elements = math.prod(ref.shape)
+    # (a state dict's tensors never repeat elements: more of them than the storage holds is a
+    # damaged or hostile file, which would otherwise allocate without bound)
+    if elements and (extent > storage.size or elements > storage.size):
         raise TorchPickleError(f"tensor {name} reaches past its storage")
     item = storage.itemsize
     view = np.lib.stride_tricks.as_strided(

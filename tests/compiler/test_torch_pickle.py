@@ -117,6 +117,7 @@ def test_an_hf_directory_of_bin_shards_loads_as_its_safetensors_twin(tmp_path):
         index.update({k: file for k in shard})
     (old / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": index}))
     (old / "training_args.bin").write_bytes(b"not weights")  # (a trainer's file: not read)
+    (old / "pytorch_model.bin").write_bytes(b"stale")  # (beside the shards: not in the index)
 
     expected, _ = hf_source.load_weights(
         twin, hf_source.load_config(twin))
@@ -131,7 +132,11 @@ def test_an_hf_directory_of_bin_shards_loads_as_its_safetensors_twin(tmp_path):
     assert [p.name for p in hf_source.weight_files(old)] == [
         "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]
     assert {p.name for p in hf_source.tracked_files(old)} >= {
-        "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"}
+        "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
+        "pytorch_model.bin.index.json"}
+    (old / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(hf_source.HFDirError, match="shard pytorch_model-00002-of-00002.bin"):
+        hf_source.weight_files(old)
 
 
 def test_a_damaged_bin_is_one_clear_model_error(tmp_path):
@@ -143,3 +148,53 @@ def test_a_damaged_bin_is_one_clear_model_error(tmp_path):
     (path / "pytorch_model.bin").write_bytes(b"PK\x03\x04 cut short")
     with pytest.raises(hf_source.HFDirError, match="pytorch_model.bin: .*torch's zip format"):
         hf_source.load_weights(path, hf_source.load_config(path))
+
+
+def _zip_with(path: Path, entries: dict[str, bytes], compression=None) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression or zipfile.ZIP_STORED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_a_pickle_cannot_change_what_later_files_are_read_with(tmp_path):
+    """A pickle may set attributes on what it names (BUILD): each lookup gets a fresh object,
+    so a hostile file fails alone and the next checkpoint reads as before."""
+    import torch
+
+    from wick.compiler import torch_pickle
+
+    # GLOBAL torch.FloatStorage; BUILD (None, {"name": "Evil"}): its name set via slot state
+    hostile = (b"\x80\x02ctorch\nFloatStorage\nN}X\x04\x00\x00\x00name"
+               b"X\x04\x00\x00\x00Evils\x86b.")
+    bad = _zip_with(tmp_path / "bad.bin", {"archive/data.pkl": hostile})
+    with pytest.raises(torch_pickle.TorchPickleError):
+        list(torch_pickle.read(bad))
+    good = tmp_path / "good.bin"
+    torch.save({"w": torch.arange(4.0)}, good)
+    assert [(n, a.tolist(), s) for n, a, s in torch_pickle.read(good)] == [
+        ("w", [0.0, 1.0, 2.0, 3.0], "F32")]
+
+
+def test_views_past_their_storage_and_compressed_storages_are_refused(tmp_path):
+    """A view repeating one element 10^10 times (strides of 0) would allocate 37 GiB; a
+    compressed entry could inflate to anything: both are refused before any allocation."""
+    import zipfile
+
+    import torch
+
+    from wick.compiler import torch_pickle
+
+    broadcast = tmp_path / "broadcast.bin"
+    torch.save({"w": torch.ones(1).as_strided((100000, 100000), (0, 0))}, broadcast)
+    with pytest.raises(torch_pickle.TorchPickleError, match="reaches past its storage"):
+        list(torch_pickle.read(broadcast))
+    plain = tmp_path / "plain.bin"
+    torch.save({"w": torch.ones(64)}, plain)
+    with zipfile.ZipFile(plain) as archive:
+        entries = {n: archive.read(n) for n in archive.namelist()}
+    squeezed = _zip_with(tmp_path / "deflated.bin", entries, zipfile.ZIP_DEFLATED)
+    with pytest.raises(torch_pickle.TorchPickleError, match="compressed"):
+        list(torch_pickle.read(squeezed))
