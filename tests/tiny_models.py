@@ -202,6 +202,7 @@ EXAONE_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q
                       "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
                       "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
                       "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"}
+SEED_OSS_LAYER_NAMES = {"post_attention_layernorm": "post_attention_norm"}  # (gguf-py's)
 GLM4_LAYER_NAMES = {"post_self_attn_layernorm": "post_attention_norm",
                     "post_mlp_layernorm": "post_ffw_norm"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
@@ -341,7 +342,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     GPT2_LAYER_NAMES if arch in ("gpt2", "starcoder") else
                                     STARCODER2_LAYER_NAMES if arch == "starcoder2" else
                                     GLM4_LAYER_NAMES if arch == "glm4" else
-                                    EXAONE_LAYER_NAMES if arch == "exaone" else {})}
+                                    EXAONE_LAYER_NAMES if arch == "exaone" else
+                                    SEED_OSS_LAYER_NAMES if arch == "seed_oss" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     for name, w in weights.items():
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor

@@ -3,7 +3,8 @@ and v (``attention_bias``, on by default) but not on the output projection unles
 ``attention_out_bias`` says so, and ``mlp_bias``. Semantics: HF transformers
 ``models/seed_oss/modeling_seed_oss.py``.
 
-GGUF: llama.cpp's ``seed_oss`` (q/k rows in the checkpoint's order).
+GGUF: llama.cpp's ``seed_oss`` (q/k rows in the checkpoint's order; the norm before the MLP
+under ``post_attention_norm``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ NAME = "seed_oss"
 HF_MODEL_TYPES = ("seed_oss",)
 GGUF_ARCHITECTURES = ("seed_oss",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES = {"attn_output.bias": "self_attn.o_proj.bias"}
+# (gguf-py's SEED_OSS names the norm before the MLP post_attention_norm, not ffn_norm)
+GGUF_LAYER_NAMES = {"attn_output.bias": "self_attn.o_proj.bias",
+                    "post_attention_norm.weight": "post_attention_layernorm.weight"}
 DEFAULT_HEAD_DIM = 128  # transformers' SeedOssConfig default
 
 

@@ -7,6 +7,9 @@ logits, 32 greedy tokens, a prompt over several pages, a batch, and an f16 varia
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -260,6 +263,33 @@ def test_gguf_architecture_matches_transformers(arch, request, tmp_path_factory,
     assert np.abs(logits - hf_logits(hf, prompt)[-1]).max() < LOGIT_TOL
     (got,) = run_core(core, [prompt], greedy(16))
     assert got == reference_greedy(name)(hf, prompt, 16)
+
+
+# tensors llama.cpp's converters write beside the checkpoint's own (RoPE factor tables) or
+# that gguf-py maps under another name (StableLM's per-head norms, stacked into one a layer)
+CONVERTER_EXTRAS = re.compile(r"rope_freqs\.weight|rope_factors_(long|short)\.weight|"
+                              r"blk\.\d+\.attn_[qk]_norm\.weight")
+
+
+def test_gguf_files_name_their_tensors_as_gguf_py_does(tmp_path):
+    """The tiny GGUF writer's tensor names are gguf-py's own for each architecture (its
+    TensorNameMap: what llama.cpp's converter writes), so that the GGUF tests above read the
+    names real files have."""
+    import gguf
+    from safetensors import safe_open
+
+    arch_of = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+    for case in sorted(GGUF_CASES):
+        hf_dir, file = gguf_case(tmp_path / case, case)
+        written = {t.name for t in gguf.GGUFReader(str(file)).tensors}
+        config = json.loads((hf_dir / "config.json").read_text())
+        layers = config.get("num_hidden_layers") or config.get("n_layer")
+        names = gguf.get_tensor_name_map(arch_of[gguf_arch(case)], layers)
+        with safe_open(str(hf_dir / "model.safetensors"), "np") as f:
+            expected = {names.get_name(n, try_suffixes=(".weight", ".bias")) for n in f.keys()}
+        expected.discard(None)
+        assert {n for n in written if not CONVERTER_EXTRAS.fullmatch(n)} == {
+            n for n in expected if not CONVERTER_EXTRAS.fullmatch(n)}, case
 
 
 @pytest.mark.parametrize("family", sorted(EVERY_LAYER_WINDOWED), indirect=True)
