@@ -323,9 +323,11 @@ def family_of(model: str):
     try:
         if path.is_file() and path.suffix == ".gguf":
             return GGUF_ARCHITECTURES.get(_gguf_header(path)[0])
-        if (path / "config.json").is_file():
-            return HF_MODEL_TYPES.get(json.loads((path / "config.json").read_text())
-                                      .get("model_type"))
+        if (path / "config.json").is_file():  # (an image-and-text one's: its text model's)
+            from .hf_source import text_config
+
+            raw = text_config(json.loads((path / "config.json").read_text()))
+            return HF_MODEL_TYPES.get(raw.get("model_type"))
     except Exception:  # noqa: BLE001 - unreadable: compile_model names the problem
         return None
     return None

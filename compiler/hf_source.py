@@ -145,9 +145,46 @@ def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# image-and-text checkpoints whose text model wick runs (the vision tower is left unread):
+# model_type -> the text model's, where its text_config names none
+TEXT_OF_MULTIMODAL = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+# their weights' names -> the text model's; any other tensor is the vision part's
+MULTIMODAL_TEXT_PREFIXES = {"language_model.model.": "model.",  # (as transformers saves them)
+                            "language_model.lm_head.": "lm_head.",
+                            "model.language_model.": "model.",  # (transformers 5's own)
+                            "lm_head.": "lm_head."}
+
+
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """An image-and-text checkpoint's config as its text model's (``text_config``, with the
+    top level's ids and tie where the text part names none, and ``multimodal`` set to the
+    wrapper's type); any other config as it is."""
+    if raw.get("model_type") not in TEXT_OF_MULTIMODAL or not isinstance(
+            raw.get("text_config"), dict):
+        return raw
+    text = {"model_type": TEXT_OF_MULTIMODAL[raw["model_type"]], **raw["text_config"]}
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if text.get(key) is None and raw.get(key) is not None:
+            text[key] = raw[key]
+    text["multimodal"] = raw["model_type"]
+    return text
+
+
+def text_weights(weights: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
+    """An image-and-text checkpoint's text model's tensors under its own names, in place; the
+    vision tower's and projector's are dropped."""
+    for name in list(weights):
+        array, dtype = weights.pop(name), dtypes.pop(name)
+        for prefix, text_prefix in MULTIMODAL_TEXT_PREFIXES.items():
+            if name.startswith(prefix):
+                renamed = text_prefix + name[len(prefix):]
+                weights[renamed], dtypes[renamed] = array, dtype
+                break
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """config.json with the keys wick relies on filled in and normalized (others kept)."""
-    raw = with_aliases(_read_json(path / "config.json"))
+    raw = with_aliases(text_config(_read_json(path / "config.json")))
     check_config(raw, str(path / "config.json"))
     try:
         hidden = int(raw["hidden_size"])
@@ -160,8 +197,10 @@ def load_config(path: Path) -> dict[str, Any]:
             num_hidden_layers=int(raw["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            # (head_dim, rms_norm_eps and rope_theta absent: None, the family's default,
+            # DecoderConfig.from_hf's where it has none of its own)
+            head_dim=None if raw.get("head_dim") is None else int(raw["head_dim"]),
+            rms_norm_eps=None if raw.get("rms_norm_eps") is None else float(raw["rms_norm_eps"]),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             # (absent: None, the family's default; load_weights ties a file without a head)
             tie_word_embeddings=(None if raw.get("tie_word_embeddings") is None
@@ -170,7 +209,10 @@ def load_config(path: Path) -> dict[str, Any]:
         )
     except KeyError as missing:
         raise HFDirError(f"{path / 'config.json'}: key {missing} is missing") from None
-    config["rope_theta"], config["rope_scaling"] = rope_settings(raw)
+    theta, config["rope_scaling"] = rope_settings(raw)
+    named = raw.get("rope_theta") if raw.get("rope_theta") is not None else (
+        raw.get("rope_parameters") or {}).get("rope_theta")
+    config["rope_theta"] = None if named is None else theta
     generation = path / "generation_config.json"
     eos = raw.get("eos_token_id")
     if generation.is_file():
@@ -202,6 +244,8 @@ def load_weights(
             weights[name], dtypes[name] = array, dtype
             if progress is not None:
                 progress("read", len(weights), total)
+    if config.get("multimodal"):
+        text_weights(weights, dtypes)
     if not config["tie_word_embeddings"] and not LM_HEAD_NAMES & weights.keys():
         config["tie_word_embeddings"] = True  # (no head of its own: tied, whatever it says)
     if config["tie_word_embeddings"]:
@@ -289,7 +333,9 @@ def rope_settings(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     ``rope_theta`` + ``rope_scaling`` (4.x) or ``rope_parameters`` (5.x); ``type`` is the older
     name of ``rope_type``; "default" scaling is none."""
     params = dict(hf.get("rope_parameters") or {})
-    theta = hf.get("rope_theta", params.pop("rope_theta", 10000.0))
+    theta = params.pop("rope_theta", None)
+    theta = hf["rope_theta"] if hf.get("rope_theta") is not None else theta
+    theta = 10000.0 if theta is None else theta
     scaling = hf.get("rope_scaling") or (params if params else None)
     if scaling:
         scaling = dict(scaling)

@@ -181,7 +181,8 @@ def model_not_found(model: str, registry: dict[str, Any] | None = None) -> Model
     error = ModelNotFoundError(model, builtin_models() if registry is None else registry)
     error.message += (
         " A model is a built-in name, a Hugging Face directory (config.json, *.safetensors or "
-        "pytorch_model.bin, tokenizer.json), a .gguf file, a compiled artifact's directory or an hf:// model."
+        "pytorch_model.bin, tokenizer.json), a .gguf file, a compiled artifact's directory or "
+        "an hf:// model."
     )
     error.args = (error.message,)
     return error

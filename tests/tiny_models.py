@@ -55,6 +55,7 @@ FAMILY_CONFIGS = {
     "arcee": ("ArceeConfig", "ArceeForCausalLM", {"pad_token_id": 0}),
     "helium": ("HeliumConfig", "HeliumForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "exaone": ("ExaoneConfig", "LlamaForCausalLM", {"pad_token_id": 0}),  # (transformers' way)
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", {"pad_token_id": 0}),
     "ministral": ("MinistralConfig", "MinistralForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"pad_token_id": 0}),
@@ -164,6 +165,42 @@ def to_exaone_names(hf_dir: Path) -> Path:
         config[old] = config.pop(new)
     config["architectures"] = ["ExaoneForCausalLM"]
     (hf_dir / "config.json").write_text(json.dumps(config))
+    return hf_dir
+
+
+def to_multimodal(hf_dir: Path, kind: str) -> Path:
+    """The directory's text model inside an image-and-text checkpoint of ``kind`` (Gemma 3's
+    and Mistral 3's ForConditionalGeneration: a tiny vision tower and projector beside it,
+    their config's text_config the text model's), saved by transformers in place."""
+    import torch
+    import transformers
+
+    text_config = transformers.AutoConfig.from_pretrained(hf_dir)
+    text = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    last = text_config.vocab_size - 1  # (image tokens: any ids, unused by text)
+    if kind == "gemma3":
+        vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=1, num_attention_heads=2,
+                                                 image_size=28, patch_size=14)
+        config = transformers.Gemma3Config(
+            text_config=text_config.to_dict(), vision_config=vision.to_dict(),
+            mm_tokens_per_image=1, image_token_index=last, boi_token_index=last - 1,
+            eoi_token_index=last - 2, tie_word_embeddings=text_config.tie_word_embeddings)
+        model = transformers.Gemma3ForConditionalGeneration(config)
+    else:
+        vision = transformers.PixtralVisionConfig(hidden_size=16, intermediate_size=32,
+                                                  num_hidden_layers=1, num_attention_heads=2,
+                                                  image_size=28, patch_size=14, head_dim=8)
+        config = transformers.Mistral3Config(
+            text_config=text_config.to_dict(), vision_config=vision.to_dict(),
+            image_token_index=last, spatial_merge_size=1,
+            tie_word_embeddings=text_config.tie_word_embeddings)
+        model = transformers.Mistral3ForConditionalGeneration(config)
+    with torch.no_grad():
+        model.model.language_model.load_state_dict(text.model.state_dict())
+        model.lm_head.weight.copy_(text.lm_head.weight)
+    (hf_dir / "model.safetensors").unlink()
+    model.save_pretrained(hf_dir)
     return hf_dir
 
 

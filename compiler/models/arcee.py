@@ -31,7 +31,8 @@ class Config(DecoderConfig):
         act = plain_activation(hf.get("hidden_act") or "relu2", "hidden_act", "Arcee")
         bias = config_value(hf, "attention_bias", False, bool)
         c = super().from_hf(hf, qkv_bias=bias, o_bias=bias,
-                            mlp_bias=config_value(hf, "mlp_bias", False, bool))
+                            mlp_bias=config_value(hf, "mlp_bias", False, bool),
+                            rms_norm_eps=config_value(hf, "rms_norm_eps", 1e-5))
         c.extra.update(act=act, parallel=False)
         return c
 

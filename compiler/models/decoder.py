@@ -75,7 +75,7 @@ class DecoderConfig:
             num_attention_heads=heads,
             num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
             head_dim=head_dim,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=config_value(hf, "rms_norm_eps", 1e-6),
             rope_theta=theta,
             context_window=int(hf.get("max_position_embeddings", 2048)),
             tie_word_embeddings=config_value(hf, "tie_word_embeddings", False, bool),
@@ -122,6 +122,14 @@ def kernel_rope_scaling(scaling: dict[str, Any] | None, hf: dict[str, Any], rota
     return scaling
 
 
+def with_default_theta(hf: dict[str, Any], theta: float) -> dict[str, Any]:
+    """``hf`` with the family's RoPE base where it names none (transformers' ``default_theta``
+    of its config class)."""
+    named = hf.get("rope_theta") if hf.get("rope_theta") is not None else (
+        hf.get("rope_parameters") or {}).get("rope_theta")
+    return hf if named is not None else {**hf, "rope_theta": float(theta)}
+
+
 def config_value(hf: dict[str, Any], key: str, default: Any, kind: Callable[[Any], Any] = float
                  ) -> Any:
     """``hf[key]`` as ``kind``, or ``default`` where the config has no value for it (absent or
@@ -166,19 +174,22 @@ class LayerwiseConfig(DecoderConfig):
                              rope=rope)
 
 
-def rope_by_kind(hf: dict[str, Any], rotary_dim: int, local_theta: float | None = None
+def rope_by_kind(hf: dict[str, Any], rotary_dim: int, local_theta: float | None = None,
+                 default_theta: float = 10000.0
                  ) -> dict[bool, tuple[float, dict[str, Any] | None]]:
     """sliding? -> (theta, kernel scaling) for models whose windowed and global layers rotate
     differently: transformers 5 nests ``rope_parameters`` per layer kind; a 4.x config's
     ``rope_theta`` + ``rope_scaling`` are the global layers', the windowed ones plain RoPE at
-    ``local_theta`` (default: the same theta)."""
+    ``local_theta`` (default: the same theta). ``default_theta``: the family's where a config
+    (or a kind) names none."""
     params = hf.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:
         # (each kind's dict is a rope_parameters of its own: theta, type and its keys)
-        kinds = {sliding: rope_settings({"rope_parameters": params.get(kind) or {}})
+        kinds = {sliding: rope_settings({"rope_parameters": {
+                     "rope_theta": default_theta, **(params.get(kind) or {})}})
                  for sliding, kind in ((False, "full_attention"), (True, "sliding_attention"))}
     else:
-        theta, scaling = rope_settings(hf)
+        theta, scaling = rope_settings(with_default_theta(hf, default_theta))
         kinds = {False: (theta, scaling),
                  True: (theta if local_theta is None else float(local_theta), None)}
     return {sliding: (theta, kernel_rope_scaling(scaling, hf, rotary_dim, theta))

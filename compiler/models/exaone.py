@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .decoder import DecoderConfig, DecoderForCausalLM, config_value, fuse_layer_weights, \
-    renamed_weights
+from .decoder import (DecoderConfig, DecoderForCausalLM, config_value, fuse_layer_weights,
+                      renamed_weights, with_default_theta)
 
 NAME = "exaone"
 HF_MODEL_TYPES = ("exaone",)
@@ -34,9 +34,8 @@ RENAMED = {"transformer.wte.": "model.embed_tokens.", "transformer.h.": "model.l
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        if hf.get("rope_theta") is None and not hf.get("rope_parameters"):
-            hf = {**hf, "rope_theta": DEFAULT_THETA}
-        return super().from_hf(hf, rms_norm_eps=config_value(hf, "rms_norm_eps", 1e-5))
+        return super().from_hf(with_default_theta(hf, DEFAULT_THETA),
+                               rms_norm_eps=config_value(hf, "rms_norm_eps", 1e-5))
 
 
 Model = DecoderForCausalLM

@@ -20,6 +20,7 @@ from .decoder import DecoderConfig, effective_window, rope_by_kind, tied_head
 from .paged_attention import AttentionSpec
 
 NAME = "gemma3"
+GLOBAL_THETA = 1_000_000.0  # transformers' for the global layers where a config names none
 HF_MODEL_TYPES = ("gemma3_text",)
 GGUF_ARCHITECTURES = ("gemma3",)
 GGUF_PERMUTED_QK = False
@@ -49,7 +50,8 @@ class Config(DecoderConfig):
             scale=float(hf.get("query_pre_attn_scalar") or c.head_dim) ** -0.5,
             sliding=layer_types(hf, lambda i: (i + 1) % pattern != 0),
             rope=rope_by_kind(hf, c.rotary_dim or c.head_dim,
-                              float(hf.get("rope_local_base_freq", 10000.0))),
+                              float(hf.get("rope_local_base_freq", 10000.0)),
+                              default_theta=GLOBAL_THETA),
         )
         return c
 

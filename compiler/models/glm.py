@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..rope_rows import qk_pairs_to_halves
-from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights, with_partial_rotary
+from .decoder import (DecoderConfig, DecoderForCausalLM, config_value, fuse_layer_weights,
+                      with_partial_rotary)
 
 NAME = "glm"
 HF_MODEL_TYPES = ("glm",)
@@ -23,6 +24,7 @@ GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES: dict[str, str] = {}
 DEFAULT_PARTIAL_ROTARY = 0.5  # transformers' GlmConfig default
 DEFAULT_HEAD_DIM = 128  # transformers' GlmConfig default
+DEFAULT_EPS = 1.5625e-7  # transformers' GlmConfig default
 
 
 def glm_config(hf: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +37,8 @@ class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         hf = glm_config(hf)
-        return super().from_hf(hf, qkv_bias=bool(hf.get("attention_bias", True)))
+        return super().from_hf(hf, qkv_bias=config_value(hf, "attention_bias", True, bool),
+                               rms_norm_eps=config_value(hf, "rms_norm_eps", DEFAULT_EPS))
 
 
 Model = DecoderForCausalLM

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..rope_rows import qk_pairs_to_halves
-from .decoder import DecoderConfig, DecoderForCausalLM, config_value, fuse_layer_weights
+from .decoder import (DecoderConfig, DecoderForCausalLM, config_value, fuse_layer_weights,
+                      with_default_theta)
 
 NAME = "helium"
 HF_MODEL_TYPES = ("helium",)
@@ -20,6 +21,7 @@ GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES: dict[str, str] = {}
 DEFAULT_EPS = 1e-8  # transformers' HeliumConfig default
 DEFAULT_HEAD_DIM = 128  # transformers' HeliumConfig default
+DEFAULT_THETA = 100000.0  # transformers' HeliumConfig default
 
 
 class Config(DecoderConfig):
@@ -27,7 +29,8 @@ class Config(DecoderConfig):
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         if not hf.get("head_dim"):
             hf = {**hf, "head_dim": DEFAULT_HEAD_DIM}
-        return super().from_hf(hf, rms_norm_eps=config_value(hf, "rms_norm_eps", DEFAULT_EPS),
+        return super().from_hf(with_default_theta(hf, DEFAULT_THETA),
+                               rms_norm_eps=config_value(hf, "rms_norm_eps", DEFAULT_EPS),
                                qkv_bias=config_value(hf, "attention_bias", False, bool),
                                mlp_bias=config_value(hf, "mlp_bias", False, bool))
 

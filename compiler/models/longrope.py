@@ -66,7 +66,10 @@ def yarn_settings(scaling: dict[str, Any], hf: dict[str, Any], rotary_dim: int, 
     ``e`` the extrapolation ramp over ``beta_fast``..``beta_slow`` rotations) for short and long
     positions alike, and the attention factor (given, else from ``mscale``/``mscale_all_dim``,
     else 0.1 ln(factor) + 1)."""
-    original = int(scaling.get("original_max_position_embeddings")
+    # (a top-level original_max_position_embeddings wins, as transformers' standardized
+    # rope parameters have it)
+    original = int(hf.get("original_max_position_embeddings")
+                   or scaling.get("original_max_position_embeddings")
                    or hf.get("max_position_embeddings", 4096))
     factor = float(scaling.get("factor")
                    or int(hf.get("max_position_embeddings", original)) / original)

@@ -18,7 +18,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, LayerwiseConfig,
-                      fuse_layer_weights, rms_norm, rope_by_kind)
+                      config_value, fuse_layer_weights, rms_norm, rope_by_kind, with_default_theta)
 from .gemma2 import layer_types
 from .qwen2 import check_no_window
 
@@ -49,15 +49,21 @@ class Config(LayerwiseConfig):
     ``layer_types`` names (else three of every four) are windowed, and RoPE scaling applies to
     the global layers only (``rope_by_kind``)."""
 
+    DEFAULT_THETA = 10000.0  # transformers' (its config class's) where a config names none
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         check_no_window(hf)
+        hf = with_default_theta(hf, cls.DEFAULT_THETA)
         bias = bool(hf.get("attention_bias", False))
         window = hf.get("sliding_window")
-        c = super().from_hf(hf, qkv_bias=bias, o_bias=bias, sliding_window=window)
-        sliding = layer_types(hf, lambda i: (i + 1) % 4 != 0)
-        c.extra.update(sliding=[s and window is not None for s in sliding],
-                       rope_by_kind=rope_by_kind(hf, c.rotary_dim or c.head_dim))
+        c = super().from_hf(hf, qkv_bias=bias, o_bias=bias, sliding_window=window,
+                            rms_norm_eps=config_value(hf, "rms_norm_eps", 1e-5))
+        # each layer's kind (its RoPE); without a window no layer is masked
+        # (LayerwiseConfig.attention), as transformers with sliding_window null
+        c.extra.update(sliding=layer_types(hf, lambda i: window is not None and (i + 1) % 4 != 0),
+                       rope_by_kind=rope_by_kind(hf, c.rotary_dim or c.head_dim,
+                                                 default_theta=cls.DEFAULT_THETA))
         return c
 
 

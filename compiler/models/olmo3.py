@@ -18,14 +18,13 @@ GGUF_ARCHITECTURES: tuple[str, ...] = ()
 GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES: dict[str, str] = {}
 DEFAULT_WINDOW = 4096  # transformers' when config.json has no sliding_window
-DEFAULT_THETA = 500000.0  # transformers' when config.json has no rope_theta
 
 
 class Config(olmo2.Config):
+    DEFAULT_THETA = 500000.0  # transformers' when config.json has no rope_theta
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        if hf.get("rope_theta") is None and not hf.get("rope_parameters"):
-            hf = {**hf, "rope_theta": DEFAULT_THETA}
         if "sliding_window" not in hf:
             hf = {**hf, "sliding_window": DEFAULT_WINDOW}
         return super().from_hf(hf)

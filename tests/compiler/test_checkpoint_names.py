@@ -212,3 +212,27 @@ def test_olmo3_layers_and_each_kinds_rope_from_a_transformers_4_config():
                                  if k != "sliding_window"})
     assert bare.extra["rope_by_kind"][False] == (500000.0, None)
     assert bare.sliding_window == 4096
+
+
+@pytest.mark.parametrize("family,theta,eps,head_dim", [
+    ("llama", 10000.0, 1e-6, 8), ("helium", 100000.0, 1e-8, 128), ("glm", 10000.0, 1.5625e-7, 128),
+    ("arcee", 10000.0, 1e-5, 8), ("olmo2", 10000.0, 1e-5, 8), ("olmo3", 500000.0, 1e-5, 8),
+    ("exaone", 500000.0, 1e-5, 8), ("seed_oss", 10000.0, 1e-6, 128),
+])
+def test_a_silent_config_gets_its_familys_rope_base_epsilon_and_head_width(
+        tmp_path, family, theta, eps, head_dim):
+    """Each family's transformers config class defaults, where config.json names no
+    rope_theta, rms_norm_eps or head_dim (load_config leaves them unset for the family)."""
+    from transformers import AutoConfig
+
+    from wick.compiler.models import family_for
+
+    values = {"model_type": family, "vocab_size": 11, "hidden_size": 16, "intermediate_size": 32,
+              "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2}
+    c = family_for(family).Config.from_hf(_hf_config(tmp_path, **values))
+    spec = c.attention(3, "float32")  # (a global layer in OLMo 3)
+    assert (spec.rope_theta, c.rms_norm_eps, c.head_dim) == (theta, eps, head_dim)
+    hf = AutoConfig.for_model(**values)  # (transformers' own defaults, for the same keys)
+    rope = hf.rope_parameters
+    assert (rope.get("full_attention", rope)["rope_theta"], hf.rms_norm_eps) == (theta, eps)
+    assert getattr(hf, "head_dim", None) in (head_dim, None)  # (None: hidden / heads)

@@ -88,10 +88,15 @@ YARN_CASES = [  # (head_dim, theta, max positions, rope_scaling)
                       "original_max_position_embeddings": 4096}),
     (64, 15e4, 131072, {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                         "truncate": False, "original_max_position_embeddings": 4096}),
+    # the pretrained length at the top level too: that one wins
+    (128, 1e6, 32768, {"rope_type": "yarn", "factor": 8.0,
+                       "original_max_position_embeddings": 32768}),
 ]
+TOP_LEVEL_ORIGINAL = {"original_max_position_embeddings": 4096}
 
 
-@pytest.mark.parametrize("case", YARN_CASES, ids=["qwen3", "olmo3", "mscale", "untruncated"])
+@pytest.mark.parametrize("case", YARN_CASES, ids=["qwen3", "olmo3", "mscale", "untruncated",
+                                                  "top_level_original"])
 def test_yarn_settings_give_transformers_frequencies(case):
     import torch
     from transformers import LlamaConfig
@@ -100,6 +105,8 @@ def test_yarn_settings_give_transformers_frequencies(case):
     from wick.compiler.models import llama
 
     raw = llama_config(*case)
+    if case is YARN_CASES[-1]:
+        raw.update(TOP_LEVEL_ORIGINAL)
     c = llama.Config.from_hf(raw)
     hf = LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
     want, attention = ROPE_INIT_FUNCTIONS["yarn"](hf, torch.device("cpu"))

@@ -87,6 +87,13 @@ FAMILIES = {
     # Ministral: windowed and global layers as layer_types lists them
     "ministral": {"tie": False, "layers": 3, "sliding_window": 20,
                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+    # OLMo 1: LayerNorms without parameters, q/k/v clamped (a bound the random weights reach)
+    "olmo": {"tie": False, "clip_qkv": 1.5},
+    # the text models of image-and-text checkpoints (Gemma 3 4B and up, Mistral Small 3.1):
+    # text_config, weights under language_model., a vision tower left unread
+    "gemma3_multimodal": {"tie": True, "layers": 3, "sliding_window": 20,
+                          "sliding_window_pattern": 3},
+    "mistral3": {"tie": False, "sliding_window": 24},
     # Nemotron: LayerNorm1P (1 + w, with bias), squared-ReLU plain MLP, RoPE on half of each head
     "nemotron": {"tie": False, "partial_rotary_factor": 0.5},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
@@ -100,8 +107,10 @@ FAMILIES = {
                             "use_parallel_residual": False},
 }
 # a tiny model's family where its name says more (a variant of one family)
+MULTIMODAL = {"gemma3_multimodal": "gemma3", "mistral3": "mistral3"}  # variant -> its wrapper
 FAMILY_OF = {"llama3": "llama", "stablelm_parallel": "stablelm",
-             "gpt_neox_sequential": "gpt_neox", "gpt_bigcode_mha": "gpt_bigcode"}
+             "gpt_neox_sequential": "gpt_neox", "gpt_bigcode_mha": "gpt_bigcode",
+             "gemma3_multimodal": "gemma3", "mistral3": "mistral"}
 
 
 def family_of(name: str) -> str:
@@ -160,7 +169,7 @@ def family_model(root: Path, name: str) -> Path:
     ship; OPT's tokenizer as vocab.json and merges.txt and its weights as pytorch_model.bin,
     as OPT's repos ship them."""
     from tests.tiny_models import (make_tiny_model, to_bfloat16, to_bpe_files, to_exaone_names,
-                                   to_torch_bin)
+                                   to_multimodal, to_torch_bin)
 
     family_name = family_of(name)
     path = make_tiny_model(root, family_name, seed=7, **FAMILIES[name])
@@ -168,6 +177,8 @@ def family_model(root: Path, name: str) -> Path:
         return to_torch_bin(to_bpe_files(path))
     if name == "exaone":
         return to_exaone_names(path)
+    if name in MULTIMODAL:
+        return to_multimodal(path, MULTIMODAL[name])
     return to_bfloat16(path) if name == "qwen2" else path
 
 

@@ -260,7 +260,8 @@ def hf_greedy(model, ids: Sequence[int], max_new_tokens: int, *, stop_at_eos: bo
     x = torch.tensor([list(ids)])
     with torch.no_grad():  # an explicit mask: no prompt token is taken for padding
         out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=model.config.vocab_size - 1,
+                             max_new_tokens=max_new_tokens,
+                             pad_token_id=model.config.get_text_config().vocab_size - 1,
                              **kwargs)
     return out[0, len(ids):].tolist()
 
@@ -410,12 +411,18 @@ def gguf_parsed_once() -> Iterator[None]:
 
 
 def load_hf(path: Path | str, **kwargs):
-    import torch
-    from transformers import AutoModelForCausalLM
+    """transformers' model of ``path`` in float32: its causal LM, or for an image-and-text
+    checkpoint without one (Mistral 3), its ForConditionalGeneration (text in, logits out)."""
+    import json
 
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = Path(path) / "config.json"
+    kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    auto = AutoModelForImageTextToText if kind == "mistral3" else AutoModelForCausalLM
     with gguf_parsed_once():
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                                    **kwargs).eval()
+        return auto.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
 
 
 def load_hf_gguf(path: Path):
