@@ -56,6 +56,9 @@ FAMILY_CONFIGS = {
     "helium": ("HeliumConfig", "HeliumForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "exaone": ("ExaoneConfig", "LlamaForCausalLM", {"pad_token_id": 0}),  # (transformers' way)
     "olmo": ("OlmoConfig", "OlmoForCausalLM", {"pad_token_id": 0}),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
+                                               "num_key_value_heads": 4, "n_inner": 128,
+                                               "rotary_dim": 8}),
     "ministral": ("MinistralConfig", "MinistralForCausalLM", {"pad_token_id": 0, "head_dim": 16}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": 0, "head_dim": 32}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"pad_token_id": 0}),

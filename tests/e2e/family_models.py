@@ -89,6 +89,9 @@ FAMILIES = {
                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
     # OLMo 1: LayerNorms without parameters, q/k/v clamped (a bound the random weights reach)
     "olmo": {"tie": False, "clip_qkv": 1.5},
+    # GPT-J: one LayerNorm for a parallel block, RoPE on adjacent pairs of half of each head
+    # (rotary_dim), biases on the MLP and the LM head
+    "gptj": {"tie": False},
     # the text models of image-and-text checkpoints (Gemma 3 4B and up, Mistral Small 3.1):
     # text_config, weights under language_model., a vision tower left unread
     "gemma3_multimodal": {"tie": True, "layers": 3, "sliding_window": 20,
