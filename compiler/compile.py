@@ -203,7 +203,8 @@ def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window:
         "page_size": PAGE_SIZE,
         "prefill_chunk_size": prefill_chunk,
         "max_batch_size": max_batch,
-        "bos_token_id": hf.get("bos_token_id", tok_cfg.get("bos_token_id")),
+        "bos_token_id": (hf["bos_token_id"] if hf.get("bos_token_id") is not None
+                         else tok_cfg.get("bos_token_id")),
         "eos_token_ids": eos_ids,
         "add_bos_token": bool(tok_cfg.get("add_bos_token", False)),
         "chat_template": tok_cfg.get("chat_template"),
@@ -324,9 +325,9 @@ def family_of(model: str):
         if path.is_file() and path.suffix == ".gguf":
             return GGUF_ARCHITECTURES.get(_gguf_header(path)[0])
         if (path / "config.json").is_file():  # (an image-and-text one's: its text model's)
-            from .hf_source import text_config
+            from .hf_source import raw_config
 
-            raw = text_config(json.loads((path / "config.json").read_text()))
+            raw = raw_config(json.loads((path / "config.json").read_text()))
             return HF_MODEL_TYPES.get(raw.get("model_type"))
     except Exception:  # noqa: BLE001 - unreadable: compile_model names the problem
         return None

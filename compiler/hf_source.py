@@ -33,6 +33,7 @@ REQUIRED_FILES = ("config.json",)
 TOKENIZER_JSON = "tokenizer.json"
 BPE_FILES = ("vocab.json", "merges.txt")  # (a tokenizer.json's absence: what stands for it)
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+PROCESSOR_TEMPLATE = "chat_template.json"  # {"chat_template": ...}, beside a processor
 
 
 class HFDirError(WickError):
@@ -82,7 +83,8 @@ def tracked_files(path: Path) -> list[Path]:
     """Everything ``load`` reads: what the content hash covers."""
     check_files(path)
     tokenizer = tokenizer_files(path)
-    optional = ("tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+    optional = ("tokenizer_config.json", "chat_template.jinja", PROCESSOR_TEMPLATE,
+                "generation_config.json",
                 "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
                 *(index for _, index in WEIGHT_KINDS))
     if tokenizer[0].name != TOKENIZER_JSON:  # (read only beside vocab.json and merges.txt)
@@ -122,8 +124,9 @@ CONFIG_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
 # other families' names for a usual key (OPT's MLP width; GPT-NeoX's older RoPE keys; EXAONE
 # 3's layer count and norm epsilon, as transformers' ExaoneConfig attribute_map reads them)
 OTHER_ALIASES = {"ffn_dim": "intermediate_size", "rotary_emb_base": "rope_theta",
-                 "rotary_pct": "partial_rotary_factor", "num_layers": "num_hidden_layers"}
-FAMILY_ALIASES = {"exaone": {"layer_norm_epsilon": "rms_norm_eps"}}
+                 "rotary_pct": "partial_rotary_factor"}
+FAMILY_ALIASES = {"exaone": {"num_layers": "num_hidden_layers",
+                             "layer_norm_epsilon": "rms_norm_eps"}}
 
 
 def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +151,22 @@ def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
 # image-and-text checkpoints whose text model wick runs (the vision tower is left unread):
 # model_type -> the text model's, where its text_config names none
 TEXT_OF_MULTIMODAL = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+# their text configs as transformers saves them hold only what differs from the text config
+# class's defaults (Gemma 3 4B's names five keys): those defaults, as transformers'
+# Gemma3TextConfig and MistralConfig have them (tests/compiler/test_multimodal_text.py
+# compares them with transformers')
+TEXT_CONFIG_DEFAULTS = {
+    "gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+               "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+               "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+               "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+               "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 256,
+               "sliding_window": 4096, "sliding_window_pattern": 6, "attention_bias": False},
+    "mistral3": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                 "rope_theta": 10000.0, "sliding_window": 4096},
+}
 # their weights' names -> the text model's; any other tensor is the vision part's
 MULTIMODAL_TEXT_PREFIXES = {"language_model.model.": "model.",  # (as transformers saves them)
                             "language_model.lm_head.": "lm_head.",
@@ -156,23 +175,37 @@ MULTIMODAL_TEXT_PREFIXES = {"language_model.model.": "model.",  # (as transforme
 
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """An image-and-text checkpoint's config as its text model's (``text_config``, with the
-    top level's ids and tie where the text part names none, and ``multimodal`` set to the
-    wrapper's type); any other config as it is."""
-    if raw.get("model_type") not in TEXT_OF_MULTIMODAL or not isinstance(
-            raw.get("text_config"), dict):
+    """An image-and-text checkpoint's config as its text model's (``text_config`` over its
+    class's defaults; the top level's token ids, as transformers' generation config takes
+    them, and its tie where the text part names none; ``multimodal`` set to the wrapper's
+    type); any other config as it is."""
+    kind = raw.get("model_type")
+    if kind not in TEXT_OF_MULTIMODAL or not isinstance(raw.get("text_config"), dict):
         return raw
-    text = {"model_type": TEXT_OF_MULTIMODAL[raw["model_type"]], **raw["text_config"]}
-    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
-        if text.get(key) is None and raw.get(key) is not None:
+    text = {"model_type": TEXT_OF_MULTIMODAL[kind], **TEXT_CONFIG_DEFAULTS[kind],
+            **raw["text_config"]}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if raw.get(key) is not None:
             text[key] = raw[key]
-    text["multimodal"] = raw["model_type"]
+    if text.get("tie_word_embeddings") is None and raw.get("tie_word_embeddings") is not None:
+        text["tie_word_embeddings"] = raw["tie_word_embeddings"]
+    text["multimodal"] = kind
     return text
+
+
+def raw_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """A config.json's dict as the families read it: an image-and-text one's text model's,
+    other names for the usual keys aliased (``with_aliases``)."""
+    return with_aliases(text_config(hf))
 
 
 def text_weights(weights: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
     """An image-and-text checkpoint's text model's tensors under its own names, in place; the
-    vision tower's and projector's are dropped."""
+    vision tower's and projector's are dropped. (Weights already under the text model's names,
+    none of them prefixed, are kept as they are.)"""
+    prefixed = [p for p in MULTIMODAL_TEXT_PREFIXES if p != "lm_head."]
+    if not any(name.startswith(tuple(prefixed)) for name in weights):
+        return
     for name in list(weights):
         array, dtype = weights.pop(name), dtypes.pop(name)
         for prefix, text_prefix in MULTIMODAL_TEXT_PREFIXES.items():
@@ -184,7 +217,7 @@ def text_weights(weights: dict[str, np.ndarray], dtypes: dict[str, str]) -> None
 
 def load_config(path: Path) -> dict[str, Any]:
     """config.json with the keys wick relies on filled in and normalized (others kept)."""
-    raw = with_aliases(text_config(_read_json(path / "config.json")))
+    raw = raw_config(_read_json(path / "config.json"))
     check_config(raw, str(path / "config.json"))
     try:
         hidden = int(raw["hidden_size"])
@@ -214,14 +247,15 @@ def load_config(path: Path) -> dict[str, Any]:
         raw.get("rope_parameters") or {}).get("rope_theta")
     config["rope_theta"] = None if named is None else theta
     generation = path / "generation_config.json"
-    eos = raw.get("eos_token_id")
+    eos, bos = raw.get("eos_token_id"), raw.get("bos_token_id")
     if generation.is_file():
         gen = _read_json(generation)
         eos = gen.get("eos_token_id", eos)
+        bos = bos if bos is not None else gen.get("bos_token_id")
         # the checkpoint's sampling defaults (the manifest's model.sampling_defaults)
         config["generation_sampling"] = read_values(gen)
     config["eos_token_id"] = eos
-    config["bos_token_id"] = raw.get("bos_token_id")
+    config["bos_token_id"] = bos
     return config
 
 
@@ -310,6 +344,9 @@ def load_tokenizer(path: Path) -> tuple[str, dict[str, Any]]:
     template = path / "chat_template.jinja"
     if "chat_template" not in config and template.is_file():
         config["chat_template"] = template.read_text(encoding="utf-8")
+    processor_template = path / PROCESSOR_TEMPLATE  # (image-and-text repos of transformers 4.4x)
+    if "chat_template" not in config and processor_template.is_file():
+        config["chat_template"] = _read_json(processor_template).get("chat_template")
     return tokenizer_json, config
 
 

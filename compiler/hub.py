@@ -30,7 +30,7 @@ COMMIT = re.compile(r"[0-9a-f]{40}")  # a revision naming one commit: immutable
 # repo (README, other weight formats, ONNX and GGUF exports, images) is never downloaded.
 HF_PATTERNS = [
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "chat_template.jinja", "*.safetensors", "model.safetensors.index.json",
+    "chat_template.jinja", "chat_template.json", "*.safetensors", "model.safetensors.index.json",
     "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
 ]  # fmt: skip
 # a GPT-2-style tokenizer in its two files, in repos without a tokenizer.json (OPT's)
@@ -39,10 +39,16 @@ BPE_TOKENIZER_PATTERNS = ["vocab.json", "merges.txt", "special_tokens_map.json"]
 TORCH_WEIGHT_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 
 
-def hf_patterns(tokenizer_json: bool, safetensors: bool) -> list[str]:
+def hf_patterns(tokenizer_json: bool, safetensors: bool,
+                weights: list[str] | None = None) -> list[str]:
     """What to fetch of an HF repo, given whether it has a tokenizer.json and safetensors
-    weights (each the older files' stand-in where it has not)."""
+    weights (each the older files' stand-in where it has not); ``weights``: its root
+    safetensors files where the listing is known, of which a ``consolidated*`` copy beside
+    the shards (Mistral's repos: the same weights again, in Mistral's own format) is left."""
     patterns = list(HF_PATTERNS)
+    if weights is not None:
+        shards = [w for w in weights if not w.startswith("consolidated")] or weights
+        patterns = [p for p in patterns if p != "*.safetensors"] + shards
     if not tokenizer_json:
         patterns += BPE_TOKENIZER_PATTERNS
     if not safetensors:
@@ -142,8 +148,9 @@ def fetch(model: str) -> Fetched:
     kind, names = _kind(ref, files)
     if kind == "gguf":
         return _gguf(ref, names[0])
+    safetensors = [f for f in files if _is_safetensors(f)]
     folder = _snapshot(ref, None if kind == "artifact" else hf_patterns(
-        "tokenizer.json" in files, any(_is_safetensors(f) for f in files)))
+        "tokenizer.json" in files, bool(safetensors), safetensors))
     return _fetched(kind, Path(folder), ref)
 
 

@@ -140,14 +140,14 @@ def compile_synthetic(config: str | Path, quantization: str | None = None, *,
     ``kernel_sets`` given, as compile_model)."""
     from .compile import (DEFAULT_QUANTIZATION, _model_section, _reusable, artifact_header,
                           build_module, kernel_set_choice, lower_module)
-    from .hf_source import text_config
+    from .hf_source import raw_config
     from .models import family_for
     from .models.layers import MAX_BINDING_BYTES
 
     report = progress or (lambda stage, done, total: None)
     chosen = kernel_set_choice(kernel_sets)
     hf, name = read_config(config)
-    hf = text_config(hf)  # (an image-and-text config: its text model's)
+    hf = raw_config(hf)  # (an image-and-text config: its text model's; aliases read)
     quant = get_quantization(quantization or DEFAULT_QUANTIZATION)
     family = family_for(hf["model_type"])
     cfg = family.Config.from_hf(hf)
