@@ -109,6 +109,22 @@ def test_a_repo_without_safetensors_gets_its_torch_weights(hub):
     assert (fetched.path / "pytorch_model-00002-of-00002.bin").read_bytes() == b"2" * 3000
 
 
+def test_mistrals_consolidated_copy_is_not_fetched_beside_the_shards(hub):
+    """(Mistral's repos hold the same weights twice: transformers' shards and one
+    consolidated.safetensors in Mistral's own format, 48 GB for Mistral Small)"""
+    from wick.compiler.hub import fetch
+
+    repo = {k: v for k, v in hf_repo().items() if k != "model.safetensors"}
+    shards = {"model-00001-of-00002.safetensors": b"1" * 900,
+              "model-00002-of-00002.safetensors": b"2" * 900,
+              "model.safetensors.index.json": b'{"weight_map": {}}'}
+    hub.add("org/mistral", {**repo, **shards, "consolidated.safetensors": b"c" * 1800,
+                            "chat_template.json": b'{"chat_template": "x"}'})
+    names = {p.name for p in fetch("hf://org/mistral").path.iterdir()}
+    assert set(shards) | {"chat_template.json"} <= names
+    assert "consolidated.safetensors" not in names
+
+
 def test_a_gguf_repo_and_a_named_gguf(hub):
     from wick.compiler.hub import fetch
     from wick.engine.errors import InvalidRequestError
