@@ -50,6 +50,8 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# metadata llama.cpp writes without the architecture's prefix (Apertus' xIELU scalars)
+UNPREFIXED_KEYS = ("xielu.",)
 # llama.cpp's layer tensor names shared by the families; each family adds or overrides its own
 # (``GGUF_LAYER_NAMES`` in compiler/models/<family>.py)
 COMMON_LAYER_NAMES = {
@@ -107,6 +109,8 @@ class GGUFModel:
             full = f"{self.arch}.{name}"
             if full in self.meta:
                 return self.meta[full]
+            if name.startswith(UNPREFIXED_KEYS) and name in self.meta:
+                return self.meta[name]
             if default is KeyError:
                 raise GGUFFormatError(f"{self.path}: metadata key {full!r} is missing")
             return default

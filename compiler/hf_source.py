@@ -121,12 +121,17 @@ CONFIG_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
                   "n_inner": "intermediate_size"}
 
 
-# other families' names for a usual key (OPT's MLP width; GPT-NeoX's older RoPE keys; EXAONE
-# 3's layer count and norm epsilon, as transformers' ExaoneConfig attribute_map reads them)
-OTHER_ALIASES = {"ffn_dim": "intermediate_size", "rotary_emb_base": "rope_theta",
-                 "rotary_pct": "partial_rotary_factor"}
+# other families' names for a usual key (OPT's and Falcon's MLP widths; GPT-NeoX's older RoPE
+# keys; EXAONE 3's layer count and norm epsilon, as transformers' ExaoneConfig attribute_map
+# reads them; Falcon's older width)
+OTHER_ALIASES = {"ffn_dim": "intermediate_size", "ffn_hidden_size": "intermediate_size",
+                 "rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}
 FAMILY_ALIASES = {"exaone": {"num_layers": "num_hidden_layers",
-                             "layer_norm_epsilon": "rms_norm_eps"}}
+                             "layer_norm_epsilon": "rms_norm_eps"},
+                  "falcon": {"n_embed": "hidden_size"}}
+# families whose config may leave the MLP's width out: its multiple of the width (transformers'
+# FalconConfig: ffn_hidden_size 4 x hidden_size)
+MLP_WIDTH_FACTORS = {"falcon": 4}
 
 
 def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +143,9 @@ def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
     for old, new in {**OTHER_ALIASES, **FAMILY_ALIASES.get(raw.get("model_type"), {})}.items():
         if out.get(old) is not None and out.get(new) is None:
             out[new] = out[old]
+    factor = MLP_WIDTH_FACTORS.get(raw.get("model_type"))
+    if factor and out.get("intermediate_size") is None and out.get("hidden_size") is not None:
+        out["intermediate_size"] = factor * int(out["hidden_size"])
     if out.get("n_embd") is None:
         return out
     for old, new in CONFIG_ALIASES.items():
@@ -149,12 +157,16 @@ def with_aliases(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 # image-and-text checkpoints whose text model wick runs (the vision tower is left unread):
-# model_type -> the text model's, where its text_config names none
-TEXT_OF_MULTIMODAL = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+# model_type -> the text model's family, where its text_config names none
+TEXT_OF_MULTIMODAL = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2",
+                      "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+# the ones whose text_config's own model_type is no family's (qwen2_5_vl_text, ...)
+TEXT_TYPE_OF_MULTIMODAL = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
 # their text configs as transformers saves them hold only what differs from the text config
 # class's defaults (Gemma 3 4B's names five keys): those defaults, as transformers'
-# Gemma3TextConfig and MistralConfig have them (tests/compiler/test_multimodal_text.py
-# compares them with transformers')
+# Gemma3TextConfig, MistralConfig, Qwen2VLTextConfig, Qwen2_5_VLTextConfig and
+# Qwen3VLTextConfig have them (tests/compiler/test_multimodal_text.py compares them with
+# transformers')
 TEXT_CONFIG_DEFAULTS = {
     "gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -166,31 +178,69 @@ TEXT_CONFIG_DEFAULTS = {
                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                  "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
                  "rope_theta": 10000.0, "sliding_window": 4096},
+    "qwen2_vl": {"vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568,
+                 "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                 "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+                 "rope_theta": 1e6, "use_sliding_window": False},
+    "qwen3_vl": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                 "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 128000,
+                 "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "attention_bias": False},
 }
+TEXT_CONFIG_DEFAULTS["qwen2_5_vl"] = TEXT_CONFIG_DEFAULTS["qwen2_vl"]  # (the same class's)
 # their weights' names -> the text model's; any other tensor is the vision part's
 MULTIMODAL_TEXT_PREFIXES = {"language_model.model.": "model.",  # (as transformers saves them)
                             "language_model.lm_head.": "lm_head.",
                             "model.language_model.": "model.",  # (transformers 5's own)
                             "lm_head.": "lm_head."}
+# the vision part's tensors in checkpoints that keep the text model's own names (Qwen2-VL's and
+# Qwen2.5-VL's as Qwen published them: model.layers... beside visual.blocks...)
+VISION_PREFIXES = ("visual.",)
 
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     """An image-and-text checkpoint's config as its text model's (``text_config`` over its
-    class's defaults; the top level's token ids, as transformers' generation config takes
-    them, and its tie where the text part names none; ``multimodal`` set to the wrapper's
-    type); any other config as it is."""
+    class's defaults, or for a Qwen-VL config published flat, its top level's text keys; the
+    top level's token ids, as transformers' generation config takes them, and its tie where
+    the text part names none; ``multimodal`` set to the wrapper's type); any other config as
+    it is. Qwen-VL's multimodal RoPE is plain RoPE on text (the three position streams of a
+    text token are equal), and is read so, as transformers reads ``mrope`` as "default"."""
     kind = raw.get("model_type")
-    if kind not in TEXT_OF_MULTIMODAL or not isinstance(raw.get("text_config"), dict):
+    nested = isinstance(raw.get("text_config"), dict)
+    if kind not in TEXT_OF_MULTIMODAL or not (nested or kind in TEXT_TYPE_OF_MULTIMODAL):
         return raw
-    text = {"model_type": TEXT_OF_MULTIMODAL[kind], **TEXT_CONFIG_DEFAULTS[kind],
-            **raw["text_config"]}
+    own = raw["text_config"] if nested else {
+        key: value for key, value in raw.items() if key not in ("vision_config", "text_config")}
+    defaults = dict(TEXT_CONFIG_DEFAULTS[kind])
+    if "rope_theta" in (own.get("rope_parameters") or {}):
+        del defaults["rope_theta"]  # (named where transformers 5 saves it)
+    text = {**defaults, **own}
+    if kind in TEXT_TYPE_OF_MULTIMODAL or "model_type" not in text:
+        text["model_type"] = TEXT_OF_MULTIMODAL[kind]
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(text.get(key), dict):
+            text[key] = without_mrope(text[key])
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if raw.get(key) is not None:
             text[key] = raw[key]
+    if kind in TEXT_TYPE_OF_MULTIMODAL and nested and (
+            raw.get("tie_word_embeddings") or text.get("tie_word_embeddings")):
+        text["tie_word_embeddings"] = True  # (Qwen-VL's config ties where either level does)
     if text.get("tie_word_embeddings") is None and raw.get("tie_word_embeddings") is not None:
         text["tie_word_embeddings"] = raw["tie_word_embeddings"]
     text["multimodal"] = kind
     return text
+
+
+def without_mrope(rope: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen-VL RoPE dict as text sees it: "mrope" (its older name) as "default", the
+    sections of the three position streams dropped."""
+    out = {key: value for key, value in rope.items()
+           if key not in ("mrope_section", "mrope_interleaved")}
+    for key in ("type", "rope_type"):
+        if out.get(key) == "mrope":
+            out[key] = "default"
+    return out
 
 
 def raw_config(hf: dict[str, Any]) -> dict[str, Any]:
@@ -202,9 +252,11 @@ def raw_config(hf: dict[str, Any]) -> dict[str, Any]:
 def text_weights(weights: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
     """An image-and-text checkpoint's text model's tensors under its own names, in place; the
     vision tower's and projector's are dropped. (Weights already under the text model's names,
-    none of them prefixed, are kept as they are.)"""
+    none of them prefixed, are kept as they are, beside a vision part under ``visual.``.)"""
     prefixed = [p for p in MULTIMODAL_TEXT_PREFIXES if p != "lm_head."]
     if not any(name.startswith(tuple(prefixed)) for name in weights):
+        for name in [name for name in weights if name.startswith(VISION_PREFIXES)]:
+            del weights[name], dtypes[name]
         return
     for name in list(weights):
         array, dtype = weights.pop(name), dtypes.pop(name)
@@ -242,6 +294,9 @@ def load_config(path: Path) -> dict[str, Any]:
         )
     except KeyError as missing:
         raise HFDirError(f"{path / 'config.json'}: key {missing} is missing") from None
+    # (whether the config says anything of RoPE scaling, "default" included: a family whose
+    # transformers class has a scaling of its own applies it only where a config is silent)
+    config["names_rope"] = bool(raw.get("rope_scaling") or raw.get("rope_parameters"))
     theta, config["rope_scaling"] = rope_settings(raw)
     named = raw.get("rope_theta") if raw.get("rope_theta") is not None else (
         raw.get("rope_parameters") or {}).get("rope_theta")

@@ -76,6 +76,13 @@ FAMILY_CONFIGS = {
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", {"pad_token_id": 0, "norm_eps": 1e-5}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
                                                "num_key_value_heads": 4, "n_inner": 128}),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", {"pad_token_id": 0}),
+    # (Falcon's MLP width is ffn_hidden_size; its key/value heads are multi_query's one or
+    # num_kv_heads)
+    "falcon": ("FalconConfig", "FalconForCausalLM", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
+                                                     "intermediate_size": None,
+                                                     "ffn_hidden_size": 128,
+                                                     "num_key_value_heads": None}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5,
                                                          "num_key_value_heads": 4}),
 }
@@ -119,6 +126,8 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
                 p.normal_(0.0, 0.1)
             elif "norm" in name:  # not all ones: a wrong norm weight must show
                 p.uniform_(0.5, 1.5)
+            elif name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):  # Apertus' xIELU
+                p.uniform_(-0.5, 1.0)  # (a value a layer, none the initial one)
     model.save_pretrained(out, safe_serialization=True)
     return out
 
@@ -190,6 +199,8 @@ def to_multimodal(hf_dir: Path, kind: str) -> Path:
             mm_tokens_per_image=1, image_token_index=last, boi_token_index=last - 1,
             eoi_token_index=last - 2, tie_word_embeddings=text_config.tie_word_embeddings)
         model = transformers.Gemma3ForConditionalGeneration(config)
+    elif kind in ("qwen2_5_vl", "qwen3_vl"):
+        return to_qwen_vl(hf_dir, kind, text_config, text)
     else:
         vision = transformers.PixtralVisionConfig(hidden_size=16, intermediate_size=32,
                                                   num_hidden_layers=1, num_attention_heads=2,
@@ -204,6 +215,65 @@ def to_multimodal(hf_dir: Path, kind: str) -> Path:
         model.lm_head.weight.copy_(text.lm_head.weight)
     (hf_dir / "model.safetensors").unlink()
     model.save_pretrained(hf_dir)
+    return hf_dir
+
+
+def to_qwen_vl(hf_dir: Path, kind: str, text_config, text) -> Path:
+    """The directory's Qwen2/Qwen3 text model inside a Qwen2.5-VL or Qwen3-VL checkpoint,
+    with each text token's three RoPE position streams split into sections (interleaved on
+    Qwen3-VL). Qwen3-VL's as transformers saves it (text_config, model.language_model.);
+    Qwen2.5-VL's as Qwen published theirs: the text keys at the config's top level with
+    rope_scaling {"type": "mrope"}, the text model's own weight names beside visual.*."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    half = text_config.head_dim // 2 if getattr(text_config, "head_dim", None) else (
+        text_config.hidden_size // text_config.num_attention_heads // 2)
+    sections = [half - 2 * (half // 3), half // 3, half // 3]
+    last = text_config.vocab_size - 1
+    values = {key: value for key, value in text_config.to_dict().items()
+              if key not in ("model_type", "architectures", "transformers_version")}
+    rope = {**values.pop("rope_parameters"), "mrope_section": sections}
+    tokens = dict(image_token_id=last, video_token_id=last - 1, vision_start_token_id=last - 2,
+                  vision_end_token_id=last - 3, tie_word_embeddings=text_config.tie_word_embeddings)
+    if kind == "qwen3_vl":
+        vision = transformers.Qwen3VLVisionConfig(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=14,
+            spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text_config.hidden_size,
+            num_position_embeddings=16, deepstack_visual_indexes=[0])
+        config = transformers.Qwen3VLConfig(
+            text_config={**values, "rope_parameters": {**rope, "mrope_interleaved": True}},
+            vision_config=vision.to_dict(), **tokens)
+        model = transformers.Qwen3VLForConditionalGeneration(config)
+    else:
+        vision = transformers.Qwen2_5_VLVisionConfig(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=14,
+            spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+            out_hidden_size=text_config.hidden_size, fullatt_block_indexes=[0])
+        config = transformers.Qwen2_5_VLConfig(
+            text_config={**values, "rope_parameters": rope}, vision_config=vision.to_dict(),
+            **tokens)
+        model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    with torch.no_grad():
+        model.model.language_model.load_state_dict(text.model.state_dict())
+        model.lm_head.weight.copy_(text.lm_head.weight)
+    (hf_dir / "model.safetensors").unlink()
+    model.save_pretrained(hf_dir)
+    if kind == "qwen2_5_vl":  # Qwen's published form
+        file = hf_dir / "model.safetensors"
+        renamed = {name.replace("model.language_model.", "model.", 1)
+                   .replace("model.visual.", "visual.", 1): tensor
+                   for name, tensor in load_file(str(file)).items()}
+        save_file(renamed, str(file), metadata={"format": "pt"})
+        saved = json.loads((hf_dir / "config.json").read_text())
+        flat = {key: value for key, value in saved.items() if key != "text_config"}
+        nested = {key: value for key, value in saved["text_config"].items()
+                  if key not in ("model_type", "rope_parameters")}
+        theta = saved["text_config"]["rope_parameters"]["rope_theta"]
+        flat.update(nested, rope_theta=theta,
+                    rope_scaling={"type": "mrope", "mrope_section": sections})
+        (hf_dir / "config.json").write_text(json.dumps(flat, indent=2))
     return hf_dir
 
 
@@ -247,10 +317,15 @@ GLM4_LAYER_NAMES = {"post_self_attn_layernorm": "post_attention_norm",
                     "post_mlp_layernorm": "post_ffw_norm"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
                        "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
+APERTUS_LAYER_NAMES = {"attention_layernorm": "attn_norm", "feedforward_layernorm": "ffn_norm"}
+FALCON_LAYER_NAMES = {"input_layernorm": "attn_norm", "ln_mlp": "attn_norm",  # (gguf-py's)
+                      "ln_attn": "attn_norm_2", "self_attention.query_key_value": "attn_qkv",
+                      "self_attention.dense": "attn_output", "mlp.dense_h_to_4h": "ffn_up",
+                      "mlp.dense_4h_to_h": "ffn_down"}
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
 LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcoder2", "command-r",
-                    "cohere2", "nemotron")
+                    "cohere2", "nemotron", "falcon")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -290,6 +365,10 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                    intermediate_size=4 * cfg["n_embd"], layer_norm_eps=cfg["layer_norm_epsilon"])
     weights = {k: v.to(torch.float32).numpy() for k, v in
                load_file(str(hf_dir / "model.safetensors")).items()}
+    if arch == "falcon":  # FalconModel.set_gguf_parameters: 4 x the width, head_count_kv
+        mq = cfg.get("multi_query", True) and not cfg.get("new_decoder_architecture")
+        cfg.update(intermediate_size=4 * cfg["hidden_size"],
+                   num_key_value_heads=1 if mq else cfg["num_kv_heads"])
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     writer = gguf.GGUFWriter(str(out), arch)
@@ -301,7 +380,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     writer.add_head_count_kv(kv_heads)
     if arch in LAYER_NORM_ARCHS:
         writer.add_layer_norm_eps(cfg.get("layer_norm_eps") or cfg.get("norm_epsilon")
-                                  or cfg["norm_eps"])
+                                  or cfg.get("layer_norm_epsilon") or cfg["norm_eps"])
         partial = (cfg.get("partial_rotary_factor")
                    or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor"))
         if partial:  # (GPT-2 has no RoPE)
@@ -328,6 +407,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         if arch == "olmo2":  # Olmo2Model (OLMo 3): which layers are windowed
             writer.add_sliding_window_pattern([t == "sliding_attention"
                                                for t in cfg["layer_types"]])
+    if arch in ("qwen2vl", "qwen3vl"):  # Qwen2VLModel, Qwen3VLTextModel: mrope's sections
+        half = head_dim // 2
+        writer.add_rope_dimension_sections([half - 2 * (half // 3), half // 3, half // 3, 0])
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
@@ -374,18 +456,26 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
              "transformer.wte.weight": "token_embd.weight",
              "transformer.wpe.weight": "position_embd.weight",
              "transformer.ln_f.weight": "output_norm.weight",
-             "transformer.ln_f.bias": "output_norm.bias"}
+             "transformer.ln_f.bias": "output_norm.bias",
+             "transformer.word_embeddings.weight": "token_embd.weight"}  # (Falcon's)
     layer = {**GGUF_LAYER_NAMES, **(GEMMA_LAYER_NAMES if arch in ("gemma2", "gemma3") else
                                     OLMO2_LAYER_NAMES if arch == "olmo2" else
                                     PHI2_LAYER_NAMES if arch == "phi2" else
                                     GPTNEOX_LAYER_NAMES if arch == "gptneox" else
+                                    FALCON_LAYER_NAMES if arch == "falcon" else
+                                    APERTUS_LAYER_NAMES if arch == "apertus" else
                                     GPT2_LAYER_NAMES if arch in ("gpt2", "starcoder") else
                                     STARCODER2_LAYER_NAMES if arch == "starcoder2" else
                                     GLM4_LAYER_NAMES if arch == "glm4" else
                                     EXAONE_LAYER_NAMES if arch == "exaone" else
                                     SEED_OSS_LAYER_NAMES if arch == "seed_oss" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
+    xielu: dict[str, dict[int, float]] = {}  # Apertus' activation scalars, by layer
     for name, w in weights.items():
+        if ".act_fn." in name:  # ApertusModel: per-layer arrays of keys, as stored
+            xielu.setdefault(name.rsplit(".", 1)[1], {})[int(name.split(".")[2])] = float(
+                w.reshape(-1)[0])
+            continue
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor
             module = name.split(".norms.")[0]
             head_norms.setdefault(module, []).append((int(name.split(".")[-2]), w))
@@ -403,11 +493,18 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             w = w.T  # GPT2Model: Conv1D's (in, out) stored as (out, in)
         if module == "attention.query_key_value":  # GPTNeoXModel: regrouped into q|k|v
             w = w.reshape(heads, 3, head_dim, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+        if module == "self_attention.query_key_value":  # FalconModel: per group -> q|k|v
+            group = w.reshape(kv_heads, heads // kv_heads + 2, head_dim, *w.shape[1:])
+            w = np.concatenate([group[:, :-2].reshape(-1, *w.shape[1:]),
+                                group[:, -2].reshape(-1, *w.shape[1:]),
+                                group[:, -1].reshape(-1, *w.shape[1:])])
         if arch in LLAMA_PERMUTED and module == "self_attn.q_proj":
             w = interleave(w, heads)
         elif arch in LLAMA_PERMUTED and module == "self_attn.k_proj":
             w = interleave(w, kv_heads)
         add(f"blk.{i}.{layer[module]}.{kind}", w)
+    for scalar, by_layer in xielu.items():
+        getattr(writer, f"add_xielu_{scalar}")([by_layer[i] for i in sorted(by_layer)])
     for module, heads_w in head_norms.items():
         _, _, i, _, which = module.split(".")
         add(f"blk.{i}.attn_{which[0]}_norm.weight", np.stack([w for _, w in sorted(heads_w)]))

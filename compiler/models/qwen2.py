@@ -15,7 +15,7 @@ from .decoder import DecoderConfig, DecoderForCausalLM, UnsupportedConfig, fuse_
 
 NAME = "qwen2"
 HF_MODEL_TYPES = ("qwen2",)
-GGUF_ARCHITECTURES = ("qwen2",)
+GGUF_ARCHITECTURES = ("qwen2", "qwen2vl")  # (qwen2vl: Qwen2-VL/2.5-VL's text model)
 GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES: dict[str, str] = {}  # the q/k/v biases are common names
 

@@ -17,7 +17,7 @@ from .qwen2 import check_no_window
 
 NAME = "qwen3"
 HF_MODEL_TYPES = ("qwen3",)
-GGUF_ARCHITECTURES = ("qwen3",)
+GGUF_ARCHITECTURES = ("qwen3", "qwen3vl")  # (qwen3vl: Qwen3-VL's text model)
 GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",

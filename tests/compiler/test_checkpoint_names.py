@@ -236,3 +236,113 @@ def test_a_silent_config_gets_its_familys_rope_base_epsilon_and_head_width(
     rope = hf.rope_parameters
     assert (rope.get("full_attention", rope)["rope_theta"], hf.rms_norm_eps) == (theta, eps)
     assert getattr(hf, "head_dim", None) in (head_dim, None)  # (None: hidden / heads)
+
+
+@pytest.mark.parametrize("layout", [
+    {"multi_query": True},  # Falcon-7B: one key/value head after the query heads
+    {"new_decoder_architecture": True, "num_kv_heads": 2},  # 40B/180B: per group
+    {"multi_query": False},  # q, k, v interleaved per head (Falcon-RW's, without ALiBi here)
+], ids=["7b", "40b", "per-head"])
+def test_falcon_fused_qkv_splits_as_transformers_splits_it(layout):
+    """wick's q|k|v rows of each fused layout equal what transformers' FalconAttention
+    _split_heads takes as each head's query, key and value (one position, the row index as the
+    value, so each head's rows are named)."""
+    import torch
+    from transformers import FalconConfig
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    from wick.compiler.models import falcon
+
+    heads, d = 4, 3
+    hf = {"model_type": "falcon", "vocab_size": 11, "hidden_size": heads * d,
+          "num_hidden_layers": 1, "num_attention_heads": heads, **layout}
+    c = falcon.Config.from_hf({**hf, "intermediate_size": 8})
+    attention = FalconAttention(FalconConfig(**{k: v for k, v in hf.items() if k != "model_type"}))
+    rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * d
+    fused = torch.arange(rows, dtype=torch.float32)[None, None]
+    q, k, v = (x.reshape(-1, d)[:, 0] for x in attention._split_heads(fused))
+    kv_heads = c.num_key_value_heads
+    group = heads // kv_heads
+    # (transformers broadcasts each group's key/value head over its query heads in the 40B
+    # layout: one per group is the stored head)
+    k, v = (x[::group] if layout.get("new_decoder_architecture") else x for x in (k, v))
+    want = torch.cat([q, k[:kv_heads], v[:kv_heads]]).tolist()
+    regrouped = falcon.convert_weights(c, {
+        "transformer.word_embeddings.weight": np.zeros((11, heads * d), np.float32),
+        "transformer.ln_f.weight": np.ones(heads * d, np.float32),
+        "transformer.ln_f.bias": np.zeros(heads * d, np.float32),
+        "transformer.h.0.input_layernorm.weight": np.ones(heads * d, np.float32),
+        "transformer.h.0.input_layernorm.bias": np.zeros(heads * d, np.float32),
+        "transformer.h.0.ln_attn.weight": np.ones(heads * d, np.float32),
+        "transformer.h.0.ln_attn.bias": np.zeros(heads * d, np.float32),
+        "transformer.h.0.ln_mlp.weight": np.ones(heads * d, np.float32),
+        "transformer.h.0.ln_mlp.bias": np.zeros(heads * d, np.float32),
+        "transformer.h.0.self_attention.query_key_value.weight":
+            np.arange(rows, dtype=np.float32)[:, None] * np.ones((1, heads * d), np.float32)})
+    got = regrouped["model.layers.0.self_attn.qkv_proj.weight"][:, 0].reshape(-1, d)[:, 0]
+    assert got.tolist() == want
+
+
+def test_falcon_config_defaults_as_transformers_has_them(tmp_path):
+    """A Falcon-7B-shaped config without ffn_hidden_size or tie_word_embeddings: an MLP four
+    times the width, a tied head, LayerNorm epsilon 1e-5, one key/value head; ALiBi refused."""
+    from transformers import AutoConfig
+
+    from wick.compiler.model_config import UnsupportedConfig
+    from wick.compiler.models import falcon
+
+    values = {"model_type": "falcon", "vocab_size": 11, "hidden_size": 16,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "multi_query": True}
+    c = falcon.Config.from_hf(_hf_config(tmp_path, **values))
+    ref = AutoConfig.for_model(**values)
+    assert (c.intermediate_size, c.tie_word_embeddings, c.rms_norm_eps, c.num_key_value_heads,
+            c.rope_theta) == (ref.ffn_hidden_size, ref.tie_word_embeddings,
+                              ref.layer_norm_epsilon, 1, ref.rope_parameters["rope_theta"])
+    with pytest.raises(UnsupportedConfig, match="ALiBi"):
+        falcon.Config.from_hf(_hf_config(tmp_path, **values, alibi=True))
+
+
+def test_apertus_config_silent_on_rope_gets_transformers_llama3_default(tmp_path):
+    """ApertusConfig's RoPE where config.json names none: llama3 scaling at base 12M (not the
+    plain RoPE at 10000 a Llama config would get); its epsilon 1e-5."""
+    from transformers import AutoConfig
+
+    from wick.compiler.models import apertus
+
+    values = {"model_type": "apertus", "vocab_size": 11, "hidden_size": 16,
+              "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    c = apertus.Config.from_hf(_hf_config(tmp_path, **values))
+    rope = AutoConfig.for_model(**values).rope_parameters
+    assert c.rope_theta == rope["rope_theta"]
+    assert {k: c.rope_scaling[k] for k in ("rope_type", "factor", "low_freq_factor",
+                                           "high_freq_factor",
+                                           "original_max_position_embeddings")} == {
+        k: rope[k] for k in ("rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                             "original_max_position_embeddings")}
+    assert c.rms_norm_eps == AutoConfig.for_model(**values).rms_norm_eps
+
+
+@pytest.mark.parametrize("layout, shape", [
+    ({"multi_query": True, "parallel_attn": True}, "one_norm"),  # Falcon-7B
+    ({"new_decoder_architecture": True, "num_kv_heads": 2}, "two_norms"),  # 40B/180B
+    ({"new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1},
+     "one_norm"),  # Falcon2-11B
+    ({"multi_query": False, "parallel_attn": False}, "sequential"),
+], ids=["7b", "40b", "11b", "sequential"])
+def test_falcon_layer_shapes_are_transformers_decoder_layers(layout, shape):
+    """Which norms a Falcon layer has, as transformers' FalconDecoderLayer builds it for the
+    same config: one before a parallel block, one for each branch, or two in sequence."""
+    from transformers import FalconConfig
+    from transformers.models.falcon.modeling_falcon import FalconDecoderLayer
+
+    from wick.compiler.models import falcon
+
+    config = FalconConfig(vocab_size=11, hidden_size=16, num_hidden_layers=1,
+                          num_attention_heads=4, **layout)
+    config._attn_implementation = "eager"
+    layer = FalconDecoderLayer(config, 0)
+    norms = {name for name in ("input_layernorm", "post_attention_layernorm", "ln_attn",
+                               "ln_mlp") if hasattr(layer, name)}
+    assert falcon.layer_shape({"model_type": "falcon", **layout}) == shape
+    assert norms == {"one_norm": {"input_layernorm"}, "two_norms": {"ln_attn", "ln_mlp"},
+                     "sequential": {"input_layernorm", "post_attention_layernorm"}}[shape]

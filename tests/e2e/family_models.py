@@ -97,6 +97,20 @@ FAMILIES = {
     "gemma3_multimodal": {"tie": True, "layers": 3, "sliding_window": 20,
                           "sliding_window_pattern": 3},
     "mistral3": {"tie": False, "sliding_window": 24},
+    # Qwen2.5-VL (as Qwen published it: a flat config, the text weights' own names beside
+    # visual.*) and Qwen3-VL: multimodal RoPE, plain RoPE on text
+    "qwen2_5_vl": {"tie": False},
+    "qwen3_vl": {"tie": True},
+    # Falcon-7B: one key/value head, one LayerNorm feeding a parallel attention and MLP
+    "falcon": {"tie": True},
+    # Falcon-40B/180B: grouped key/value heads interleaved with their query heads in the fused
+    # matrix, a parallel block with a LayerNorm each; biases (a config switch) everywhere
+    "falcon_40b": {"tie": False, "new_decoder_architecture": True, "num_kv_heads": 2,
+                   "bias": True},
+    # Apertus: xIELU's per-layer scalars, q/k norms, llama3 RoPE (its config's default)
+    "apertus": {"tie": False, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}},
     # Nemotron: LayerNorm1P (1 + w, with bias), squared-ReLU plain MLP, RoPE on half of each head
     "nemotron": {"tie": False, "partial_rotary_factor": 0.5},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
@@ -110,10 +124,12 @@ FAMILIES = {
                             "use_parallel_residual": False},
 }
 # a tiny model's family where its name says more (a variant of one family)
-MULTIMODAL = {"gemma3_multimodal": "gemma3", "mistral3": "mistral3"}  # variant -> its wrapper
-FAMILY_OF = {"llama3": "llama", "stablelm_parallel": "stablelm",
+MULTIMODAL = {"gemma3_multimodal": "gemma3", "mistral3": "mistral3",  # variant -> its wrapper
+              "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+FAMILY_OF = {"llama3": "llama", "falcon_40b": "falcon", "stablelm_parallel": "stablelm",
              "gpt_neox_sequential": "gpt_neox", "gpt_bigcode_mha": "gpt_bigcode",
-             "gemma3_multimodal": "gemma3", "mistral3": "mistral"}
+             "gemma3_multimodal": "gemma3", "mistral3": "mistral", "qwen2_5_vl": "qwen2",
+             "qwen3_vl": "qwen3"}
 
 
 def family_of(name: str) -> str:
@@ -134,6 +150,10 @@ GGUF_CASES = {
     "qwen2": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 2.0,
                                          "original_max_position_embeddings": 64}}),
     "qwen3": ("qwen3", {}),  # q/k norms, key_length != hidden / heads
+    # the text models of Qwen2-VL/2.5-VL and Qwen3-VL as llama.cpp writes them: Qwen2's and
+    # Qwen3's tensors, multimodal RoPE's sections as a key (plain RoPE on text)
+    "qwen2vl": ("qwen2", {}),
+    "qwen3vl": ("qwen3", {}),
     "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # norms stored as 1 + w, caps, window
     "phi3": ("phi3", {}),  # fused qkv / gate_up, longrope factor tensors, partial rotary
     "granite": ("granite", {}),  # the four multipliers as *_scale keys, q/k rows interleaved
@@ -163,6 +183,11 @@ GGUF_CASES = {
     "command-r": ("cohere", {}),  # rows in the checkpoint's order, per-head norms, logit_scale
     # no layer list: llama.cpp takes every fourth layer as global, so the tiny model's is that
     "cohere2": ("cohere2", {"layers": 4, "sliding_window_pattern": 4}),
+    # Falcon-40B's grouped heads ungrouped into attn_qkv, its second norm as attn_norm_2; an MLP
+    # 4 x the width (what llama.cpp writes) and no biases (which llama.cpp's falcon has not)
+    "falcon": ("falcon_40b", {"ffn_hidden_size": 256, "bias": False}),
+    # the xIELU scalars as per-layer arrays, as stored; q/k rows in the checkpoint's order
+    "apertus": ("apertus", {}),
     "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 

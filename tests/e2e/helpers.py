@@ -410,9 +410,13 @@ def gguf_parsed_once() -> Iterator[None]:
         gguf.get_tensor_name_map = real_names
 
 
+# image-and-text checkpoints that transformers' AutoModelForCausalLM does not take
+IMAGE_TEXT_ONLY = ("mistral3", "qwen2_5_vl", "qwen3_vl")
+
+
 def load_hf(path: Path | str, **kwargs):
     """transformers' model of ``path`` in float32: its causal LM, or for an image-and-text
-    checkpoint without one (Mistral 3), its ForConditionalGeneration (text in, logits out)."""
+    checkpoint without one (Mistral 3, Qwen-VL), its ForConditionalGeneration (text in, logits out)."""
     import json
 
     import torch
@@ -420,7 +424,7 @@ def load_hf(path: Path | str, **kwargs):
 
     config = Path(path) / "config.json"
     kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-    auto = AutoModelForImageTextToText if kind == "mistral3" else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if kind in IMAGE_TEXT_ONLY else AutoModelForCausalLM
     with gguf_parsed_once():
         return auto.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
 
