@@ -77,6 +77,7 @@ FAMILY_CONFIGS = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
                                                "num_key_value_heads": 4, "n_inner": 128}),
     "apertus": ("ApertusConfig", "ApertusForCausalLM", {"pad_token_id": 0}),
+    "jais2": ("Jais2Config", "Jais2ForCausalLM", {"pad_token_id": 0, "layer_norm_eps": 1e-5}),
     # (Falcon's MLP width is ffn_hidden_size; its key/value heads are multi_query's one or
     # num_kv_heads)
     "falcon": ("FalconConfig", "FalconForCausalLM", {"pad_token_id": 0, "layer_norm_epsilon": 1e-5,
@@ -325,7 +326,7 @@ FALCON_LAYER_NAMES = {"input_layernorm": "attn_norm", "ln_mlp": "attn_norm",  # 
 # the architectures with LayerNorms (a bias beside each norm weight, llama.cpp's
 # layer_norm_epsilon) and RoPE on part of each head (rope.dimension_count)
 LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcoder2", "command-r",
-                    "cohere2", "nemotron", "falcon")
+                    "cohere2", "nemotron", "falcon", "jais2")
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
@@ -387,6 +388,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             writer.add_rope_dimension_count(int(head_dim * partial))
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "jais2":  # Jais2Model: the whole head
+        writer.add_rope_dimension_count(head_dim)
     if arch == "glm4":  # Glm4Model: RoPE on the first half of each head
         writer.add_rope_dimension_count(int(head_dim * cfg.get(
             "partial_rotary_factor", (cfg.get("rope_parameters") or {}).get(

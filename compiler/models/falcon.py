@@ -96,8 +96,8 @@ class Config(DecoderConfig):
         bias = bool(hf.get("bias", False))
         c = super().from_hf(hf, layer_norm=True,
                             rms_norm_eps=layer_norm_eps(hf, "layer_norm_epsilon"),
-                            qkv_bias=bias, o_bias=bias, mlp_bias=bias, num_key_value_heads=kv_heads,
-                            tie_word_embeddings=tied_head(hf, True))
+                            qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+                            num_key_value_heads=kv_heads, tie_word_embeddings=tied_head(hf, True))
         shape = layer_shape(hf)
         c.extra.update(act=act, shape=shape, parallel=shape != "sequential",
                        grouped_qkv=new_layout or bool(hf.get("multi_query", True)))

@@ -111,6 +111,8 @@ FAMILIES = {
     "apertus": {"tie": False, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}},
+    # Jais 2: LayerNorms, a squared-ReLU plain MLP, biases everywhere (its defaults)
+    "jais2": {"tie": False},
     # Nemotron: LayerNorm1P (1 + w, with bias), squared-ReLU plain MLP, RoPE on half of each head
     "nemotron": {"tie": False, "partial_rotary_factor": 0.5},
     # GPT-2: learned positions, no RoPE, Conv1D weights stored (in, out), tied head
@@ -188,6 +190,7 @@ GGUF_CASES = {
     "falcon": ("falcon_40b", {"ffn_hidden_size": 256, "bias": False}),
     # the xIELU scalars as per-layer arrays, as stored; q/k rows in the checkpoint's order
     "apertus": ("apertus", {}),
+    "jais2": ("jais2", {}),  # LayerNorm epsilon, rotary dimensions, biases; rows as stored
     "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 
