@@ -60,14 +60,24 @@ COMMON_LAYER_NAMES = {
     "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight",
     "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+
+
+def listed_name(names: dict[str, str], gguf_name: str) -> str | None:
+    """``gguf_name``'s HF name in a table of them; a bias the table does not list is its
+    weight's module's (``attn_output.bias`` -> ``self_attn.o_proj.bias`` where
+    ``attn_output.weight`` -> ``self_attn.o_proj.weight``), as llama.cpp and transformers both
+    name a bias after its module."""
+    if gguf_name in names:
+        return names[gguf_name]
+    weight = names.get(gguf_name.removesuffix(".bias") + ".weight")
+    if gguf_name.endswith(".bias") and weight is not None and weight.endswith(".weight"):
+        return weight.removesuffix(".weight") + ".bias"
+    return None
 
 
 class GGUFFormatError(WickError):
@@ -224,11 +234,11 @@ class GGUFModel:
 
     def hf_name(self, gguf_name: str) -> str:
         """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
-        if gguf_name in self.global_names:
-            return self.global_names[gguf_name]
+        if (name := listed_name(self.global_names, gguf_name)) is not None:
+            return name
         match = _LAYER.fullmatch(gguf_name)
-        if match and match.group(2) in self.layer_names:
-            return f"model.layers.{match.group(1)}.{self.layer_names[match.group(2)]}"
+        if match and (name := listed_name(self.layer_names, match.group(2))) is not None:
+            return f"model.layers.{match.group(1)}.{name}"
         raise GGUFFormatError(f"{self.path}: GGUF tensor {gguf_name!r} has no known HF name "
                               f"in the {self.family.NAME} family")
 

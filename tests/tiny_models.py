@@ -211,12 +211,19 @@ def to_multimodal(hf_dir: Path, kind: str) -> Path:
             image_token_index=last, spatial_merge_size=1,
             tie_word_embeddings=text_config.tie_word_embeddings)
         model = transformers.Mistral3ForConditionalGeneration(config)
+    save_around(model, text, hf_dir)
+    return hf_dir
+
+
+def save_around(model, text, hf_dir: Path) -> None:
+    """An image-and-text model saved in place of the text model ``text`` it now holds."""
+    import torch
+
     with torch.no_grad():
         model.model.language_model.load_state_dict(text.model.state_dict())
         model.lm_head.weight.copy_(text.lm_head.weight)
     (hf_dir / "model.safetensors").unlink()
     model.save_pretrained(hf_dir)
-    return hf_dir
 
 
 def to_qwen_vl(hf_dir: Path, kind: str, text_config, text) -> Path:
@@ -256,11 +263,7 @@ def to_qwen_vl(hf_dir: Path, kind: str, text_config, text) -> Path:
             text_config={**values, "rope_parameters": rope}, vision_config=vision.to_dict(),
             **tokens)
         model = transformers.Qwen2_5_VLForConditionalGeneration(config)
-    with torch.no_grad():
-        model.model.language_model.load_state_dict(text.model.state_dict())
-        model.lm_head.weight.copy_(text.lm_head.weight)
-    (hf_dir / "model.safetensors").unlink()
-    model.save_pretrained(hf_dir)
+    save_around(model, text, hf_dir)
     if kind == "qwen2_5_vl":  # Qwen's published form
         file = hf_dir / "model.safetensors"
         renamed = {name.replace("model.language_model.", "model.", 1)

@@ -11,7 +11,8 @@
   the common ones (``key(name, default)`` reads ``<arch>.<name>``; ``tensors``: the file's
   tensor names, where only their presence tells, as StableLM's q/k/v biases);
 - ``GGUF_GLOBAL_NAMES`` (optional): llama.cpp names of tensors outside the layers -> HF names,
-  beyond the common ones (a final LayerNorm's bias);
+  beyond the common ones (GPT-2's learned positions). A bias neither table lists is named after
+  its weight's module (gguf_source.listed_name);
 - ``Config.from_hf(dict)``, ``Model(config, quant, target, max_param_bytes=...)`` with
   ``forward(*step inputs, kv_pages)`` and ``forward_spec()``, and
   ``convert_weights(config, hf_weights) -> {param name: array}`` (unquantized).

@@ -27,8 +27,8 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from ..model_config import UnsupportedConfig
 from ..quantization import Quantization
-from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, block_norm, config_value,
-                      fuse_layer_weights, renamed_weights, with_default_theta)
+from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, SequentialLayer,
+                      config_value, fuse_layer_weights, renamed_weights, with_default_theta)
 from .layers import QLinear
 
 NAME = "apertus"
@@ -112,21 +112,9 @@ class XIELUMLP(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
-class ApertusLayer(nn.Module):
-    def __init__(self, c: DecoderConfig, attn, quant: Quantization) -> None:
-        self.input_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.self_attn = Attention(c, attn, quant)
-        self.post_attention_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.mlp = XIELUMLP(c, quant)
-
-    def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), pages, step)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
 class Model(DecoderForCausalLM):
     def make_layer(self, c, attn, quant) -> nn.Module:
-        return ApertusLayer(c, attn, quant)
+        return SequentialLayer(c, Attention(c, attn, quant), XIELUMLP(c, quant), quant.dtype)
 
 
 def softplus(x: float) -> float:

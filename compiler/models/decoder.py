@@ -287,16 +287,26 @@ class PlainMLP(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
-class Layer(nn.Module):
-    def __init__(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> None:
-        self.input_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.self_attn = Attention(c, attn, quant)
-        self.post_attention_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.mlp = GatedMLP(c, quant)
+class SequentialLayer(nn.Module):
+    """``h + attention(norm(h))``, then ``h + mlp(norm(h))``: the usual pre-norm layer, with
+    the family's attention and MLP."""
+
+    def __init__(self, c: DecoderConfig, self_attn: nn.Module, mlp: nn.Module, dtype: str) -> None:
+        self.input_layernorm = block_norm(c.hidden_size, c, dtype)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = block_norm(c.hidden_size, c, dtype)
+        self.mlp = mlp
 
     def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
         h = h + self.self_attn(self.input_layernorm(h), pages, step)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Layer(SequentialLayer):
+    """The Llama layer: attention, then a gated MLP."""
+
+    def __init__(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> None:
+        super().__init__(c, Attention(c, attn, quant), GatedMLP(c, quant), quant.dtype)
 
 
 class Body(nn.Module):

@@ -4,7 +4,7 @@ projection only where ``bias`` says so (no released checkpoint), a tied LM head 
 and three layer shapes:
 
 - Falcon-7B (``multi_query``, ``parallel_attn``): one key/value head, one norm feeding a
-  parallel attention and MLP (``h + attn(ln(h)) + mlp(ln(h))``, stablelm.ParallelLayer);
+  parallel attention and MLP (``h + attn(ln(h)) + mlp(ln(h))``, Phi-2's layer);
 - Falcon-40B/180B (``new_decoder_architecture``): grouped key/value heads (``num_kv_heads``),
   a parallel block with a norm each (``ln_attn``, ``ln_mlp``: gpt_neox.NeoXLayer); Falcon2-11B's
   has one norm (``num_ln_in_parallel_attn`` 1);
@@ -27,10 +27,10 @@ import numpy as np
 from tvm.relax.frontend import nn
 
 from ..model_config import UnsupportedConfig
-from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, PlainMLP, fuse_layer_weights,
-                      layer_norm_eps, plain_activation, renamed_weights, tied_head)
+from .decoder import (DecoderConfig, fuse_layer_weights, layer_norm_eps, plain_activation,
+                      renamed_weights, tied_head)
 from .gpt_neox import NeoXLayer, regroup_qkv
-from .stablelm import ParallelLayer
+from .phi import Model as PhiModel
 
 NAME = "falcon"
 HF_MODEL_TYPES = ("falcon",)
@@ -40,16 +40,9 @@ GGUF_PERMUTED_QK = False
 # are gguf-py's: ln_mlp as attn_norm, ln_attn as attn_norm_2; gguf_norms puts them in place)
 GGUF_SECOND_NORM = "gguf_attn_norm_2"
 GGUF_LAYER_NAMES = {
-    "attn_norm.bias": "input_layernorm.bias",
     "attn_norm_2.weight": f"{GGUF_SECOND_NORM}.weight",
-    "attn_norm_2.bias": f"{GGUF_SECOND_NORM}.bias",
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
-    "attn_qkv.bias": "self_attn.qkv_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
 }
-GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
 # the checkpoint's module names -> the decoder's (applied in order); the 40B's two norms are the
 # NeoX layer's
 RENAMED = {"transformer.word_embeddings.": "model.embed_tokens.",
@@ -104,11 +97,10 @@ class Config(DecoderConfig):
         return c
 
 
-class Model(DecoderForCausalLM):
+class Model(PhiModel):
     def make_layer(self, c, attn, quant) -> nn.Module:
-        if c.extra["shape"] == "one_norm":
-            return ParallelLayer(c, Attention(c, attn, quant),
-                                 PlainMLP(c, quant, c.extra["act"], bias=c.mlp_bias), quant.dtype)
+        if c.extra["shape"] == "one_norm":  # (Phi-2's layer)
+            return super().make_layer(c, attn, quant)
         return NeoXLayer(c, attn, quant)
 
 

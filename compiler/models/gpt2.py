@@ -34,7 +34,7 @@ HF_MODEL_TYPES = ("gpt2",)
 GGUF_ARCHITECTURES = ("gpt2",)
 GGUF_PERMUTED_QK = False
 POSITIONS = "model.embed_positions.weight"
-GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias", "position_embd.weight": POSITIONS}
+GGUF_GLOBAL_NAMES = {"position_embd.weight": POSITIONS}
 CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 RENAMED = {".ln_1.": ".input_layernorm.", ".ln_2.": ".post_attention_layernorm.",
            ".attn.c_attn.": ".self_attn.qkv_proj.", ".attn.c_proj.": ".self_attn.o_proj.",

@@ -33,15 +33,8 @@ HF_MODEL_TYPES = ("gpt_neox",)
 GGUF_ARCHITECTURES = ("gptneox",)
 GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES = {
-    "attn_norm.bias": "input_layernorm.bias",
-    "ffn_norm.bias": "post_attention_layernorm.bias",
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
-    "attn_qkv.bias": "self_attn.qkv_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
 }
-GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
 # transformers' names (and the checkpoints' older ones) -> the decoder's
 RENAMED = {"gpt_neox.embed_in.": "model.embed_tokens.", "gpt_neox.final_layer_norm.": "model.norm.",
            "gpt_neox.layers.": "model.layers.", "embed_out.": "lm_head.",

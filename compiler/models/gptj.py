@@ -1,6 +1,6 @@
 """GPT-J (EleutherAI's GPT-J-6B and its fine-tunes: GPT4All-J, Pygmalion-6B): one LayerNorm
 feeding a parallel attention and plain MLP (``h + attn(ln(h)) + mlp(ln(h))``,
-stablelm.ParallelLayer), RoPE on adjacent pairs of each head's first ``rotary_dim``
+Phi-2's layer), RoPE on adjacent pairs of each head's first ``rotary_dim``
 dimensions (rows reordered to halves, compiler/rope_rows.py) at base 10000, no biases on the
 attention, biases on the MLP and the LM head, GELU-tanh, an untied head. Semantics: HF
 transformers ``models/gptj/modeling_gptj.py``; GPT-2-style config keys (``n_embd``...) are read
@@ -12,12 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tvm.relax.frontend import nn
 
 from ..rope_rows import qk_pairs_to_halves
-from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, PlainMLP, fuse_layer_weights,
-                      layer_norm_eps, plain_activation, renamed_weights, tied_head)
-from .stablelm import ParallelLayer
+from .decoder import (DecoderConfig, fuse_layer_weights, layer_norm_eps, plain_activation,
+                      renamed_weights, tied_head)
+from .phi import Model as PhiModel
 
 NAME = "gptj"
 HF_MODEL_TYPES = ("gptj",)
@@ -48,10 +47,7 @@ class Config(DecoderConfig):
         return c
 
 
-class Model(DecoderForCausalLM):
-    def make_layer(self, c, attn, quant) -> nn.Module:
-        return ParallelLayer(c, Attention(c, attn, quant), PlainMLP(c, quant, c.extra["act"]),
-                             quant.dtype)
+Model = PhiModel  # (Phi-2's: one norm before a parallel attention and plain MLP)
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -21,14 +21,7 @@ NAME = "jais2"
 HF_MODEL_TYPES = ("jais2",)
 GGUF_ARCHITECTURES = ("jais2",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES = {
-    "attn_norm.bias": "input_layernorm.bias",
-    "ffn_norm.bias": "post_attention_layernorm.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
-}
-GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
+GGUF_LAYER_NAMES: dict[str, str] = {}
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:

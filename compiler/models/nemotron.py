@@ -25,9 +25,7 @@ NAME = "nemotron"
 HF_MODEL_TYPES = ("nemotron",)
 GGUF_ARCHITECTURES = ("nemotron",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES = {"attn_norm.bias": "input_layernorm.bias",
-                    "ffn_norm.bias": "post_attention_layernorm.bias"}
-GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
+GGUF_LAYER_NAMES: dict[str, str] = {}
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:

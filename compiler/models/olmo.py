@@ -12,8 +12,8 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .decoder import Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, block_norm, \
-    fuse_layer_weights
+from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, SequentialLayer,
+                      fuse_layer_weights)
 
 NAME = "olmo"
 HF_MODEL_TYPES = ("olmo",)
@@ -51,21 +51,10 @@ class ClampedAttention(Attention):
         return op.maximum(op.minimum(qkv, high), low)
 
 
-class OlmoLayer(nn.Module):
-    def __init__(self, c: DecoderConfig, attn, quant) -> None:
-        self.input_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.self_attn = ClampedAttention(c, attn, quant)
-        self.post_attention_layernorm = block_norm(c.hidden_size, c, quant.dtype)
-        self.mlp = GatedMLP(c, quant)
-
-    def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), pages, step)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
 class Model(DecoderForCausalLM):
     def make_layer(self, c, attn, quant) -> nn.Module:
-        return OlmoLayer(c, attn, quant)
+        return SequentialLayer(c, ClampedAttention(c, attn, quant), GatedMLP(c, quant),
+                               quant.dtype)
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

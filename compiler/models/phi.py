@@ -30,14 +30,8 @@ HF_MODEL_TYPES = ("phi",)
 GGUF_ARCHITECTURES = ("phi2",)
 GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES = {
-    "attn_norm.bias": "input_layernorm.bias",
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
-    "attn_qkv.bias": "self_attn.qkv_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
 }
-GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias", "output.bias": "lm_head.bias"}
 # transformers' module names -> the decoder's (the GGUF names already map to the latter)
 RENAMED = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
            ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
@@ -64,8 +58,8 @@ class Config(DecoderConfig):
 
 class Model(DecoderForCausalLM):
     def make_layer(self, c, attn, quant) -> nn.Module:
-        return ParallelLayer(c, Attention(c, attn, quant), PlainMLP(c, quant, c.extra["act"]),
-                             quant.dtype)
+        return ParallelLayer(c, Attention(c, attn, quant),
+                             PlainMLP(c, quant, c.extra["act"], bias=c.mlp_bias), quant.dtype)
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -20,8 +20,7 @@ HF_MODEL_TYPES = ("seed_oss",)
 GGUF_ARCHITECTURES = ("seed_oss",)
 GGUF_PERMUTED_QK = False
 # (gguf-py's SEED_OSS names the norm before the MLP post_attention_norm, not ffn_norm)
-GGUF_LAYER_NAMES = {"attn_output.bias": "self_attn.o_proj.bias",
-                    "post_attention_norm.weight": "post_attention_layernorm.weight"}
+GGUF_LAYER_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight"}
 DEFAULT_HEAD_DIM = 128  # transformers' SeedOssConfig default
 
 

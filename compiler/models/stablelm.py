@@ -32,12 +32,9 @@ HF_MODEL_TYPES = ("stablelm",)
 GGUF_ARCHITECTURES = ("stablelm",)
 GGUF_PERMUTED_QK = False
 GGUF_LAYER_NAMES = {
-    "attn_norm.bias": "input_layernorm.bias",
-    "ffn_norm.bias": "post_attention_layernorm.bias",
     "attn_q_norm.weight": "self_attn.q_layernorm.weight",
     "attn_k_norm.weight": "self_attn.k_layernorm.weight",
 }
-GGUF_GLOBAL_NAMES = {"output_norm.bias": "model.norm.bias"}
 
 
 def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
