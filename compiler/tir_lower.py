@@ -210,6 +210,27 @@ def lower_split(tir_mod: tvm.IRModule, target
     return device_funcs, dmod, host_funcs
 
 
+def _declining_rule():
+    from tvm.s_tir import dlight as dl
+
+    class Declining(dl.ScheduleRule):
+        """``rule``, declining (None) where it asserts: dlight's GEMV and reduction rules
+        assert that a block reads one element of each buffer an iteration, where a
+        mixture-of-experts router's ranking (compiler/models/moe.py) compares a token's
+        scores with each other; the rules after them (``Fallback``) schedule it."""
+
+        def __init__(self, rule) -> None:
+            self.rule = rule
+
+        def apply(self, func, target, tunable):
+            try:
+                return self.rule.apply(func, target, tunable)
+            except AssertionError:
+                return None
+
+    return Declining
+
+
 def schedule_rules(kind: str) -> list:
     """dlight rules: tiled GEMM where many rows share weights (prefill), GEMV where few do.
 
@@ -218,13 +239,22 @@ def schedule_rules(kind: str) -> list:
     order whatever that number, so a sequence's decode logits are bit-identical alone and in
     a batch. (dlight's plain GEMV rule, which takes static b == 1 only, sums in another
     order.) On the GPU targets the dequantize-GEMVs are compiler/batched_gemv.py's, scheduled
-    before these rules, which take the rest (q0's GEMVs among them)."""
+    before these rules, which take the rest (q0's GEMVs among them); a mixture-of-experts
+    model's expert matmuls are compiler/expert_gemv.py's (first: dlight's rules assert on
+    them)."""
     from tvm.s_tir import dlight as dl
 
-    tail = [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    from .expert_gemv import ExpertGEMV, RouterKernels
+
+    Declining = _declining_rule()
+
+    tail = [Declining(dl.gpu.Reduction()), Declining(dl.gpu.GeneralReduction()),
+            dl.gpu.Fallback()]
     if kind == "prefill":
-        return [dl.gpu.Matmul(), dl.gpu.GEMV()] + tail
+        return [ExpertGEMV(), RouterKernels(), dl.gpu.Matmul(), Declining(dl.gpu.GEMV())] + tail
     if kind in ("decode", "decode1"):
         rows = 4 if kind == "decode" else 1
-        return [dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(rows), dl.gpu.Matmul()] + tail
+        return [ExpertGEMV(), RouterKernels(), Declining(dl.gpu.GEMV()),
+                Declining(dl.gpu.LowBatchGEMV(rows)),
+                dl.gpu.Matmul()] + tail
     raise ValueError(kind)

@@ -39,6 +39,9 @@ FAMILY_CONFIGS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),  # head_dim != hidden/heads
+    # 8 experts of 32, two a token (each layer's router output checked against transformers')
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "query_pre_attn_scalar": 24,
@@ -121,7 +124,7 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
     model = getattr(transformers, model_name)(cfg)
     with torch.no_grad():  # random init is tiny; widen it so logits are well separated
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() in (2, 3):  # (3: a mixture-of-experts model's stacked experts)
                 p.normal_(0.0, 0.2)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)

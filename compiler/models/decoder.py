@@ -335,7 +335,7 @@ class DecoderForCausalLM(nn.Module):
                 tag = f"_{len(kernels)}" if kernels else ""
                 kernels[spec] = PagedAttention(spec, target, tag, shared)
             self.layer_attention.append(kernels[spec])
-        layers = [self.make_layer(c, attn, quant) for attn in self.layer_attention]
+        layers = [self.layer_for(i, c, attn, quant) for i, attn in enumerate(self.layer_attention)]
         self.model = Body(c, layers, quant, max_param_bytes)
         # an embedding model (e.g. Qwen3-Embedding): pooled final hidden states, no LM head
         self.embedding = c.extra.get("embedding")
@@ -384,6 +384,12 @@ class DecoderForCausalLM(nn.Module):
 
     def make_layer(self, c: DecoderConfig, attn: PagedAttention, quant: Quantization) -> nn.Module:
         return Layer(c, attn, quant)
+
+    def layer_for(self, index: int, c: DecoderConfig, attn: PagedAttention,
+                  quant: Quantization) -> nn.Module:
+        """Layer ``index``: ``make_layer``'s, where a family's layers do not differ by their
+        index (a mixture-of-experts model's dense layers do: compiler/models/moe.py)."""
+        return self.make_layer(c, attn, quant)
 
     def embed(self, input_ids: Tensor) -> Tensor:
         return self.model.embed_tokens(input_ids)

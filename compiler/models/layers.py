@@ -28,25 +28,30 @@ ACCUMULATE = "float32"
 
 
 def row_splits(out_features: int, in_features: int, quant: Quantization,
-               max_bytes: int = MAX_BINDING_BYTES) -> list[tuple[int, int]]:
-    """[start, stop) row ranges so that each part's largest tensor fits one binding."""
-    row_bytes = (in_features * quant.weight_bits // 8 if quant.quantized
-                 else in_features * _DTYPE_BYTES[quant.dtype])
+               max_bytes: int = MAX_BINDING_BYTES, experts: int = 1) -> list[tuple[int, int]]:
+    """[start, stop) row ranges so that each part's largest tensor fits one binding (with
+    ``experts``: a row of each of that many stacked matrices, ``ExpertLinears``)."""
+    row_bytes = experts * (in_features * quant.weight_bits // 8 if quant.quantized
+                           else in_features * _DTYPE_BYTES[quant.dtype])
     rows = max(1, max_bytes // row_bytes)
     return [(start, min(start + rows, out_features)) for start in range(0, out_features, rows)]
 
 
 def _dequantize_te(w: te.Tensor, s: te.Tensor, m: te.Tensor, rows, in_features: int,
                    quant: Quantization) -> te.Tensor:
+    """The float weight (*rows, in_features) of packed ``w`` with its scales and minimums;
+    ``rows``: the leading extent(s) (out, or experts and out)."""
     per_word, bits, dtype = quant.values_per_word, quant.weight_bits, quant.dtype
 
-    def value(o, i):
-        word = w[o, i // per_word]
+    def value(*index):
+        *lead, i = index
+        word = w[(*lead, i // per_word)]
         q = (word >> ((i % per_word) * bits).astype("uint32")) & tirx.const(quant.levels, "uint32")
         g = i // GROUP_SIZE
-        return q.astype(dtype) * s[o, g].astype(dtype) + m[o, g].astype(dtype)
+        return q.astype(dtype) * s[(*lead, g)].astype(dtype) + m[(*lead, g)].astype(dtype)
 
-    return te.compute((rows, in_features), value, name="dequantize")
+    lead = rows if isinstance(rows, tuple) else (rows,)
+    return te.compute((*lead, in_features), value, name="dequantize")
 
 
 def _dequantize(packed: Tensor, scale: Tensor, minimum: Tensor, out_features: int,
@@ -157,19 +162,80 @@ class QEmbedding(nn.Module):
         return self.table(x)
 
 
+class ExpertLinears(nn.Module):
+    """``num_experts`` linears of one shape (out, in), stored as one stacked weight (experts,
+    out, in), plain or packed as ``QLinear``'s (each expert's rows packed alike); split by rows
+    into ``parts`` as QLinear where the stack outgrows a binding.
+
+    ``forward(x, experts)``: for each token row r and each of its slots s, ``y[r, s] =
+    W[experts[r, s]] @ x[r]`` (x (n, in): every slot reads the token's input) or ``@ x[r, s]``
+    (x (n, slots, in): each slot its own). One kernel, the expert's weight dequantized inside
+    it as QLinear's is: a step reads only the chosen experts' weights, each chosen row once a
+    slot (a mixture-of-experts model's point: compiler/models/moe.py)."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int,
+                 quant: Quantization, max_bytes: int = MAX_BINDING_BYTES) -> None:
+        self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
+        self.quant, self.max_bytes = quant, max_bytes
+        self.splits = row_splits(out_features, in_features, quant, max_bytes, num_experts)
+        if len(self.splits) > 1:
+            self.parts = nn.ModuleList([ExpertLinears(num_experts, in_features, stop - start,
+                                                      quant, max_bytes)
+                                        for start, stop in self.splits])
+        elif quant.quantized:
+            self.weight_q = nn.Parameter(
+                (num_experts, out_features, in_features // quant.values_per_word), "uint32")
+            self.weight_scale = nn.Parameter(
+                (num_experts, out_features, in_features // GROUP_SIZE), quant.dtype)
+            self.weight_min = nn.Parameter(
+                (num_experts, out_features, in_features // GROUP_SIZE), quant.dtype)
+        else:
+            self.weight = nn.Parameter((num_experts, out_features, in_features), quant.dtype)
+
+    def forward(self, x: Tensor, experts: Tensor) -> Tensor:
+        if len(self.splits) > 1:
+            return op.concat([part(x, experts) for part in self.parts], dim=-1)
+        weights = ([self.weight_q, self.weight_scale, self.weight_min] if self.quant.quantized
+                   else [self.weight])
+        return op.tensor_expr_op(self._compute, "expert_matmul", [x, experts, *weights])
+
+    def _compute(self, x: te.Tensor, experts: te.Tensor, *stored: te.Tensor) -> te.Tensor:
+        quant = self.quant
+        weight = (_dequantize_te(*stored, (self.num_experts, self.out_features),
+                                 self.in_features, quant) if quant.quantized else stored[0])
+        per_slot = len(x.shape) == 3
+        k = te.reduce_axis((0, self.in_features), name="k")
+        last = tirx.const(self.num_experts - 1, "int32")
+
+        def output(r, s, j):
+            xv = x[r, s, k] if per_slot else x[r, k]
+            expert = tirx.min(experts[r, s], last)  # (never outside the weights, whatever came)
+            return te.sum(xv.astype(ACCUMULATE) * weight[expert, j, k].astype(ACCUMULATE),
+                          axis=k)
+
+        acc = te.compute((experts.shape[0], experts.shape[1], self.out_features), output,
+                         name="matmul")
+        if quant.dtype == ACCUMULATE:
+            return acc
+        return te.compute(acc.shape, lambda r, s, j: acc[r, s, j].astype(quant.dtype), name="cast")
+
+
 def requantize(module: nn.Module, quant_of, prefix: str = "") -> None:
-    """Rebuild every ``QLinear`` under ``module`` in the packing ``quant_of(its name)`` gives
-    (a mixed scheme: compiler/quantization.mixed_plan), names as ``named_parameters`` has them
-    (``model.layers.0.mlp.down_proj``). Models are built in one scheme; this re-packs them."""
+    """Rebuild every ``QLinear`` and ``ExpertLinears`` under ``module`` in the packing
+    ``quant_of(its name)`` gives (a mixed scheme: compiler/quantization.mixed_plan), names as
+    ``named_parameters`` has them (``model.layers.0.mlp.down_proj``). Models are built in one
+    scheme; this re-packs them."""
     children = (enumerate(module) if isinstance(module, nn.ModuleList)
                 else list(vars(module).items()))
     for attr, child in children:
         name = f"{prefix}{attr}"
-        if isinstance(child, QLinear):
+        if isinstance(child, (QLinear, ExpertLinears)):
             want = quant_of(name)
             if want != child.quant:
-                rebuilt = QLinear(child.in_features, child.out_features, want, child.max_bytes,
-                                  child.has_bias)
+                rebuilt = (QLinear(child.in_features, child.out_features, want, child.max_bytes,
+                                   child.has_bias) if isinstance(child, QLinear) else
+                           ExpertLinears(child.num_experts, child.in_features,
+                                         child.out_features, want, child.max_bytes))
                 if isinstance(module, nn.ModuleList):
                     module[attr] = rebuilt
                 else:

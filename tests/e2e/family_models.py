@@ -12,6 +12,9 @@ FAMILIES = {
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     "qwen2": {"tie": False},  # q/k/v bias, untied head
     "qwen3": {"tie": False},  # q/k norm, head_dim 32 with hidden 64 / 4 heads
+    # experts in two layers, a dense MLP between them (mlp_only_layers), the chosen experts'
+    # weights renormalized
+    "qwen3_moe": {"tie": False, "layers": 3, "mlp_only_layers": [1], "norm_topk_prob": True},
     # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts;
     # longrope on half of each head (Phi-3.5 / Phi-4-mini): prompts within the pretrained 64
     # positions (short factors), the 32 greedy tokens cross it (long factors from position 64)

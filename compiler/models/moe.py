@@ -1,0 +1,217 @@
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a router scores each token
+against ``num_experts`` gated MLPs, the ``top_k`` best run on it, and their outputs are summed
+weighted by the router's softmax probabilities (renormalized over the chosen ones where the
+family does: Mixtral always, Qwen and OLMoE by ``norm_topk_prob``).
+
+Every step runs the same kernels whatever the router chooses (the engine's plans are data, with
+no branches): the top-k is computed as each expert's rank among the token's scores (how many
+score higher, ties to the lower index, as one reduction), a slot's expert is the one of that
+rank, and ``ExpertLinears`` reads only the chosen experts' weights. A one-token decode step
+thus reads top_k experts' weights per layer, not all of them (Qwen3-30B-A3B: 8 of 128).
+
+Semantics: HF transformers ``models/{mixtral,qwen2_moe,qwen3_moe,olmoe}/modeling_*.py``
+(softmax over all experts in float32, ``torch.topk``, then the optional renormalization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from ..model_config import UnsupportedConfig
+from ..quantization import Quantization
+from .decoder import Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, SequentialLayer
+from .layers import MAX_BINDING_BYTES, ExpertLinears
+
+
+# the router's kernels' blocks (the GPU kernel sets schedule them: compiler/expert_gemv.py)
+ROUTER_BLOCKS = ("expert_rank", "slot_expert", "slot_weight")
+
+
+@dataclass(frozen=True)
+class MoeSettings:
+    num_experts: int
+    top_k: int
+    expert_size: int  # each expert's intermediate size
+    normalize: bool  # renormalize the chosen experts' probabilities to sum to one
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP
+    shared_expert_size: int = 0  # Qwen2-MoE: a gated MLP every token also runs (0: none)
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], *, expert_size_key: str, normalize: bool | None = None,
+                shared_expert_size: int = 0) -> "MoeSettings":
+        """``normalize``: the family's fixed choice, else the config's ``norm_topk_prob``.
+        Which layers have experts: every ``decoder_sparse_step``-th but those in
+        ``mlp_only_layers`` (Qwen's keys; every layer where a config has neither)."""
+        experts = hf.get("num_experts") or hf.get("num_local_experts")
+        if not experts or not hf.get("num_experts_per_tok"):
+            raise UnsupportedConfig("a mixture-of-experts config needs num_experts (or "
+                                    "num_local_experts) and num_experts_per_tok")
+        top_k = int(hf["num_experts_per_tok"])
+        if not 0 < top_k <= int(experts):
+            raise UnsupportedConfig(f"num_experts_per_tok {top_k} is not between 1 and "
+                                    f"num_experts {experts}")
+        layers = int(hf["num_hidden_layers"])
+        step = int(hf.get("decoder_sparse_step") or 1)
+        dense = set(hf.get("mlp_only_layers") or ())
+        return cls(int(experts), top_k, int(hf[expert_size_key]),
+                   bool(hf.get("norm_topk_prob", False)) if normalize is None else normalize,
+                   tuple(i not in dense and (i + 1) % step == 0 for i in range(layers)),
+                   int(shared_expert_size or 0))
+
+
+class Router(nn.Module):
+    """Scores (n, out) in float32 of x (n, in) against an unquantized weight (out, in): a
+    router's choice is discrete, so its weight keeps the variant's float type whatever the
+    experts are packed in (as llama.cpp keeps ``ffn_gate_inp`` in F32)."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: str) -> None:
+        self.weight = nn.Parameter((out_features, in_features), dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return op.matmul(x, op.permute_dims(self.weight), out_dtype="float32")
+
+
+def _expert_ranks(scores: te.Tensor) -> te.Tensor:
+    """(n, E) int32: how many of the token's experts score higher (on ties: the lower index
+    first). A token's top-k are its experts of rank < k, in order."""
+    other = te.reduce_axis((0, scores.shape[1]), name="other")
+
+    def rank(r, e):
+        ahead = tirx.any(scores[r, other] > scores[r, e],
+                         tirx.all(scores[r, other] == scores[r, e], other < e))
+        return te.sum(tirx.Select(ahead, tirx.const(1, "int32"), tirx.const(0, "int32")),
+                      axis=other)
+
+    return te.compute(scores.shape, rank, name="expert_rank")
+
+
+def _slot_experts(ranks: te.Tensor, top_k: int) -> te.Tensor:
+    """(n, top_k) int32: the expert of each rank. (A NaN score makes no rank hold and the sum
+    of several experts' numbers: ``ExpertLinears`` clamps the index it reads a weight at.)"""
+    e = te.reduce_axis((0, ranks.shape[1]), name="e")
+    return te.compute((ranks.shape[0], top_k), lambda r, s: te.sum(
+        tirx.Select(ranks[r, e] == s.astype("int32"), e.var.astype("int32"),
+                    tirx.const(0, "int32")), axis=e), name="slot_expert")
+
+
+def _slot_weights(ranks: te.Tensor, probs: te.Tensor, top_k: int) -> te.Tensor:
+    """(n, top_k) float32: each slot's expert's probability."""
+    e = te.reduce_axis((0, ranks.shape[1]), name="e")
+    return te.compute((ranks.shape[0], top_k), lambda r, s: te.sum(
+        tirx.Select(ranks[r, e] == s.astype("int32"), probs[r, e], tirx.const(0.0, "float32")),
+        axis=e),
+        name="slot_weight")
+
+
+def route(scores: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor]:
+    """Router scores (n, E) float32 -> each token's top-k experts (n, top_k) int32 and their
+    weights (n, top_k) float32: softmax probabilities, renormalized over the chosen ones with
+    ``normalize``."""
+    probs = op.softmax(scores, axis=-1)
+    ranks = op.tensor_expr_op(_expert_ranks, "expert_rank", [scores])
+    experts = op.tensor_expr_op(lambda r: _slot_experts(r, top_k), "slot_expert", [ranks])
+    weights = op.tensor_expr_op(lambda r, p: _slot_weights(r, p, top_k), "slot_weight",
+                                [ranks, probs])
+    if normalize:
+        weights = weights / op.sum(weights, axis=1, keepdims=True)
+    return experts, weights
+
+
+class Experts(nn.Module):
+    """``num_experts`` gated MLPs, each ``down(act(gate(x)) * up(x))``, gate and up fused per
+    expert as the decoder fuses them (``gate_up_proj``: gate rows, then up rows)."""
+
+    def __init__(self, hidden_size: int, s: MoeSettings, quant: Quantization,
+                 max_bytes: int = MAX_BINDING_BYTES) -> None:
+        self.gate_up_proj = ExpertLinears(s.num_experts, hidden_size, 2 * s.expert_size, quant,
+                                          max_bytes)
+        self.down_proj = ExpertLinears(s.num_experts, s.expert_size, hidden_size, quant,
+                                       max_bytes)
+
+    def forward(self, x: Tensor, experts: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
+        """x (n, hidden), experts (n, k) -> each slot's expert output (n, k, hidden)."""
+        gate, up = op.split(self.gate_up_proj(x, experts), 2, axis=-1)
+        return self.down_proj(act(gate) * up, experts)
+
+
+class SparseMoE(nn.Module):
+    """The MLP of a mixture-of-experts layer: ``gate`` (the router), ``experts``, and
+    Qwen2-MoE's ``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))``."""
+
+    def __init__(self, c: DecoderConfig, s: MoeSettings, quant: Quantization,
+                 act: Callable[[Tensor], Tensor] = op.silu) -> None:
+        self.settings, self.act, self.dtype = s, act, quant.dtype
+        self.gate = Router(c.hidden_size, s.num_experts, quant.dtype)
+        self.experts = Experts(c.hidden_size, s, quant)
+        if s.shared_expert_size:
+            self.shared_expert = GatedMLP(replace(c, intermediate_size=s.shared_expert_size),
+                                          quant, act)
+            self.shared_expert_gate = Router(c.hidden_size, 1, quant.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = self.settings
+        experts, weights = route(self.gate(x), s.top_k, s.normalize)
+        y = self.experts(x, experts, self.act)  # (n, k, hidden)
+        weights = op.reshape(op.astype(weights, self.dtype), (x.shape[0], s.top_k, 1))
+        out = op.sum(y * weights, axis=1)
+        if s.shared_expert_size:
+            gate = op.astype(op.sigmoid(self.shared_expert_gate(x)), self.dtype)
+            out = out + gate * self.shared_expert(x)
+        return out
+
+
+def layer_mlp(c: DecoderConfig, s: MoeSettings, layer: int, quant: Quantization,
+              act: Callable[[Tensor], Tensor] = op.silu) -> nn.Module:
+    """Layer ``layer``'s MLP: the experts, or the dense gated MLP of ``intermediate_size``
+    (Qwen's ``mlp_only_layers``)."""
+    return SparseMoE(c, s, quant, act) if s.sparse_layers[layer] else GatedMLP(c, quant, act)
+
+
+class MoeModel(DecoderForCausalLM):
+    """The pre-norm decoder with ``layer_mlp``'s MLPs (``c.extra["moe"]``: MoeSettings) and
+    the family's ``attention`` class."""
+
+    attention: type = Attention
+
+    def layer_for(self, index, c, attn, quant) -> nn.Module:
+        return SequentialLayer(c, self.attention(c, attn, quant),
+                               layer_mlp(c, c.extra["moe"], index, quant), quant.dtype)
+
+
+# ----------------------------------------------------------------------------- weights
+
+def moe_weights(c: DecoderConfig, s: MoeSettings, weights: dict[str, np.ndarray]
+                ) -> dict[str, np.ndarray]:
+    """The experts' parameters of every sparse layer from HF names: each expert's
+    ``mlp.experts.{e}.{gate,up,down}_proj.weight`` stacked (or transformers 5's stacked
+    ``mlp.experts.gate_up_proj`` / ``down_proj`` as they are), the router ``mlp.gate.weight``,
+    and Qwen2-MoE's shared expert (fused gate|up) and its gate."""
+    out: dict[str, np.ndarray] = {}
+    for i, sparse in enumerate(s.sparse_layers):
+        if not sparse:
+            continue
+        mlp = f"model.layers.{i}.mlp."
+        ex = mlp + "experts."
+        out[mlp + "gate.weight"] = weights[mlp + "gate.weight"]
+        if ex + "gate_up_proj" in weights:  # stacked already (transformers 5's own names)
+            out[ex + "gate_up_proj.weight"] = weights[ex + "gate_up_proj"]
+            out[ex + "down_proj.weight"] = weights[ex + "down_proj"]
+        else:
+            out[ex + "gate_up_proj.weight"] = np.stack([np.concatenate(
+                [weights[f"{ex}{e}.gate_proj.weight"], weights[f"{ex}{e}.up_proj.weight"]])
+                for e in range(s.num_experts)])
+            out[ex + "down_proj.weight"] = np.stack(
+                [weights[f"{ex}{e}.down_proj.weight"] for e in range(s.num_experts)])
+        if s.shared_expert_size:
+            shared = mlp + "shared_expert."
+            out[shared + "gate_up_proj.weight"] = np.concatenate(
+                [weights[shared + "gate_proj.weight"], weights[shared + "up_proj.weight"]])
+            out[shared + "down_proj.weight"] = weights[shared + "down_proj.weight"]
+            out[mlp + "shared_expert_gate.weight"] = weights[mlp + "shared_expert_gate.weight"]
+    return out
