@@ -156,6 +156,10 @@ def _weight_for(name: str, converted: dict[str, np.ndarray], packing: Packing,
         raise KeyError(f"no source weight for parameter {name}")
     weight = converted[f"{m.group(1)}.weight"]
     whole = converted[f"{m.group(1)}.bias"] if m.group(3) == "bias" else weight
+    if weight.ndim == 3:  # stacked experts (ExpertLinears): rows of every expert
+        start, stop = row_splits(weight.shape[1], weight.shape[2], packing(m.group(1)),
+                                 max_bytes, experts=weight.shape[0])[int(m.group(2))]
+        return whole[:, start:stop]
     start, stop = row_splits(weight.shape[0], weight.shape[1], packing(m.group(1)),
                              max_bytes)[int(m.group(2))]
     return whole[start:stop]
@@ -170,7 +174,11 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], packing: Packin
         weight = _weight_for(name, converted, packing, max_bytes)
         quant = packing(_linear_of(name))
         if name.endswith(".weight_q"):
-            packed, scale, minimum = quantize(weight, quant)
+            # (stacked experts: each expert's rows packed as a linear's)
+            packed, scale, minimum = quantize(weight.reshape(-1, weight.shape[-1]), quant)
+            if weight.ndim == 3:
+                packed, scale, minimum = (a.reshape(*weight.shape[:2], -1)
+                                          for a in (packed, scale, minimum))
             base = name.removesuffix("_q")
             yield name, packed
             yield base + "_scale", scale

@@ -270,6 +270,8 @@ def text_weights(weights: dict[str, np.ndarray], dtypes: dict[str, str]) -> None
 def load_config(path: Path) -> dict[str, Any]:
     """config.json with the keys wick relies on filled in and normalized (others kept)."""
     raw = raw_config(_read_json(path / "config.json"))
+    if raw.get("use_sliding_window") is False and raw.get("sliding_window") == 0:
+        raw["sliding_window"] = None  # (an unused window: transformers 5 writes Qwen2-MoE's so)
     check_config(raw, str(path / "config.json"))
     try:
         hidden = int(raw["hidden_size"])

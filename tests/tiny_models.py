@@ -42,6 +42,14 @@ FAMILY_CONFIGS = {
     # 8 experts of 32, two a token (each layer's router output checked against transformers')
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
         "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4,
+                                                        "num_experts_per_tok": 2}),
+    # a shared expert of 64 beside 8 experts of 32
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64}),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 8, "num_experts_per_tok": 2,
+                                                  "intermediate_size": 32}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "query_pre_attn_scalar": 24,

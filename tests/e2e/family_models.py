@@ -15,6 +15,12 @@ FAMILIES = {
     # experts in two layers, a dense MLP between them (mlp_only_layers), the chosen experts'
     # weights renormalized
     "qwen3_moe": {"tie": False, "layers": 3, "mlp_only_layers": [1], "norm_topk_prob": True},
+    # Mixtral: 4 experts, two a token, a window (its checkpoint names: block_sparse_moe, w1..w3)
+    "mixtral": {"tie": False, "sliding_window": 24},
+    # Qwen2-MoE: a shared expert beside the routed ones, q/k/v biases, weights not renormalized
+    "qwen2_moe": {"tie": False},
+    # OLMoE: OLMo 2's full-width q/k norms, clamped q/k/v, 8 experts of 32
+    "olmoe": {"tie": False, "clip_qkv": 1.5},
     # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts;
     # longrope on half of each head (Phi-3.5 / Phi-4-mini): prompts within the pretrained 64
     # positions (short factors), the 32 greedy tokens cross it (long factors from position 64)

@@ -1,0 +1,57 @@
+"""Mixtral (8x7B, 8x22B): Mistral's decoder with a mixture-of-experts MLP in every layer
+(compiler/models/moe.py): ``num_local_experts`` experts of ``intermediate_size``, the top
+``num_experts_per_tok`` (2) of a softmax over them, renormalized. Its checkpoints name a layer's
+MLP ``block_sparse_moe`` and an expert's gate, down and up projections ``w1``, ``w2``, ``w3``.
+
+Semantics: HF transformers ``models/mixtral/modeling_mixtral.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from . import mistral
+from .decoder import fuse_layer_weights
+from .moe import MoeModel, MoeSettings, moe_weights
+
+NAME = "mixtral"
+HF_MODEL_TYPES = ("mixtral",)
+GGUF_ARCHITECTURES = ()
+GGUF_PERMUTED_QK = True
+GGUF_LAYER_NAMES: dict[str, str] = {}
+
+# an expert's projections as the checkpoint names them -> the gated MLP's names
+_EXPERT_PROJECTIONS = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+_EXPERT_WEIGHT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.(experts\.\d+\.)?(\w+)\.weight$")
+
+
+class Config(mistral.Config):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        c = super().from_hf(hf)
+        c.extra["moe"] = MoeSettings.from_hf(hf, expert_size_key="intermediate_size",
+                                             normalize=True)
+        return c
+
+
+Model = MoeModel
+
+
+def hf_names(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Mixtral's names as the other MoE families': ``mlp.gate``, ``mlp.experts.{e}.gate_proj``."""
+    out = {}
+    for name, w in weights.items():
+        m = _EXPERT_WEIGHT.match(name)
+        if m:
+            layer, expert, proj = m.groups()
+            name = f"{layer}.mlp.{expert or ''}{_EXPERT_PROJECTIONS.get(proj, proj)}.weight"
+        out[name] = w
+    return out
+
+
+def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    weights = hf_names(weights)
+    return {**fuse_layer_weights(c, weights), **moe_weights(c, c.extra["moe"], weights)}

@@ -1,0 +1,40 @@
+"""Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention (q/k/v biases) with a
+mixture-of-experts MLP (compiler/models/moe.py) beside a shared expert every token runs, scaled
+by ``sigmoid(shared_expert_gate(x))``; the top ``num_experts_per_tok`` of a softmax, not
+renormalized unless ``norm_topk_prob``.
+
+Semantics: HF transformers ``models/qwen2_moe/modeling_qwen2_moe.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import qwen2
+from .decoder import fuse_layer_weights
+from .moe import MoeModel, MoeSettings, moe_weights
+
+NAME = "qwen2_moe"
+HF_MODEL_TYPES = ("qwen2_moe",)
+GGUF_ARCHITECTURES = ()
+GGUF_PERMUTED_QK = False
+GGUF_LAYER_NAMES: dict[str, str] = {}
+
+
+class Config(qwen2.Config):
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "Config":
+        c = super().from_hf(hf)
+        c.extra["moe"] = MoeSettings.from_hf(
+            hf, expert_size_key="moe_intermediate_size",
+            shared_expert_size=hf.get("shared_expert_intermediate_size") or 0)
+        return c
+
+
+Model = MoeModel
+
+
+def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {**fuse_layer_weights(c, weights), **moe_weights(c, c.extra["moe"], weights)}
