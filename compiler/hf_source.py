@@ -246,7 +246,10 @@ def without_mrope(rope: dict[str, Any]) -> dict[str, Any]:
 def raw_config(hf: dict[str, Any]) -> dict[str, Any]:
     """A config.json's dict as the families read it: an image-and-text one's text model's,
     other names for the usual keys aliased (``with_aliases``)."""
-    return with_aliases(text_config(hf))
+    raw = with_aliases(text_config(hf))
+    if raw.get("use_sliding_window") is False and raw.get("sliding_window") == 0:
+        raw = {**raw, "sliding_window": None}  # (unused: transformers 5 writes Qwen2-MoE's so)
+    return raw
 
 
 def text_weights(weights: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
@@ -270,8 +273,6 @@ def text_weights(weights: dict[str, np.ndarray], dtypes: dict[str, str]) -> None
 def load_config(path: Path) -> dict[str, Any]:
     """config.json with the keys wick relies on filled in and normalized (others kept)."""
     raw = raw_config(_read_json(path / "config.json"))
-    if raw.get("use_sliding_window") is False and raw.get("sliding_window") == 0:
-        raw["sliding_window"] = None  # (an unused window: transformers 5 writes Qwen2-MoE's so)
     check_config(raw, str(path / "config.json"))
     try:
         hidden = int(raw["hidden_size"])

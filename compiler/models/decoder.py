@@ -325,7 +325,7 @@ class DecoderForCausalLM(nn.Module):
 
     def __init__(self, c: DecoderConfig, quant: Quantization, target,
                  max_param_bytes: int = MAX_BINDING_BYTES) -> None:
-        self.config, self.quant = c, quant
+        self.config, self.quant, self.max_param_bytes = c, quant, max_param_bytes
         kernels: dict[AttentionSpec, PagedAttention] = {}  # one set of kernels per distinct spec
         shared: dict = {}
         self.layer_attention = []

@@ -149,10 +149,11 @@ class SparseMoE(nn.Module):
     Qwen2-MoE's ``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))``."""
 
     def __init__(self, c: DecoderConfig, s: MoeSettings, quant: Quantization,
-                 act: Callable[[Tensor], Tensor] = op.silu) -> None:
+                 act: Callable[[Tensor], Tensor] = op.silu,
+                 max_bytes: int = MAX_BINDING_BYTES) -> None:
         self.settings, self.act, self.dtype = s, act, quant.dtype
         self.gate = Router(c.hidden_size, s.num_experts, quant.dtype)
-        self.experts = Experts(c.hidden_size, s, quant)
+        self.experts = Experts(c.hidden_size, s, quant, max_bytes)
         if s.shared_expert_size:
             self.shared_expert = GatedMLP(replace(c, intermediate_size=s.shared_expert_size),
                                           quant, act)
@@ -171,10 +172,13 @@ class SparseMoE(nn.Module):
 
 
 def layer_mlp(c: DecoderConfig, s: MoeSettings, layer: int, quant: Quantization,
-              act: Callable[[Tensor], Tensor] = op.silu) -> nn.Module:
-    """Layer ``layer``'s MLP: the experts, or the dense gated MLP of ``intermediate_size``
-    (Qwen's ``mlp_only_layers``)."""
-    return SparseMoE(c, s, quant, act) if s.sparse_layers[layer] else GatedMLP(c, quant, act)
+              act: Callable[[Tensor], Tensor] = op.silu,
+              max_bytes: int = MAX_BINDING_BYTES) -> nn.Module:
+    """Layer ``layer``'s MLP: the experts (stacks split to bindings of ``max_bytes``), or the
+    dense gated MLP of ``intermediate_size`` (Qwen's ``mlp_only_layers``)."""
+    if s.sparse_layers[layer]:
+        return SparseMoE(c, s, quant, act, max_bytes)
+    return GatedMLP(c, quant, act)
 
 
 class MoeModel(DecoderForCausalLM):
@@ -184,8 +188,8 @@ class MoeModel(DecoderForCausalLM):
     attention: type = Attention
 
     def layer_for(self, index, c, attn, quant) -> nn.Module:
-        return SequentialLayer(c, self.attention(c, attn, quant),
-                               layer_mlp(c, c.extra["moe"], index, quant), quant.dtype)
+        mlp = layer_mlp(c, c.extra["moe"], index, quant, max_bytes=self.max_param_bytes)
+        return SequentialLayer(c, self.attention(c, attn, quant), mlp, quant.dtype)
 
 
 # ----------------------------------------------------------------------------- weights

@@ -1,0 +1,91 @@
+"""Mixture-of-experts models beyond test_families.py's parity on q0f32 (Qwen3-MoE, Mixtral,
+Qwen2-MoE, OLMoE): the packed expert kernels of the CPU kernel set, their stacks split across
+bindings, against transformers on the same dequantized weights; and which layers have experts,
+and how many a token gets, read as transformers reads a config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import CPU_ONLY, TINY_OPTIONS
+from tests.e2e.family_models import family_model
+from tests.e2e.helpers import hf_logits, load_artifact, load_hf, make_core, prefill_logits
+
+PROMPTS = [[5, 9, 20, 31, 7, 100, 64, 3, 8, 77, 12, 40, 41], [40, 41, 42]]
+
+
+def _dequantized_in_place(model, quantization: str) -> None:
+    """Every weight wick packs (linears, stacked experts, the embedding) replaced by its
+    packed-then-unpacked value; the routers and norms, which wick keeps as they are, left."""
+    import torch
+
+    from wick.compiler.quantization import dequantize, get_quantization, quantize
+
+    quant = get_quantization(quantization)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() < 2 or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+                continue
+            w = p.detach().numpy()
+            rows = w.reshape(-1, w.shape[-1])  # (an expert stack: each expert's rows alike)
+            p.copy_(torch.from_numpy(dequantize(*quantize(rows, quant)).reshape(w.shape)))
+
+
+@pytest.mark.parametrize("quantization", ["q4f32_1", "q8f32_1"])
+def test_packed_experts_split_across_bindings_match_transformers(quantization, tmp_path_factory,
+                                                                 compiled):
+    """Qwen2-MoE (routed experts and a shared one) in 4 and 8 bits on the CPU kernel set, with
+    bindings of 4 KiB: each expert stack is split by rows into parts."""
+    from wick.native.cpu_backend import CpuBackend
+
+    path = family_model(tmp_path_factory.mktemp("tiny-qwen2-moe-packed"), "qwen2_moe")
+    art_dir = compiled(path, quantization, kernel_sets=CPU_ONLY, max_param_bytes=4096,
+                       **TINY_OPTIONS)
+    names = [p["name"] for p in load_artifact(art_dir).manifest["params"]]
+    assert "model.layers.0.mlp.experts.gate_up_proj.parts.1.weight_q" in names
+    core = make_core(art_dir, CpuBackend.create())
+    ours = prefill_logits(core.runner, PROMPTS)
+    hf = load_hf(path)
+    _dequantized_in_place(hf, quantization)
+    for prompt, logits in zip(PROMPTS, ours):
+        ref = hf_logits(hf, prompt)[-1]
+        assert np.abs(logits - ref).max() < 1e-3
+        assert logits.argmax() == ref.argmax()
+
+
+def test_expert_layers_and_routing_read_as_transformers_does():
+    """Sparse and dense layers (Qwen's decoder_sparse_step and mlp_only_layers) as
+    transformers builds them, and each family's experts a token and renormalization."""
+    import transformers
+
+    from wick.compiler.hf_source import raw_config
+    from wick.compiler.models import mixtral, olmoe, qwen2_moe, qwen3_moe
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                 num_key_value_heads=1)
+    cfg = transformers.Qwen2MoeConfig(**small, num_hidden_layers=5, decoder_sparse_step=2,
+                                      mlp_only_layers=[3], num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=48)
+    model = transformers.Qwen2MoeForCausalLM(cfg)
+    want = tuple(type(layer.mlp).__name__ == "Qwen2MoeSparseMoeBlock"
+                 for layer in model.model.layers)
+    assert want == (False, True, False, False, False)  # (layer 3 dense by mlp_only_layers)
+    settings = qwen2_moe.Config.from_hf(raw_config(cfg.to_dict())).extra["moe"]
+    assert settings.sparse_layers == want
+    assert (settings.num_experts, settings.top_k, settings.expert_size,
+            settings.shared_expert_size, settings.normalize) == (4, 2, 32, 48, False)
+    # each family's transformers defaults (a config naming only its sizes)
+    for family, config_class, expert_size in (
+            (qwen3_moe, transformers.Qwen3MoeConfig, "moe_intermediate_size"),
+            (mixtral, transformers.MixtralConfig, "intermediate_size"),
+            (olmoe, transformers.OlmoeConfig, "intermediate_size")):
+        hf = raw_config(config_class(**small, num_hidden_layers=2).to_dict())
+        s = family.Config.from_hf(hf).extra["moe"]
+        experts = hf.get("num_experts") or hf.get("num_local_experts")
+        assert (s.num_experts, s.top_k, s.expert_size) == (
+            experts, hf["num_experts_per_tok"], hf[expert_size]), family.NAME
+        # Mixtral always renormalizes (its router divides by the chosen ones' sum)
+        assert s.normalize == (family is mixtral or bool(hf.get("norm_topk_prob"))), family.NAME
+        assert s.sparse_layers == (True, True)
