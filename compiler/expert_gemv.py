@@ -1,15 +1,18 @@
-"""The GPU kernel sets' schedule for a mixture-of-experts step's expert matmul
-(compiler/models/layers.py ``ExpertLinears``): ``y[r, s, j] = sum_k x[r, (s,) k] *
-W[experts[r, s], j, k]``, W dequantized inside.
+"""The GPU kernel sets' dlight rules for a mixture-of-experts step (compiler/models/moe.py),
+first in compiler/tir_lower.schedule_rules.
 
-dlight has no rule for a matmul whose weight is picked by an index read at run time: its rules
-assert on the read (its region spans every expert) instead of declining. So this rule, first
-in compiler/tir_lower.schedule_rules, takes such functions: each (token, slot) row is a GEMV
-of its expert. A workgroup computes ``outputs`` outputs of one row (one per threadIdx.y), each
-by a warp whose ``lanes`` lanes split the reduction (the weight read in the lanes' order,
+``ExpertGEMV``: the expert matmul (compiler/models/layers.py ``ExpertLinears``),
+``y[r, s, j] = sum_k x[r, (s,) k] * W[experts[r, s], j, k]``, W dequantized inside. dlight has
+no rule for a matmul whose weight is picked by an index read at run time: its rules assert on
+the read (its region spans every expert) instead of declining. Here each (token, slot) row is a
+GEMV of its expert: a workgroup computes ``outputs`` outputs of one row (one per threadIdx.y),
+each by a warp whose ``lanes`` lanes split the reduction (the weight read in the lanes' order,
 coalesced) and meet in a cross-thread sum; the elementwise blocks after it (a cast, an
 activation FuseOps joined to it) run on the sum where it is. Each output's sum runs in one
 order whatever the step's rows, so batches keep a sequence's tokens.
+
+``RouterKernels``: the router's small kernels. ``Declining``: a dlight rule that declines
+where it would assert.
 """
 
 from __future__ import annotations
@@ -102,6 +105,21 @@ class RouterKernels(dl.ScheduleRule):
             sch.bind(sch.get_loops(block)[0], "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
         return sch
+
+
+class Declining(dl.ScheduleRule):
+    """``rule``, declining (None) where it asserts: dlight's GEMV and reduction rules assert
+    that a block reads one element of each buffer an iteration, which a block reading through
+    an index need not (the rules after them schedule such a function, or these rules' own)."""
+
+    def __init__(self, rule: dl.ScheduleRule) -> None:
+        self.rule = rule
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool):
+        try:
+            return self.rule.apply(func, target, tunable)
+        except AssertionError:
+            return None
 
 
 def _expert_matmul(sch: s_tir.Schedule):

@@ -210,27 +210,6 @@ def lower_split(tir_mod: tvm.IRModule, target
     return device_funcs, dmod, host_funcs
 
 
-def _declining_rule():
-    from tvm.s_tir import dlight as dl
-
-    class Declining(dl.ScheduleRule):
-        """``rule``, declining (None) where it asserts: dlight's GEMV and reduction rules
-        assert that a block reads one element of each buffer an iteration, where a
-        mixture-of-experts router's ranking (compiler/models/moe.py) compares a token's
-        scores with each other; the rules after them (``Fallback``) schedule it."""
-
-        def __init__(self, rule) -> None:
-            self.rule = rule
-
-        def apply(self, func, target, tunable):
-            try:
-                return self.rule.apply(func, target, tunable)
-            except AssertionError:
-                return None
-
-    return Declining
-
-
 def schedule_rules(kind: str) -> list:
     """dlight rules: tiled GEMM where many rows share weights (prefill), GEMV where few do.
 
@@ -244,9 +223,7 @@ def schedule_rules(kind: str) -> list:
     them)."""
     from tvm.s_tir import dlight as dl
 
-    from .expert_gemv import ExpertGEMV, RouterKernels
-
-    Declining = _declining_rule()
+    from .expert_gemv import Declining, ExpertGEMV, RouterKernels
 
     tail = [Declining(dl.gpu.Reduction()), Declining(dl.gpu.GeneralReduction()),
             dl.gpu.Fallback()]
