@@ -104,6 +104,12 @@ class GGUFModel:
                 f"{self.path}: architecture {self.arch!r} is not supported "
                 f"(supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
             )
+        with_experts = getattr(self.family, "GGUF_WITH_EXPERTS", None)
+        if with_experts and any(t.name.endswith(".ffn_gate_inp.weight")
+                                for t in self.reader.tensors):
+            from .models import FAMILIES  # (llama.cpp writes Mixtral as llama, with experts)
+
+            self.family = FAMILIES[with_experts]
         self.layer_names = {**COMMON_LAYER_NAMES, **self.family.GGUF_LAYER_NAMES}
         self.global_names = {**_GLOBAL_NAMES, **getattr(self.family, "GGUF_GLOBAL_NAMES", {})}
         self.tensor_types: dict[str, str] = {
@@ -249,6 +255,8 @@ class GGUFModel:
             expected.add("lm_head.weight")
         first = {n.removeprefix("model.layers.0.") for n in weights
                  if n.startswith("model.layers.0.")}
+        if config.get("num_experts"):  # (a layer's MLP: experts, or a dense one; the compile
+            first = {n for n in first if not n.startswith("mlp.")}  # checks each layer's)
         # (a layer's first norm: the one before attention, or OLMo 2's after it)
         norms = getattr(self.family, "LAYER_NORMS", ("input_layernorm.weight",))
         for required in (norms[0], "self_attn.o_proj.weight"):

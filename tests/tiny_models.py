@@ -311,7 +311,16 @@ GGUF_LAYER_NAMES = {
     "mlp.down_proj": "ffn_down",
     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",  # Qwen3, Gemma 3
     "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3 keeps them fused
+    # mixture-of-experts routers and shared experts (the experts: EXPERT_STACKS)
+    "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
+# an expert's projection -> llama.cpp's stack of them (TextModel / LlamaModel.modify_tensors:
+# torch.stack over the experts, in their order)
+EXPERT_STACKS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                 "down_proj": "ffn_down_exps", "w1": "ffn_gate_exps", "w3": "ffn_up_exps",
+                 "w2": "ffn_down_exps"}
 GEMMA_LAYER_NAMES = {  # Gemma 2/3: four norms per layer
     "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
@@ -402,6 +411,15 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             writer.add_rope_dimension_count(int(head_dim * partial))
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:  # TextModel.set_gguf_parameters; Qwen2MoeModel's (Qwen3's) expert widths
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        if arch in ("qwen2moe", "qwen3moe"):
+            writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+            if cfg.get("shared_expert_intermediate_size"):
+                writer.add_expert_shared_feed_forward_length(
+                    cfg["shared_expert_intermediate_size"])
     if arch == "jais2":  # Jais2Model: the whole head
         writer.add_rope_dimension_count(head_dim)
     if arch == "glm4":  # Glm4Model: RoPE on the first half of each head
@@ -487,11 +505,16 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     EXAONE_LAYER_NAMES if arch == "exaone" else
                                     SEED_OSS_LAYER_NAMES if arch == "seed_oss" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
+    stacks: dict[str, dict[int, np.ndarray]] = {}  # each layer's experts of one projection
     xielu: dict[str, dict[int, float]] = {}  # Apertus' activation scalars, by layer
     for name, w in weights.items():
         if ".act_fn." in name:  # ApertusModel: per-layer arrays of keys, as stored
             xielu.setdefault(name.rsplit(".", 1)[1], {})[int(name.split(".")[2])] = float(
                 w.reshape(-1)[0])
+            continue
+        if ".experts." in name:  # stacked per layer and projection
+            _, _, i, _, _, e, proj, _ = name.split(".")
+            stacks.setdefault(f"blk.{i}.{EXPERT_STACKS[proj]}.weight", {})[int(e)] = w
             continue
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor
             module = name.split(".norms.")[0]
@@ -520,6 +543,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         elif arch in LLAMA_PERMUTED and module == "self_attn.k_proj":
             w = interleave(w, kv_heads)
         add(f"blk.{i}.{layer[module]}.{kind}", w)
+    for stacked, by_expert in stacks.items():
+        add(stacked, np.stack([by_expert[e] for e in sorted(by_expert)]))
     for scalar, by_layer in xielu.items():
         getattr(writer, f"add_xielu_{scalar}")([by_layer[i] for i in sorted(by_layer)])
     for module, heads_w in head_norms.items():

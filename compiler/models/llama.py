@@ -19,6 +19,8 @@ GGUF_ARCHITECTURES = ("llama",)
 # llama.cpp's converter interleaves each head's q/k rows for Llama (gguf_source undoes it)
 GGUF_PERMUTED_QK = True
 GGUF_LAYER_NAMES: dict[str, str] = {}
+# a "llama" file with experts is Mixtral (as llama.cpp's converter writes it)
+GGUF_WITH_EXPERTS = "mixtral"
 
 
 class Config(DecoderConfig):

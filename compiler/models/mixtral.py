@@ -9,19 +9,25 @@ Semantics: HF transformers ``models/mixtral/modeling_mixtral.py``.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import mistral
 from .decoder import fuse_layer_weights
-from .moe import MoeModel, MoeSettings, moe_weights
+from .moe import GGUF_EXPERT_NAMES, MoeModel, MoeSettings, gguf_moe_config, moe_weights
 
 NAME = "mixtral"
 HF_MODEL_TYPES = ("mixtral",)
-GGUF_ARCHITECTURES = ()
+GGUF_ARCHITECTURES = ()  # llama.cpp writes Mixtral as "llama" with experts (llama.py)
 GGUF_PERMUTED_QK = True
-GGUF_LAYER_NAMES: dict[str, str] = {}
+GGUF_LAYER_NAMES = GGUF_EXPERT_NAMES
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    """The experts (of feed_forward_length; renormalized, as llama.cpp's graph and Mixtral
+    always do). LlamaModel's converter writes no window."""
+    return gguf_moe_config(key, tensors, key("block_count"))
 
 # an expert's projections as the checkpoint names them -> the gated MLP's names
 _EXPERT_PROJECTIONS = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}

@@ -194,6 +194,35 @@ class MoeModel(DecoderForCausalLM):
 
 # ----------------------------------------------------------------------------- weights
 
+# llama.cpp's names of a layer's expert tensors (gguf-py's MODEL_TENSOR FFN_*_EXP/SHEXP): each
+# projection's experts stacked in one tensor (experts, out, in), the router ``ffn_gate_inp``
+GGUF_EXPERT_NAMES = {
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+}
+
+
+def gguf_moe_config(key: Callable[..., Any], tensors: set[str], layers: int) -> dict[str, Any]:
+    """The experts' config keys from a GGUF's ``<arch>.expert_*`` metadata (their widths where
+    the file names them: Qwen's; OLMoE's and Mixtral's are ``feed_forward_length``), and as
+    ``mlp_only_layers`` the layers without a router (a dense MLP)."""
+    config = {"num_experts": key("expert_count"),
+              "num_experts_per_tok": key("expert_used_count"),
+              "mlp_only_layers": [i for i in range(layers)
+                                  if f"blk.{i}.ffn_gate_inp.weight" not in tensors]}
+    if (width := key("expert_feed_forward_length", None)) is not None:
+        config["moe_intermediate_size"] = width
+    if (shared := key("expert_shared_feed_forward_length", None)) is not None:
+        config["shared_expert_intermediate_size"] = shared
+    return config
+
+
 def moe_weights(c: DecoderConfig, s: MoeSettings, weights: dict[str, np.ndarray]
                 ) -> dict[str, np.ndarray]:
     """The experts' parameters of every sparse layer from HF names: each expert's
@@ -210,6 +239,10 @@ def moe_weights(c: DecoderConfig, s: MoeSettings, weights: dict[str, np.ndarray]
         if ex + "gate_up_proj" in weights:  # stacked already (transformers 5's own names)
             out[ex + "gate_up_proj.weight"] = weights[ex + "gate_up_proj"]
             out[ex + "down_proj.weight"] = weights[ex + "down_proj"]
+        elif ex + "gate_proj.weight" in weights:  # stacked, gate and up apart (a GGUF's)
+            out[ex + "gate_up_proj.weight"] = np.concatenate(
+                [weights[ex + "gate_proj.weight"], weights[ex + "up_proj.weight"]], axis=1)
+            out[ex + "down_proj.weight"] = weights[ex + "down_proj.weight"]
         else:
             out[ex + "gate_up_proj.weight"] = np.stack([np.concatenate(
                 [weights[f"{ex}{e}.gate_proj.weight"], weights[f"{ex}{e}.up_proj.weight"]])
@@ -221,5 +254,7 @@ def moe_weights(c: DecoderConfig, s: MoeSettings, weights: dict[str, np.ndarray]
             out[shared + "gate_up_proj.weight"] = np.concatenate(
                 [weights[shared + "gate_proj.weight"], weights[shared + "up_proj.weight"]])
             out[shared + "down_proj.weight"] = weights[shared + "down_proj.weight"]
-            out[mlp + "shared_expert_gate.weight"] = weights[mlp + "shared_expert_gate.weight"]
+            # ((1, hidden); a GGUF's is one row, (hidden,))
+            out[mlp + "shared_expert_gate.weight"] = weights[
+                mlp + "shared_expert_gate.weight"].reshape(1, -1)
     return out

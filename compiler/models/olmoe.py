@@ -8,24 +8,28 @@ Semantics: HF transformers ``models/olmoe/modeling_olmoe.py``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .decoder import DecoderConfig, config_value, fuse_layer_weights, with_default_theta
-from .moe import MoeModel, MoeSettings, moe_weights
+from .moe import GGUF_EXPERT_NAMES, MoeModel, MoeSettings, gguf_moe_config, moe_weights
 from .olmo import ClampedAttention
 from .olmo2 import Olmo2Attention
 from .qwen2 import check_no_window
 
 NAME = "olmoe"
 HF_MODEL_TYPES = ("olmoe",)
-GGUF_ARCHITECTURES = ()
+GGUF_ARCHITECTURES = ("olmoe",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES = {
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-}
+QK_NORMS = {"attn_q_norm.weight": "self_attn.q_norm.weight",
+            "attn_k_norm.weight": "self_attn.k_norm.weight"}
+GGUF_LAYER_NAMES = {**QK_NORMS, **GGUF_EXPERT_NAMES}
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    """The experts (of feed_forward_length); not renormalized (llama.cpp's olmoe graph)."""
+    return {**gguf_moe_config(key, tensors, key("block_count")), "norm_topk_prob": False}
 
 
 class Config(DecoderConfig):
@@ -51,5 +55,5 @@ class Model(MoeModel):
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {**fuse_layer_weights(c, weights, extra=tuple(GGUF_LAYER_NAMES.values())),
+    return {**fuse_layer_weights(c, weights, extra=tuple(QK_NORMS.values())),
             **moe_weights(c, c.extra["moe"], weights)}

@@ -8,19 +8,24 @@ Semantics: HF transformers ``models/qwen2_moe/modeling_qwen2_moe.py``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import qwen2
 from .decoder import fuse_layer_weights
-from .moe import MoeModel, MoeSettings, moe_weights
+from .moe import GGUF_EXPERT_NAMES, MoeModel, MoeSettings, gguf_moe_config, moe_weights
 
 NAME = "qwen2_moe"
 HF_MODEL_TYPES = ("qwen2_moe",)
-GGUF_ARCHITECTURES = ()
+GGUF_ARCHITECTURES = ("qwen2moe",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES: dict[str, str] = {}
+GGUF_LAYER_NAMES = GGUF_EXPERT_NAMES
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    """The experts and the shared one; not renormalized (llama.cpp's qwen2moe graph)."""
+    return {**gguf_moe_config(key, tensors, key("block_count")), "norm_topk_prob": False}
 
 
 class Config(qwen2.Config):

@@ -9,18 +9,24 @@ Semantics: HF transformers ``models/qwen3_moe/modeling_qwen3_moe.py``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import qwen3
-from .moe import MoeModel, MoeSettings, moe_weights
+from .moe import GGUF_EXPERT_NAMES, MoeModel, MoeSettings, gguf_moe_config, moe_weights
 
 NAME = "qwen3_moe"
 HF_MODEL_TYPES = ("qwen3_moe",)
-GGUF_ARCHITECTURES = ()
+GGUF_ARCHITECTURES = ("qwen3moe",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES = qwen3.GGUF_LAYER_NAMES
+GGUF_LAYER_NAMES = {**qwen3.GGUF_LAYER_NAMES, **GGUF_EXPERT_NAMES}
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    """The experts; renormalized, as llama.cpp's qwen3moe graph always does (the file has no
+    norm_topk_prob: Qwen3-MoE's configs set it)."""
+    return {**gguf_moe_config(key, tensors, key("block_count")), "norm_topk_prob": True}
 
 
 class Config(qwen3.Config):

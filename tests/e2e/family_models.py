@@ -200,6 +200,13 @@ GGUF_CASES = {
     # the xIELU scalars as per-layer arrays, as stored; q/k rows in the checkpoint's order
     "apertus": ("apertus", {}),
     "jais2": ("jais2", {}),  # LayerNorm epsilon, rotary dimensions, biases; rows as stored
+    # mixture-of-experts: each projection's experts stacked; Qwen's expert widths as keys;
+    # Mixtral as llama with experts (q/k rows interleaved, no window: LlamaModel writes none);
+    # the routers in the norm_topk_prob llama.cpp's graphs hard-code (Qwen3-MoE renormalizes)
+    "qwen3moe": ("qwen3_moe", {"mlp_only_layers": []}),  # (llama.cpp's has no dense layers)
+    "qwen2moe": ("qwen2_moe", {}),  # a shared expert and its gate (one row)
+    "olmoe": ("olmoe", {"clip_qkv": None}),
+    "llama+mixtral": ("mixtral", {"sliding_window": None}),
     "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 
