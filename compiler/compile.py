@@ -156,13 +156,11 @@ def _weight_for(name: str, converted: dict[str, np.ndarray], packing: Packing,
         raise KeyError(f"no source weight for parameter {name}")
     weight = converted[f"{m.group(1)}.weight"]
     whole = converted[f"{m.group(1)}.bias"] if m.group(3) == "bias" else weight
-    if weight.ndim == 3:  # stacked experts (ExpertLinears): rows of every expert
-        start, stop = row_splits(weight.shape[1], weight.shape[2], packing(m.group(1)),
-                                 max_bytes, experts=weight.shape[0])[int(m.group(2))]
-        return whole[:, start:stop]
-    start, stop = row_splits(weight.shape[0], weight.shape[1], packing(m.group(1)),
-                             max_bytes)[int(m.group(2))]
-    return whole[start:stop]
+    # (stacked experts, ExpertLinears: the same rows of every expert)
+    experts = weight.shape[0] if weight.ndim == 3 else 1
+    start, stop = row_splits(*weight.shape[-2:], packing(m.group(1)), max_bytes,
+                             experts=experts)[int(m.group(2))]
+    return whole[..., start:stop, :] if whole.ndim > 1 else whole[start:stop]
 
 
 def _convert(names: list[str], converted: dict[str, np.ndarray], packing: Packing,

@@ -43,6 +43,8 @@ class ExpertGEMV(dl.ScheduleRule):
             cur = consumers[0]
         if consumers:  # (a result read by two blocks: not this schedule's form)
             return None
+        if any(any(int(iv.iter_type) != 0 for iv in sch.get(b).iter_vars) for b in epilogue):
+            return None  # (a reduction after the sum would race across the rows' workgroups)
         r, s, j, k = sch.get_loops(mm)
         extent_j, extent_k = (sch.get(loop).extent for loop in (j, k))
         if not (isinstance(extent_j, tirx.IntImm) and isinstance(extent_k, tirx.IntImm)):
@@ -58,8 +60,10 @@ class ExpertGEMV(dl.ScheduleRule):
         rf = sch.rfactor(tx, factor_axis=0)  # each lane's partial sum; mm adds the lanes'
         row, bx, ty, ko, tx = sch.get_loops(rf)
         sch.reorder(row, bx, ty, tx, ko)
-        sch.bind(row, "blockIdx.y")
-        sch.bind(bx, "blockIdx.x")
+        # (the rows, n x top_k of them, on x: the engine splits an x extent past the grid's
+        # 65535 into y (engine/plan.py); the outputs' workgroups, a few hundred, on y)
+        sch.bind(row, "blockIdx.x")
+        sch.bind(bx, "blockIdx.y")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.set_scope(rf, 0, "local")

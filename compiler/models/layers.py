@@ -197,7 +197,10 @@ class ExpertLinears(nn.Module):
             return op.concat([part(x, experts) for part in self.parts], dim=-1)
         weights = ([self.weight_q, self.weight_scale, self.weight_min] if self.quant.quantized
                    else [self.weight])
-        return op.tensor_expr_op(self._compute, "expert_matmul", [x, experts, *weights])
+        # (a kernel of its own, op_pattern 8: opaque to FuseOps, which would otherwise fuse the
+        # gate's activation into the down projection and recompute it for every output)
+        return op.tensor_expr_op(self._compute, "expert_matmul", [x, experts, *weights],
+                                 attrs={"op_pattern": 8})
 
     def _compute(self, x: te.Tensor, experts: te.Tensor, *stored: te.Tensor) -> te.Tensor:
         quant = self.quant

@@ -39,7 +39,7 @@ class Config(mistral.Config):
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         c = super().from_hf(hf)
         c.extra["moe"] = MoeSettings.from_hf(hf, expert_size_key="intermediate_size",
-                                             normalize=True)
+                                             expert_size_default=14336, normalize=True)
         return c
 
 

@@ -43,11 +43,15 @@ class MoeSettings:
     shared_expert_size: int = 0  # Qwen2-MoE: a gated MLP every token also runs (0: none)
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any], *, expert_size_key: str, normalize: bool | None = None,
-                shared_expert_size: int = 0) -> "MoeSettings":
-        """``normalize``: the family's fixed choice, else the config's ``norm_topk_prob``.
-        Which layers have experts: every ``decoder_sparse_step``-th but those in
+    def from_hf(cls, hf: dict[str, Any], *, expert_size_key: str, expert_size_default: int,
+                normalize: bool | None = None, shared_expert_size: int = 0) -> "MoeSettings":
+        """``normalize``: the family's fixed choice, else the config's ``norm_topk_prob``;
+        ``expert_size_default``: the family's transformers default where a config names no
+        width. Which layers have experts: every ``decoder_sparse_step``-th but those in
         ``mlp_only_layers`` (Qwen's keys; every layer where a config has neither)."""
+        if hf.get("hidden_act", "silu") != "silu":
+            raise UnsupportedConfig(f"hidden_act {hf['hidden_act']!r} in a mixture-of-experts "
+                                    "config is not supported (wick's experts are SiLU-gated)")
         experts = hf.get("num_experts") or hf.get("num_local_experts")
         if not experts or not hf.get("num_experts_per_tok"):
             raise UnsupportedConfig("a mixture-of-experts config needs num_experts (or "
@@ -59,16 +63,17 @@ class MoeSettings:
         layers = int(hf["num_hidden_layers"])
         step = int(hf.get("decoder_sparse_step") or 1)
         dense = set(hf.get("mlp_only_layers") or ())
-        return cls(int(experts), top_k, int(hf[expert_size_key]),
+        return cls(int(experts), top_k, int(hf.get(expert_size_key) or expert_size_default),
                    bool(hf.get("norm_topk_prob", False)) if normalize is None else normalize,
                    tuple(i not in dense and (i + 1) % step == 0 for i in range(layers)),
                    int(shared_expert_size or 0))
 
 
 class Router(nn.Module):
-    """Scores (n, out) in float32 of x (n, in) against an unquantized weight (out, in): a
-    router's choice is discrete, so its weight keeps the variant's float type whatever the
-    experts are packed in (as llama.cpp keeps ``ffn_gate_inp`` in F32)."""
+    """Scores (n, out) in float32 of x (n, in) against an unquantized weight (out, in) in the
+    variant's float type, whatever the experts are packed in: a router's choice is discrete
+    (llama.cpp's converter keeps ``ffn_gate_inp`` in F32 for the same reason). Also Qwen2-MoE's
+    one-row shared expert gate."""
 
     def __init__(self, in_features: int, out_features: int, dtype: str) -> None:
         self.weight = nn.Parameter((out_features, in_features), dtype)
@@ -218,8 +223,10 @@ def gguf_moe_config(key: Callable[..., Any], tensors: set[str], layers: int) -> 
                                   if f"blk.{i}.ffn_gate_inp.weight" not in tensors]}
     if (width := key("expert_feed_forward_length", None)) is not None:
         config["moe_intermediate_size"] = width
-    if (shared := key("expert_shared_feed_forward_length", None)) is not None:
-        config["shared_expert_intermediate_size"] = shared
+    if any(name.endswith(".ffn_gate_shexp.weight") for name in tensors):
+        # (required where the file has a shared expert: without it, its weights would go
+        # unread and the model wrong)
+        config["shared_expert_intermediate_size"] = key("expert_shared_feed_forward_length")
     return config
 
 

@@ -42,7 +42,8 @@ class Config(DecoderConfig):
                             rms_norm_eps=config_value(hf, "rms_norm_eps", 1e-5))
         clip = hf.get("clip_qkv")
         c.extra["clip_qkv"] = None if clip is None else float(clip)
-        c.extra["moe"] = MoeSettings.from_hf(hf, expert_size_key="intermediate_size")
+        c.extra["moe"] = MoeSettings.from_hf(hf, expert_size_key="intermediate_size",
+                                             expert_size_default=2048)
         return c
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import qwen2
-from .decoder import fuse_layer_weights
+from .decoder import config_value, fuse_layer_weights
 from .moe import GGUF_EXPERT_NAMES, MoeModel, MoeSettings, gguf_moe_config, moe_weights
 
 NAME = "qwen2_moe"
@@ -32,9 +32,10 @@ class Config(qwen2.Config):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         c = super().from_hf(hf)
+        # (transformers' Qwen2MoeConfig defaults where a config names no width)
         c.extra["moe"] = MoeSettings.from_hf(
-            hf, expert_size_key="moe_intermediate_size",
-            shared_expert_size=hf.get("shared_expert_intermediate_size") or 0)
+            hf, expert_size_key="moe_intermediate_size", expert_size_default=1408,
+            shared_expert_size=config_value(hf, "shared_expert_intermediate_size", 5632, int))
         return c
 
 

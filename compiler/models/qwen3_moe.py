@@ -33,7 +33,8 @@ class Config(qwen3.Config):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
         c = super().from_hf(hf)
-        c.extra["moe"] = MoeSettings.from_hf(hf, expert_size_key="moe_intermediate_size")
+        c.extra["moe"] = MoeSettings.from_hf(hf, expert_size_key="moe_intermediate_size",
+                                             expert_size_default=768)
         return c
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import CPU_ONLY, TINY_OPTIONS
+from tests.e2e.conftest import TINY_OPTIONS
 from tests.e2e.family_models import family_model
 from tests.e2e.helpers import hf_logits, load_artifact, load_hf, make_core, prefill_logits
 
@@ -32,19 +32,21 @@ def _dequantized_in_place(model, quantization: str) -> None:
             p.copy_(torch.from_numpy(dequantize(*quantize(rows, quant)).reshape(w.shape)))
 
 
-@pytest.mark.parametrize("quantization", ["q4f32_1", "q8f32_1"])
-def test_packed_experts_split_across_bindings_match_transformers(quantization, tmp_path_factory,
-                                                                 compiled):
-    """Qwen2-MoE (routed experts and a shared one) in 4 and 8 bits on the CPU kernel set, with
-    bindings of 4 KiB: each expert stack is split by rows into parts."""
+@pytest.mark.parametrize("kernel_set,quantization", [
+    ("cpu", "q4f32_1"), ("cpu", "q8f32_1"), ("webgpu", "q4f32_1")])
+def test_packed_experts_split_across_bindings_match_transformers(kernel_set, quantization,
+                                                                 tmp_path_factory, compiled):
+    """Qwen2-MoE (routed experts and a shared one) in 4 and 8 bits on the CPU kernel set and
+    in 4 bits on WebGPU's (compiler/expert_gemv.py's schedule, on lavapipe), with bindings of
+    4 KiB: each expert stack is split by rows into parts."""
     from wick.native.cpu_backend import CpuBackend
 
     path = family_model(tmp_path_factory.mktemp("tiny-qwen2-moe-packed"), "qwen2_moe")
-    art_dir = compiled(path, quantization, kernel_sets=CPU_ONLY, max_param_bytes=4096,
+    art_dir = compiled(path, quantization, kernel_sets=(kernel_set,), max_param_bytes=4096,
                        **TINY_OPTIONS)
     names = [p["name"] for p in load_artifact(art_dir).manifest["params"]]
     assert "model.layers.0.mlp.experts.gate_up_proj.parts.1.weight_q" in names
-    core = make_core(art_dir, CpuBackend.create())
+    core = make_core(art_dir, CpuBackend.create() if kernel_set == "cpu" else None)
     ours = prefill_logits(core.runner, PROMPTS)
     hf = load_hf(path)
     _dequantized_in_place(hf, quantization)
@@ -89,3 +91,13 @@ def test_expert_layers_and_routing_read_as_transformers_does():
         # Mixtral always renormalizes (its router divides by the chosen ones' sum)
         assert s.normalize == (family is mixtral or bool(hf.get("norm_topk_prob"))), family.NAME
         assert s.sparse_layers == (True, True)
+    # a config silent on the experts' widths: transformers' defaults
+    for family, config_class in ((qwen3_moe, transformers.Qwen3MoeConfig),
+                                 (qwen2_moe, transformers.Qwen2MoeConfig)):
+        hf = raw_config(config_class(**small, num_hidden_layers=2).to_dict())
+        silent = {k: v for k, v in hf.items()
+                  if k not in ("moe_intermediate_size", "shared_expert_intermediate_size")}
+        s = family.Config.from_hf(silent).extra["moe"]
+        default = config_class()
+        assert s.expert_size == default.moe_intermediate_size, family.NAME
+        assert s.shared_expert_size == getattr(default, "shared_expert_intermediate_size", 0)
