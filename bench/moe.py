@@ -39,7 +39,8 @@ def synthetic_moe(root: Path, experts: int, top_k: int, hidden: int, expert_size
     if out.exists():
         return out
     hf_dir = make_tiny_model(
-        root / name, "qwen3_moe", layers=layers, context=4096, hidden_size=hidden,
+        root / name, "qwen3_moe", layers=layers, context=4096, merges=[("\u0120", "\u0120")],
+        hidden_size=hidden,
         intermediate_size=4 * hidden, num_attention_heads=hidden // 64,
         num_key_value_heads=max(1, hidden // 256), head_dim=64, num_experts=experts,
         num_experts_per_tok=top_k, moe_intermediate_size=expert_size, norm_topk_prob=True)
