@@ -245,6 +245,11 @@ class GGUFModel:
         match = _LAYER.fullmatch(gguf_name)
         if match and (name := listed_name(self.layer_names, match.group(2))) is not None:
             return f"model.layers.{match.group(1)}.{name}"
+        if match and "ffn_gate_inp.weight" in self.layer_names:  # (a family with experts)
+            from .models.moe import gguf_legacy_expert_name
+
+            if (name := gguf_legacy_expert_name(match.group(2))) is not None:
+                return f"model.layers.{match.group(1)}.{name}"
         raise GGUFFormatError(f"{self.path}: GGUF tensor {gguf_name!r} has no known HF name "
                               f"in the {self.family.NAME} family")
 

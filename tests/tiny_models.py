@@ -356,8 +356,8 @@ LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcod
 LLAMA_PERMUTED = ("llama", "granite", "smollm3", "arcee")
 
 
-def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {}
-               ) -> Path:
+def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {},
+               legacy_experts: bool = False) -> Path:
     """A tiny HF directory written as llama.cpp's ``convert_hf_to_gguf.py`` writes ``arch``
     (each architecture of tests/e2e/family_models.GGUF_CASES), read off its model classes:
     llama.cpp tensor names; Llama's (and Granite's, SmolLM3's) q/k rows interleaved per head;
@@ -371,7 +371,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     GPT-2's Conv1D weights transposed and GPT-2's own config names read; Command R's
     ``logit_scale``; the byte-level vocabulary as a "gpt2" tokenizer. ``types``: GGML types by
     tensor kind (``{"attn_v.weight": "Q8_0"}``), as a quantized file mixes them (Q4_K_M keeps
-    attn_v and ffn_down wider); float32 otherwise."""
+    attn_v and ffn_down wider); float32 otherwise. ``legacy_experts``: a mixture-of-experts
+    model's experts one tensor each (``blk.N.ffn_up.E.weight``), as llama.cpp wrote them before
+    it stacked them (April 2024)."""
     import math
 
     import gguf
@@ -514,7 +516,11 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             continue
         if ".experts." in name:  # stacked per layer and projection
             _, _, i, _, _, e, proj, _ = name.split(".")
-            stacks.setdefault(f"blk.{i}.{EXPERT_STACKS[proj]}.weight", {})[int(e)] = w
+            stacked = EXPERT_STACKS[proj]
+            if legacy_experts:
+                add(f"blk.{i}.{stacked.removesuffix('_exps')}.{e}.weight", w)
+            else:
+                stacks.setdefault(f"blk.{i}.{stacked}.weight", {})[int(e)] = w
             continue
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor
             module = name.split(".norms.")[0]

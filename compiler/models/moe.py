@@ -15,6 +15,7 @@ Semantics: HF transformers ``models/{mixtral,qwen2_moe,qwen3_moe,olmoe}/modeling
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -211,6 +212,21 @@ GGUF_EXPERT_NAMES = {
     "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
 }
+
+
+# llama.cpp's names before it stacked the experts (files converted before April 2024, most of
+# the Mixtral GGUFs on the Hub among them): one tensor an expert, ``ffn_gate.{expert}.weight``
+_LEGACY_EXPERT = re.compile(r"(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight")
+_LEGACY_PROJECTIONS = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
+
+
+def gguf_legacy_expert_name(layer_name: str) -> str | None:
+    """An older GGUF's per-expert tensor name within a layer (``ffn_up.3.weight``) as the
+    checkpoint's (``mlp.experts.3.up_proj.weight``), else None."""
+    m = _LEGACY_EXPERT.fullmatch(layer_name)
+    if m is None:
+        return None
+    return f"mlp.experts.{m.group(2)}.{_LEGACY_PROJECTIONS[m.group(1)]}.weight"
 
 
 def gguf_moe_config(key: Callable[..., Any], tensors: set[str], layers: int) -> dict[str, Any]:

@@ -207,6 +207,8 @@ GGUF_CASES = {
     "qwen2moe": ("qwen2_moe", {}),  # a shared expert and its gate (one row)
     "olmoe": ("olmoe", {"clip_qkv": None}),
     "llama+mixtral": ("mixtral", {"sliding_window": None}),
+    # ... and as llama.cpp wrote it before April 2024: one tensor an expert (ffn_up.E)
+    "llama+mixtral_legacy": ("mixtral", {"sliding_window": None}),
     "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
 }
 
@@ -238,7 +240,8 @@ def gguf_case(root: Path, arch: str) -> tuple[Path, Path]:
     hf_dir = make_tiny_model(root, family_name, seed=11, merges=[("\u0120", "\u0120")],
                              **{**FAMILIES[name], **changes})
     written = gguf_arch(arch)
-    return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{written}.gguf", written)
+    return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{written}.gguf", written,
+                              legacy_experts=arch.endswith("_legacy"))
 
 
 def gguf_arch(case: str) -> str:

@@ -282,6 +282,8 @@ def test_gguf_files_name_their_tensors_as_gguf_py_does(tmp_path):
 
     arch_of = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
     for case in sorted(GGUF_CASES):
+        if case.endswith("_legacy"):  # (names gguf-py no longer has: one tensor an expert)
+            continue
         hf_dir, file = gguf_case(tmp_path / case, case)
         written = {t.name for t in gguf.GGUFReader(str(file)).tensors}
         config = json.loads((hf_dir / "config.json").read_text())
