@@ -50,6 +50,8 @@ FAMILY_CONFIGS = {
         "shared_expert_intermediate_size": 64}),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 8, "num_experts_per_tok": 2,
                                                   "intermediate_size": 32}),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
+        "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "query_pre_attn_scalar": 24,
@@ -313,6 +315,8 @@ GGUF_LAYER_NAMES = {
     "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3 keeps them fused
     # mixture-of-experts routers and shared experts (the experts: EXPERT_STACKS)
     "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",  # (Granite MoE's)
+    "block_sparse_moe.output_linear": "ffn_down_exps",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
     "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
@@ -353,7 +357,7 @@ LAYER_NORM_ARCHS = ("stablelm", "phi2", "gptneox", "gpt2", "starcoder", "starcod
 
 
 # the architectures whose llama.cpp converter is LlamaModel's, q/k rows interleaved per head
-LLAMA_PERMUTED = ("llama", "granite", "smollm3", "arcee")
+LLAMA_PERMUTED = ("llama", "granite", "granitemoe", "smollm3", "arcee")
 
 
 def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, str] = {},
@@ -450,7 +454,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    if arch == "granite":  # GraniteModel.set_gguf_parameters: the multipliers as *_scale
+    if arch in ("granite", "granitemoe"):  # GraniteModel's: the multipliers as *_scale
         writer.add_embedding_scale(cfg["embedding_multiplier"])
         writer.add_attention_scale(cfg["attention_multiplier"])
         writer.add_residual_scale(cfg["residual_multiplier"])
@@ -513,6 +517,11 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
         if ".act_fn." in name:  # ApertusModel: per-layer arrays of keys, as stored
             xielu.setdefault(name.rsplit(".", 1)[1], {})[int(name.split(".")[2])] = float(
                 w.reshape(-1)[0])
+            continue
+        if name.endswith("block_sparse_moe.input_linear.weight"):  # GraniteMoeModel: split
+            i = name.split(".")[2]
+            add(f"blk.{i}.ffn_gate_exps.weight", w[:, :cfg["intermediate_size"]])
+            add(f"blk.{i}.ffn_up_exps.weight", w[:, cfg["intermediate_size"]:])
             continue
         if ".experts." in name:  # stacked per layer and projection
             _, _, i, _, _, e, proj, _ = name.split(".")

@@ -20,7 +20,8 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
-from .decoder import DecoderConfig, DecoderForCausalLM, Layer, fuse_layer_weights
+from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, SequentialLayer,
+                      fuse_layer_weights)
 from .paged_attention import AttentionSpec
 
 NAME = "granite"
@@ -53,9 +54,11 @@ class Config(DecoderConfig):
         return replace(super().attention(layer, dtype), scale=self.extra["attention_multiplier"])
 
 
-class GraniteLayer(Layer):
-    def __init__(self, c: DecoderConfig, attn, quant) -> None:
-        super().__init__(c, attn, quant)
+class GraniteLayer(SequentialLayer):
+    """``mlp``: the layer's MLP where it is not the gated one (Granite MoE's experts)."""
+
+    def __init__(self, c: DecoderConfig, attn, quant, mlp: nn.Module | None = None) -> None:
+        super().__init__(c, Attention(c, attn, quant), mlp or GatedMLP(c, quant), quant.dtype)
         self.residual_multiplier = c.extra["residual_multiplier"]
 
     def forward(self, h: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:

@@ -21,6 +21,9 @@ FAMILIES = {
     "qwen2_moe": {"tie": False},
     # OLMoE: OLMo 2's full-width q/k norms, clamped q/k/v, 8 experts of 32
     "olmoe": {"tie": False, "clip_qkv": 1.5},
+    # Granite MoE: Granite's four multipliers, experts stacked in the checkpoint
+    "granitemoe": {"tie": False, "embedding_multiplier": 3.0, "attention_multiplier": 0.2,
+                   "residual_multiplier": 0.5, "logits_scaling": 2.0},
     # fused qkv and gate_up in the checkpoint; a window shorter than the longer prompts;
     # longrope on half of each head (Phi-3.5 / Phi-4-mini): prompts within the pretrained 64
     # positions (short factors), the 32 greedy tokens cross it (long factors from position 64)
@@ -207,6 +210,8 @@ GGUF_CASES = {
     "qwen2moe": ("qwen2_moe", {}),  # a shared expert and its gate (one row)
     "olmoe": ("olmoe", {"clip_qkv": None}),
     "llama+mixtral": ("mixtral", {"sliding_window": None}),
+    # Granite MoE: its stacked input_linear split into gate and up stacks, the multipliers
+    "granitemoe": ("granitemoe", {}),
     # ... and as llama.cpp wrote it before April 2024: one tensor an expert (ffn_up.E)
     "llama+mixtral_legacy": ("mixtral", {"sliding_window": None}),
     "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms

@@ -290,9 +290,13 @@ def test_gguf_files_name_their_tensors_as_gguf_py_does(tmp_path):
         layers = config.get("num_hidden_layers") or config.get("n_layer")
         names = gguf.get_tensor_name_map(arch_of[gguf_arch(case)], layers)
         with safe_open(str(hf_dir / "model.safetensors"), "np") as f:
-            # (a layer's experts: one stacked tensor a projection, named without the expert)
+            # (a layer's experts: one stacked tensor a projection, named without the expert;
+            # Granite MoE's gate|up stack: two, split by GraniteMoeModel.modify_tensors)
             expected = {names.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", n),
                                        try_suffixes=(".weight", ".bias")) for n in f.keys()}
+            expected |= {f"blk.{n.split('.')[2]}.{stack}.weight" for n in f.keys()
+                         if n.endswith("block_sparse_moe.input_linear.weight")
+                         for stack in ("ffn_gate_exps", "ffn_up_exps")}
         expected.discard(None)
         assert {n for n in written if not CONVERTER_EXTRAS.fullmatch(n)} == {
             n for n in expected if not CONVERTER_EXTRAS.fullmatch(n)}, case

@@ -62,7 +62,7 @@ def test_expert_layers_and_routing_read_as_transformers_does():
     import transformers
 
     from wick.compiler.hf_source import raw_config
-    from wick.compiler.models import mixtral, olmoe, qwen2_moe, qwen3_moe
+    from wick.compiler.models import granitemoe, mixtral, olmoe, qwen2_moe, qwen3_moe
 
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                  num_key_value_heads=1)
@@ -82,14 +82,16 @@ def test_expert_layers_and_routing_read_as_transformers_does():
     for family, config_class, expert_size in (
             (qwen3_moe, transformers.Qwen3MoeConfig, "moe_intermediate_size"),
             (mixtral, transformers.MixtralConfig, "intermediate_size"),
-            (olmoe, transformers.OlmoeConfig, "intermediate_size")):
+            (olmoe, transformers.OlmoeConfig, "intermediate_size"),
+            (granitemoe, transformers.GraniteMoeConfig, "intermediate_size")):
         hf = raw_config(config_class(**small, num_hidden_layers=2).to_dict())
         s = family.Config.from_hf(hf).extra["moe"]
         experts = hf.get("num_experts") or hf.get("num_local_experts")
         assert (s.num_experts, s.top_k, s.expert_size) == (
             experts, hf["num_experts_per_tok"], hf[expert_size]), family.NAME
-        # Mixtral always renormalizes (its router divides by the chosen ones' sum)
-        assert s.normalize == (family is mixtral or bool(hf.get("norm_topk_prob"))), family.NAME
+        # Mixtral and Granite MoE always renormalize (a softmax over the chosen ones)
+        assert s.normalize == (family in (mixtral, granitemoe)
+                               or bool(hf.get("norm_topk_prob"))), family.NAME
         assert s.sparse_layers == (True, True)
     # a config silent on the experts' widths: transformers' defaults
     for family, config_class in ((qwen3_moe, transformers.Qwen3MoeConfig),
