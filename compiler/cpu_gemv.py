@@ -134,36 +134,11 @@ def _block_names(func: tirx.PrimFunc) -> list[str]:
         return []
 
 
-@functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes; parsing takes ~0.3 s)
-def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "avx512",
-                        bits: int = 4, dequantized_chunks: bool | None = None) -> tirx.PrimFunc:
-    """The kernel, with the matched function's parameters: x (b, K), w (N, K * bits / 32)
-    uint32, scale (N, K/32), minimum (N, K/32), one parameter per add (``adds``: "bias" (N,)
-    or "residual" (b, N), added in that order), out (b, N). ``isa``: the vector registers the
-    tiles are sized for (cpu_schedules.vector_isa: "avx512", "avx2", or "wasm": weights
-    converted 4 lanes at a time, narrower tiles, one partial sum). ``bits`` 8: the
-    q8 packing, a group's 32 bytes its 32 weights in order (its two halves take the places of
-    the q4 group's even and odd weights). ``dequantized_chunks``: whether a step of
-    ``CHUNK_TILES[isa]`` of the widest tiles or more dequantizes each task's chunk of weights
-    once for all its tiles (default: where the chunk's floats fit ``CHUNK_BYTES``; False:
-    never, True: always)."""
-    if bits not in (4, 8):
-        raise ValueError(f"bits must be 4 or 8, not {bits}")
-    G = K // GROUP
-    q8 = bits == 8
-    wasm = isa == "wasm"
-    lanes = 4 if wasm else HALF
-    tiles = ISA_TILES[isa]
-    tiles = tiles + (1,) * (4 - len(tiles))
-    # with AVX-512 a row keeps two partial sums (even weights, odd weights): two chains of
-    # multiply-adds instead of one, so a lone decode row is not bound by their latency (one
-    # tile's rows all do, or a row's sum would change order with its tile)
-    split = isa == "avx512"
-    if dequantized_chunks is None:
-        dequantized_chunks = COLS * K * 4 <= CHUNK_BYTES
+def _kernel_macros() -> SimpleNamespace:
+    """The kernels' shared pieces (macros; the functions using them pass each other through
+    one argument, ``k``). A macro sees the names the function that uses it sees: K, N, G,
+    ``bits``, module globals and the arguments; tile sizes and flags are passed in."""
 
-    # (a macro sees the names the functions that use it see: K, N, G, module globals and the
-    # arguments; tile sizes and flags are passed in)
     @T.macro(hygienic=False)
     def dequantize_group(dst, base, wb, s, m, j, g, lanes, q8):
         # output j's group g as floats: dst[base : base + HALF] its even weights (q8: its
@@ -210,10 +185,13 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
                             + src[base + HALF + c * lanes + u] * xs[row0 + r, g, 1, c * lanes + u])
 
     @T.macro(hygienic=False)
-    def tile(row0, rows, xs, wb, s, m, out, j, lanes, split, q8, wd, jj, chunk, k):
+    def tile(row0, rows, xs, wb, s, m, out, j, lanes, split, q8, wd, jj, chunk, k, x0, wj):
         # (inside the parallel loop: private) ``rows`` rows share each group's weights:
         # dequantized here once per group, or (``chunk``) read from the chunk's weights that
-        # the task dequantized once for all its tiles (``wd``, output ``jj`` of the chunk)
+        # the task dequantized once for all its tiles (``wd``, output ``jj`` of the chunk).
+        # Output rows ``row0..`` of column ``j``, from input rows ``x0..`` (of ``xs``) and
+        # weight row ``wj`` (the dense kernel: x0 = row0, wj = j; the experts': the token's
+        # input and its expert's row)
         acc = T.alloc_buffer((rows, HALF), "float32")
         acc2 = T.alloc_buffer((rows, HALF), "float32")
         if not chunk:  # (a Python constant: a chunk's tiles read ``wd``)
@@ -224,11 +202,11 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
                 acc2[r, t] = T.float32(0)
         for g in range(G):
             if chunk:  # (a Python constant)
-                k.accumulate(row0, rows, acc, acc2, xs, wd, (jj * G + g) * GROUP, g, split,
+                k.accumulate(x0, rows, acc, acc2, xs, wd, (jj * G + g) * GROUP, g, split,
                              lanes)
             else:
-                k.dequantize_group(wg, 0, wb, s, m, j, g, lanes, q8)
-                k.accumulate(row0, rows, acc, acc2, xs, wg, 0, g, split, lanes)
+                k.dequantize_group(wg, 0, wb, s, m, wj, g, lanes, q8)
+                k.accumulate(x0, rows, acc, acc2, xs, wg, 0, g, split, lanes)
         # each row's lanes pairwise (vector adds): the same sums in the same order whatever
         # the tile, so a row's result never depends on the rows beside it (batch invariance)
         for r in T.unroll(rows):
@@ -250,34 +228,71 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
             for jj in range(COLS):
                 if N % COLS == 0 or jc * COLS + jj < N:
                     k.tile(i0 * tiles[0], tiles[0], xs, wb, s, m, out, jc * COLS + jj,
-                           lanes, split, q8, wd, jj, chunk, k)
+                           lanes, split, q8, wd, jj, chunk, k, i0 * tiles[0], jc * COLS + jj)
         for jj in range(COLS):
             if N % COLS == 0 or jc * COLS + jj < N:
                 # (tiles: four sizes; a repeated 1 at the end never runs: b % 1 is 0)
                 if b % tiles[0] >= tiles[1]:
                     k.tile(b - b % tiles[0], tiles[1], xs, wb, s, m, out, jc * COLS + jj,
-                           lanes, split, q8, wd, jj, chunk, k)
+                           lanes, split, q8, wd, jj, chunk, k, b - b % tiles[0], jc * COLS + jj)
                 if b % tiles[1] >= tiles[2]:
                     k.tile(b - b % tiles[1], tiles[2], xs, wb, s, m, out, jc * COLS + jj,
-                           lanes, split, q8, wd, jj, chunk, k)
+                           lanes, split, q8, wd, jj, chunk, k, b - b % tiles[1], jc * COLS + jj)
                 if b % tiles[2] >= tiles[3]:
                     k.tile(b - b % tiles[2], tiles[3], xs, wb, s, m, out, jc * COLS + jj,
-                           lanes, split, q8, wd, jj, chunk, k)
+                           lanes, split, q8, wd, jj, chunk, k, b - b % tiles[2], jc * COLS + jj)
+
+    @T.macro(hygienic=False)
+    def split_rows(rows, xf, xs, q8):
+        # ``rows`` input rows (``xf``: their floats one after another) split into each
+        # group's even and odd elements (q8: its halves), as the tiles read them
+        for i in range(rows):
+            for g in range(G):
+                for t in range(HALF):
+                    if q8:
+                        xs[i, g, 0, t] = xf[i * K + g * GROUP + t]
+                        xs[i, g, 1, t] = xf[i * K + g * GROUP + HALF + t]
+                    else:
+                        xs[i, g, 0, t] = xf[i * K + g * GROUP + 2 * t]
+                        xs[i, g, 1, t] = xf[i * K + g * GROUP + 2 * t + 1]
+
+    return SimpleNamespace(dequantize_group=dequantize_group, accumulate=accumulate, tile=tile,
+                           row_tiles=row_tiles, split_rows=split_rows)
+
+
+@functools.lru_cache(maxsize=None)  # (a model's plans repeat shapes; parsing takes ~0.3 s)
+def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "avx512",
+                        bits: int = 4, dequantized_chunks: bool | None = None) -> tirx.PrimFunc:
+    """The kernel, with the matched function's parameters: x (b, K), w (N, K * bits / 32)
+    uint32, scale (N, K/32), minimum (N, K/32), one parameter per add (``adds``: "bias" (N,)
+    or "residual" (b, N), added in that order), out (b, N). ``isa``: the vector registers the
+    tiles are sized for (cpu_schedules.vector_isa: "avx512", "avx2", or "wasm": weights
+    converted 4 lanes at a time, narrower tiles, one partial sum). ``bits`` 8: the
+    q8 packing, a group's 32 bytes its 32 weights in order (its two halves take the places of
+    the q4 group's even and odd weights). ``dequantized_chunks``: whether a step of
+    ``CHUNK_TILES[isa]`` of the widest tiles or more dequantizes each task's chunk of weights
+    once for all its tiles (default: where the chunk's floats fit ``CHUNK_BYTES``; False:
+    never, True: always)."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, not {bits}")
+    G = K // GROUP
+    q8 = bits == 8
+    wasm = isa == "wasm"
+    lanes = 4 if wasm else HALF
+    tiles = ISA_TILES[isa]
+    tiles = tiles + (1,) * (4 - len(tiles))
+    # with AVX-512 a row keeps two partial sums (even weights, odd weights): two chains of
+    # multiply-adds instead of one, so a lone decode row is not bound by their latency (one
+    # tile's rows all do, or a row's sum would change order with its tile)
+    split = isa == "avx512"
+    if dequantized_chunks is None:
+        dequantized_chunks = COLS * K * 4 <= CHUNK_BYTES
 
     @T.macro(hygienic=False)
     def body(b, x, w, s, m, out, tiles, lanes, split, q8, chunks, chunk_tiles, k):
         wb = T.decl_buffer((N * K * bits // 8,), "uint8", data=w.data)  # the bytes one by one
-        # the input rows split into each group's even and odd elements (q8: its halves)
         xs = T.alloc_buffer((b, G, 2, HALF), "float32")
-        for i in range(b):
-            for g in range(G):
-                for t in range(HALF):
-                    if q8:
-                        xs[i, g, 0, t] = x[i, g * GROUP + t]
-                        xs[i, g, 1, t] = x[i, g * GROUP + HALF + t]
-                    else:
-                        xs[i, g, 0, t] = x[i, g * GROUP + 2 * t]
-                        xs[i, g, 1, t] = x[i, g * GROUP + 2 * t + 1]
+        k.split_rows(b, T.decl_buffer((b * K,), "float32", data=x.data), xs, q8)
         # Outputs in chunks of COLS, a task each; in a chunk, each tile of rows goes over the
         # chunk's outputs before the next tile: the tile's inputs (8 rows x K floats) stay in
         # L1 while the chunk's weights (COLS x K/2 bytes) come from L2. (Output by output,
@@ -305,8 +320,7 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
     CHUNK_TILES_ = CHUNK_TILES[isa]
     # (macros that call macros get them through one argument: a macro sees only the names
     # the function that uses it sees)
-    MACROS = SimpleNamespace(dequantize_group=dequantize_group, accumulate=accumulate, tile=tile,
-                             row_tiles=row_tiles)  # (seen below)
+    MACROS = _kernel_macros()  # (seen below)
 
     # The adds after the matmul: each one float32 addition (x + y == y + x exactly), in the
     # TE function's order, so the bits are its bits. One source for the four signatures: the
@@ -340,6 +354,81 @@ def q4_matmul_prim_func(N: int, K: int, adds: tuple[str, ...] = (), isa: str = "
                 out[i, j] = r[i, j] + out[i, j]
 
     return without_unused_adds(q4_matmul, 4, BIAS, RESIDUAL)
+
+
+def match_expert_matmul(func: tirx.PrimFunc) -> dict | None:
+    """``{"E", "N", "K", "S", "per_slot", "bits"}`` when ``func`` is a float32 q4/q8 expert
+    matmul as compiler/models/layers.py's ``ExpertLinears`` builds it (x (n, K) or (n, S, K),
+    experts (n, S) int32, stacked packed weights (E, N, ..), out (n, S, N)), else None."""
+    if _block_names(func) != ["dequantize", "matmul"] or len(func.params) != 6:
+        return None
+    x, experts, w, s, m, out = (p.ty for p in func.params)
+    try:
+        E, N, words = (int(d) for d in w.shape)
+        S, K = int(experts.shape[1]), int(x.shape[-1])
+    except (TypeError, ValueError):
+        return None
+    bits = 4 if words * 8 == K else 8 if words * 4 == K else 0
+    per_slot = len(x.shape) == 3
+    ok = (bits and K % GROUP == 0 and str(w.dtype) == "uint32"
+          and str(experts.dtype) == "int32" and len(experts.shape) == 2
+          and all(str(t.dtype) == "float32" for t in (x, s, m, out))
+          and [int(d) for d in s.shape] == [E, N, K // GROUP] == [int(d) for d in m.shape]
+          and (not per_slot or int(x.shape[1]) == S) and len(out.shape) == 3
+          and [int(d) for d in out.shape[1:]] == [S, N])
+    return {"E": E, "N": N, "K": K, "S": S, "per_slot": per_slot, "bits": bits} if ok else None
+
+
+@functools.lru_cache(maxsize=None)
+def expert_matmul_prim_func(E: int, N: int, K: int, S: int, per_slot: bool,
+                            isa: str = "avx512", bits: int = 4) -> tirx.PrimFunc:
+    """The expert matmul of ``match_expert_matmul``'s parameters as a kernel of the dense one's
+    pieces: for each token and slot, the GEMV of its expert's packed rows (weight row
+    ``expert * N + j`` of the stack), a group of 32 weights dequantized at a time into
+    floats, as the dense kernel's one-row tiles do. Outputs in chunks of COLS run in parallel;
+    each (token, slot, output) sum runs in one order whatever else the step holds."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, not {bits}")
+    G = K // GROUP
+    LANES = 4 if isa == "wasm" else HALF
+    SPLIT, Q8 = isa == "avx512", bits == 8
+    X_ROWS = S if per_slot else 1  # input rows a token has (its slots' own, or one for all)
+    SLOT_ROW = 1 if per_slot else 0
+    MACROS = _kernel_macros()
+    n = tirx.Var("n", "int64")
+    X_SHAPE = (n, S, K) if per_slot else (n, K)
+
+    @T.prim_func(s_tir=True)
+    def expert_matmul(var_x: T.handle, var_e: T.handle, var_w: T.handle, var_s: T.handle,
+                      var_m: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        experts = T.match_buffer(var_e, (n, S), "int32")
+        x = T.match_buffer(var_x, X_SHAPE, "float32")
+        w = T.match_buffer(var_w, (E, N, K * bits // 32), "uint32")
+        s = T.match_buffer(var_s, (E, N, G), "float32")
+        m = T.match_buffer(var_m, (E, N, G), "float32")
+        out = T.match_buffer(var_out, (n, S, N), "float32")
+        # the stacks as one matrix of E * N rows, the output as (n * S) rows
+        wb = T.decl_buffer((E * N * K * bits // 8,), "uint8", data=w.data)
+        s2 = T.decl_buffer((E * N, G), "float32", data=s.data)
+        m2 = T.decl_buffer((E * N, G), "float32", data=m.data)
+        out2 = T.decl_buffer((n * S, N), "float32", data=out.data)
+        xs = T.alloc_buffer((n * X_ROWS, G, 2, HALF), "float32")
+        MACROS.split_rows(n * X_ROWS, T.decl_buffer((n * X_ROWS * K,), "float32", data=x.data),
+                          xs, Q8)
+        for jc in T.parallel((N + COLS - 1) // COLS):
+            for i in range(n):
+                for sl in range(S):
+                    for jj in range(COLS):
+                        if N % COLS == 0 or jc * COLS + jj < N:
+                            # (the expert clamped into the stack, as the TE function reads it)
+                            MACROS.tile(i * S + sl, 1, xs, wb, s2, m2, out2, jc * COLS + jj,
+                                        LANES, SPLIT, Q8, xs, jj, False, MACROS,
+                                        i * X_ROWS + sl * SLOT_ROW,
+                                        T.Cast("int64", T.min(experts[i, sl], E - 1)) * N
+                                        + jc * COLS + jj)
+
+    return expert_matmul
 
 
 def without_unused_adds(func: tirx.PrimFunc, first: int, bias: bool,

@@ -65,12 +65,16 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     from tvm import s_tir
 
     from .cpu_gemm import f32_matmul_prim_func, f32_matmul_rows_in_lanes, match_f32_matmul
-    from .cpu_gemv import match_q4_matmul, q4_matmul_prim_func
+    from .cpu_gemv import (expert_matmul_prim_func, match_expert_matmul, match_q4_matmul,
+                           q4_matmul_prim_func)
 
     isa = vector_isa(target)
     q4 = match_q4_matmul(func)
     if q4 is not None:  # the float32 q4/q8 matmul: a kernel written for it (cpu_gemv.py)
         return q4_matmul_prim_func(**q4, isa=isa)
+    experts = match_expert_matmul(func)
+    if experts is not None:  # ... and a mixture-of-experts step's gathered one, of its pieces
+        return expert_matmul_prim_func(**experts, isa=isa)
     f32 = match_f32_matmul(func)
     if f32 is not None:  # the float32 matmul of plain weights: another (cpu_gemm.py)
         if func.attrs is not None and func.attrs.get(WIDE_BATCHES):

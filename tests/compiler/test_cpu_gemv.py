@@ -195,3 +195,63 @@ def test_a_step_of_many_rows_dequantizes_each_chunk_once_with_the_same_bits(isa,
     # further out than the packed weights: slower)
     wide = CHUNK_BYTES // (4 * COLS) + GROUP
     assert "wd = " not in q4_matmul_prim_func(N, wide, isa=isa, bits=bits).script()
+
+
+def te_expert_matmul(E: int, N: int, K: int, S: int, per_slot: bool, bits: int = 4):
+    """compiler/models/layers.py's ExpertLinears function itself: x (n, K) or (n, S, K),
+    experts (n, S), the stacked packed weights (E, N, ..), out (n, S, N)."""
+    from wick.compiler.models.layers import ExpertLinears
+
+    quant = get_quantization("q4f32_1" if bits == 4 else "q8f32_1")
+    n = te.var("n", "int64")
+    x = te.placeholder((n, S, K) if per_slot else (n, K), "float32", name="x")
+    experts = te.placeholder((n, S), "int32", name="experts")
+    w = te.placeholder((E, N, K * bits // 32), "uint32", name="w")
+    s = te.placeholder((E, N, K // 32), "float32", name="s")
+    m = te.placeholder((E, N, K // 32), "float32", name="m")
+    out = ExpertLinears(E, K, N, quant)._compute(x, experts, w, s, m)
+    return te.create_prim_func([x, experts, w, s, m, out])
+
+
+def expert_case(E: int, N: int, K: int, S: int, n: int, per_slot: bool, bits: int, seed: int = 3):
+    """Arguments of an expert matmul (one expert index out of range: the kernel clamps it, as
+    the TE function does) and numpy's answer on the dequantized weights."""
+    rng = np.random.default_rng(seed)
+    packed, scale, minimum = quantize(rng.standard_normal((E * N, K)).astype(np.float32),
+                                      get_quantization("q4f32_1" if bits == 4 else "q8f32_1"))
+    weight = dequantize(packed, scale, minimum).reshape(E, N, K).astype(np.float64)
+    x = rng.standard_normal((n, S, K) if per_slot else (n, K)).astype(np.float32)
+    experts = rng.integers(0, E, size=(n, S)).astype(np.int32)
+    experts[0, 0] = E + 3
+    rows = x if per_slot else np.repeat(x[:, None], S, axis=1)
+    want = np.einsum("rsk,rsjk->rsj", rows.astype(np.float64), weight[np.minimum(experts, E - 1)])
+    args = [x, experts, packed.reshape(E, N, -1), scale.reshape(E, N, -1),
+            minimum.reshape(E, N, -1), np.zeros((n, S, N), np.float32)]
+    return args, want
+
+
+def run_native(func, args):
+    lib = tvm.tirx.build(tvm.IRModule({"main": schedule(func, cpu_target())
+                                       .with_attr("global_symbol", "main")}), target=cpu_target())
+    arrays = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]
+    lib["main"](*arrays)
+    return arrays[-1].numpy()
+
+
+@pytest.mark.parametrize("per_slot", [False, True])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_expert_matmul_matches_numpy_and_keeps_a_rows_bits(per_slot, bits):
+    """A mixture-of-experts step's gathered matmul (each token's slots read their experts'
+    rows) is cpu_gemv's kernel, equal to numpy on the dequantized weights, and a token's
+    outputs are the same bits alone and beside others. N = 40: a chunk of outputs is partial."""
+    from wick.compiler.cpu_gemv import match_expert_matmul
+
+    func = te_expert_matmul(5, 40, 96, 3, per_slot, bits)
+    assert match_expert_matmul(func) == {"E": 5, "N": 40, "K": 96, "S": 3,
+                                         "per_slot": per_slot, "bits": bits}
+    assert "expert_matmul" in schedule(func, cpu_target()).script()
+    args, want = expert_case(5, 40, 96, 3, 6, per_slot, bits)
+    got = run_native(func, args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    alone = run_native(func, [a[:1] if a.ndim >= 2 and a.shape[0] == 6 else a for a in args])
+    assert np.array_equal(alone[0], got[0])

@@ -18,7 +18,7 @@ from wick.compiler.quantization import dequantize, get_quantization, quantize
 from wick.compiler.targets.wasm import build_wasm_libraries, wasm_target
 
 from .test_cpu_gemm import te_f32_matmul
-from .test_cpu_gemv import te_matmul
+from .test_cpu_gemv import expert_case, te_expert_matmul, te_matmul
 from .wasm_call import RELAXED_PROBE, call, node_with_relaxed_simd
 
 pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is missing")
@@ -169,6 +169,20 @@ def test_f32_matmul_in_wasm_matches_numpy(tmp_path, wide):
                            tmp_path)
         assert answer["rc"] == 0, answer
         np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("per_slot", [False, True])
+def test_expert_matmul_in_wasm_matches_numpy(tmp_path, per_slot):
+    """A mixture-of-experts step's gathered q4 matmul (compiler/cpu_gemv.py's kernel, four
+    lanes at a time) in wasm32."""
+    func = te_expert_matmul(5, 40, 96, 3, per_slot)
+    data, _ = build_wasm_libraries({"experts": func})["wasm"]
+    wasm = tmp_path / "experts.wasm"
+    wasm.write_bytes(data)
+    args, want = expert_case(5, 40, 96, 3, 4, per_slot, 4)
+    answer, out = call(wasm, "experts", args, tmp_path)
+    assert answer["rc"] == 0, answer
+    np.testing.assert_allclose(out[-1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_a_kernel_check_comes_back_as_its_message(q4_module, tmp_path):

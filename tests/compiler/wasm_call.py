@@ -14,7 +14,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 # DLPack's dtype words: code | bits << 8 | lanes << 16
-DTYPE_WORDS = {"float32": 2 | 32 << 8 | 1 << 16, "uint32": 1 | 32 << 8 | 1 << 16}
+DTYPE_WORDS = {"float32": 2 | 32 << 8 | 1 << 16, "uint32": 1 | 32 << 8 | 1 << 16,
+               "int32": 0 | 32 << 8 | 1 << 16}
 
 
 def _executor_probe() -> bytes:
