@@ -1,7 +1,7 @@
-"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a router scores each token
-against ``num_experts`` gated MLPs, the ``top_k`` best run on it, and their outputs are summed
-weighted by the router's softmax probabilities (renormalized over the chosen ones where the
-family does: Mixtral always, Qwen and OLMoE by ``norm_topk_prob``).
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE): a router scores
+each token against ``num_experts`` gated MLPs, the ``top_k`` best run on it, and their outputs
+are summed weighted by the router's softmax probabilities (renormalized over the chosen ones
+where the family does: Mixtral and Granite MoE always, Qwen and OLMoE by ``norm_topk_prob``).
 
 Every step runs the same kernels whatever the router chooses (the engine's plans are data, with
 no branches): the top-k is computed as each expert's rank among the token's scores (how many
@@ -9,7 +9,7 @@ score higher, ties to the lower index, as one reduction), a slot's expert is the
 rank, and ``ExpertLinears`` reads only the chosen experts' weights. A one-token decode step
 thus reads top_k experts' weights per layer, not all of them (Qwen3-30B-A3B: 8 of 128).
 
-Semantics: HF transformers ``models/{mixtral,qwen2_moe,qwen3_moe,olmoe}/modeling_*.py``
+Semantics: HF transformers ``models/{mixtral,qwen2_moe,qwen3_moe,olmoe,granitemoe}/modeling_*.py``
 (softmax over all experts in float32, ``torch.topk``, then the optional renormalization).
 """
 
