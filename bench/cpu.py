@@ -188,7 +188,8 @@ def browser_half(args) -> None:
     tok = Tokenizer.from_file(str(Path(artifact) / manifest["tokenizer"]["file"]))
     ids = tok.encode(PROMPT, add_special_tokens=False).ids
     text = tok.decode((ids * (args.prompt_tokens // len(ids) + 1))[: args.prompt_tokens])
-    ours, theirs = bench_browser(Path(artifact), args.model, gguf_path(args.model), text,
+    # (the engine names a model by its artifact's id: a GGUF path's file stem)
+    ours, theirs = bench_browser(Path(artifact), manifest["model_id"], gguf_path(args.model), text,
                                  args.tokens, args.batch, args.browser_threads or args.threads)
     print_table(ours, theirs, args.batch)
 

@@ -55,7 +55,7 @@ def bench_files(gguf: Path) -> str:
         link = d / name
         if link.is_symlink() or link.exists():
             link.unlink()
-        link.symlink_to(target)
+        link.symlink_to(Path(target).resolve())  # (a relative path is not the link's)
     return str(d)
 
 
