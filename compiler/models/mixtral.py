@@ -8,13 +8,12 @@ Semantics: HF transformers ``models/mixtral/modeling_mixtral.py``.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 import numpy as np
 
 from . import mistral
-from .decoder import fuse_layer_weights
+from .decoder import fuse_layer_weights, renamed_weights
 from .moe import GGUF_EXPERT_NAMES, MoeModel, MoeSettings, gguf_moe_config, moe_weights
 
 NAME = "mixtral"
@@ -29,9 +28,9 @@ def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
     always do). LlamaModel's converter writes no window."""
     return gguf_moe_config(key, tensors, key("block_count"))
 
-# an expert's projections as the checkpoint names them -> the gated MLP's names
-_EXPERT_PROJECTIONS = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
-_EXPERT_WEIGHT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.(experts\.\d+\.)?(\w+)\.weight$")
+# the checkpoint's MLP and expert projections -> the names the other MoE families have
+RENAMES = {"block_sparse_moe.": "mlp.", ".w1.": ".gate_proj.", ".w2.": ".down_proj.",
+           ".w3.": ".up_proj."}
 
 
 class Config(mistral.Config):
@@ -46,18 +45,6 @@ class Config(mistral.Config):
 Model = MoeModel
 
 
-def hf_names(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Mixtral's names as the other MoE families': ``mlp.gate``, ``mlp.experts.{e}.gate_proj``."""
-    out = {}
-    for name, w in weights.items():
-        m = _EXPERT_WEIGHT.match(name)
-        if m:
-            layer, expert, proj = m.groups()
-            name = f"{layer}.mlp.{expert or ''}{_EXPERT_PROJECTIONS.get(proj, proj)}.weight"
-        out[name] = w
-    return out
-
-
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    weights = hf_names(weights)
+    weights = renamed_weights(weights, RENAMES)
     return {**fuse_layer_weights(c, weights), **moe_weights(c, c.extra["moe"], weights)}
