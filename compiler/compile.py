@@ -22,7 +22,7 @@ import numpy as np
 
 from ..engine.artifact import MANIFEST_NAME, SHARD_MAX_BYTES, VERIFY_MARKER, cpu_kernels_misfit
 from ..engine.errors import InvalidRequestError
-from . import paths
+from . import lazy_weights, paths
 from .artifact_writer import artifact_problems, build_lock, sweep_stale_builds, write_artifact
 from .cpu_schedules import WIDE_BATCHES
 from .embedding_files import special_tokens
@@ -163,9 +163,37 @@ def _weight_for(name: str, converted: dict[str, np.ndarray], packing: Packing,
     return whole[..., start:stop, :] if whole.ndim > 1 else whole[start:stop]
 
 
+class _ReadOnDemand:
+    """The converted weights (``LazyArray``s, read from the source when asked), as
+    ``_weight_for`` asks for them one parameter after another: each read when first asked
+    and kept until a parameter of another module asks (a weight split into parts, and its
+    bias, read once), so a compile holds one module's floats at a time."""
+
+    def __init__(self, converted: dict[str, np.ndarray], source: Path) -> None:
+        self.converted, self.source = converted, source
+        self.module: str | None = None
+        self.read: dict[str, np.ndarray] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.converted
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        module = name.rpartition(".")[0]
+        if module != self.module:
+            self.module, self.read = module, {}
+        if name not in self.read:
+            from .sources import reading
+
+            with reading(self.source):  # (a damaged file shows here now, named)
+                self.read[name] = lazy_weights.read(self.converted[name])
+        return self.read[name]
+
+
 def _convert(names: list[str], converted: dict[str, np.ndarray], packing: Packing,
-             max_bytes: int) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield the compiled model's parameters in order, quantizing packed weights on the way."""
+             max_bytes: int, source: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield the compiled model's parameters in order, quantizing packed weights on the way;
+    each source weight is read here (lazy_weights), when its parameter is written."""
+    converted = _ReadOnDemand(converted, source)
     for name in names:
         if name.endswith((".weight_scale", ".weight_min")):
             continue  # produced together with their .weight_q
@@ -591,6 +619,7 @@ def compile_model(
                                                               prefill_chunk_size),
                                  sampling=_sampling_section(entry_name or model, hf)),
             source={"model": origin, "sha256": source_hash}, options=options)
-        return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes),
+        return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes,
+                                                                   source.path),
                               num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
                               shard_max_bytes=shard_max_bytes, kernel_sets=built_sets)

@@ -19,6 +19,7 @@ References: llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel.permute``) and
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +30,7 @@ from gguf.quants import dequantize
 
 from ..engine.errors import WickError
 from .gguf_read import open_gguf
+from .lazy_weights import LazyArray
 from .rope_rows import pairs_to_halves
 from .tokenizer_build import BuiltTokenizer, build_from_gguf
 
@@ -217,7 +219,9 @@ class GGUFModel:
     def weights(
         self, config: dict[str, Any], progress: Progress | None = None
     ) -> dict[str, np.ndarray]:
-        """Every tensor dequantized to float32, under its HF name, in HF layout."""
+        """Every tensor dequantized to float32, under its HF name, in HF layout: each a
+        ``LazyArray`` dequantized when the compiler writes it (the shape is the header's; the
+        family's own changes keep it)."""
         out: dict[str, np.ndarray] = {}
         tensors = self.reader.tensors
         for done, tensor in enumerate(tensors):
@@ -225,18 +229,24 @@ class GGUFModel:
                 continue
             name = self.hf_name(tensor.name)
             shape = tuple(int(d) for d in reversed(tensor.shape))  # numpy order
-            data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
-            array = np.array(data, dtype=np.float32, copy=True).reshape(shape)  # own the memory
-            array = getattr(self.family, "gguf_tensor", lambda n, a: a)(name, array)
-            if self.family.GGUF_PERMUTED_QK and ".self_attn.q_proj." in name:
-                array = pairs_to_halves(array, config["num_attention_heads"])
-            elif self.family.GGUF_PERMUTED_QK and ".self_attn.k_proj." in name:
-                array = pairs_to_halves(array, config["num_key_value_heads"])
-            out[name] = array
+            out[name] = LazyArray(functools.partial(self._hf_tensor, tensor, name, shape, config),
+                                  shape, np.float32)
             if progress is not None:
                 progress("dequantize", done + 1, len(tensors))
         self._check_complete(out, config)
         return out
+
+    def _hf_tensor(self, tensor, name: str, shape: tuple[int, ...],
+                   config: dict[str, Any]) -> np.ndarray:
+        """One tensor as float32 in HF layout."""
+        data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
+        array = np.array(data, dtype=np.float32, copy=True).reshape(shape)  # own the memory
+        array = getattr(self.family, "gguf_tensor", lambda n, a: a)(name, array)
+        if self.family.GGUF_PERMUTED_QK and ".self_attn.q_proj." in name:
+            array = pairs_to_halves(array, config["num_attention_heads"])
+        elif self.family.GGUF_PERMUTED_QK and ".self_attn.k_proj." in name:
+            array = pairs_to_halves(array, config["num_key_value_heads"])
+        return array
 
     def hf_name(self, gguf_name: str) -> str:
         """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""

@@ -10,11 +10,13 @@ repos such as OPT's, a GPT-2-style tokenizer's ``vocab.json`` and ``merges.txt``
 HF generation).
 
 Weights keep their dtype (float32, float16) except bfloat16, which numpy lacks: those become
-float32, exactly (bf16 is the top half of an f32).
+float32, exactly (bf16 is the top half of an f32). A safetensors tensor is read only when the
+compiler writes it (``lazy_weights.LazyArray``: the header gives its shape and dtype).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -25,6 +27,7 @@ from safetensors import safe_open
 from ..engine.errors import WickError
 from ..engine.sampling_defaults import read_values
 from . import torch_pickle
+from .lazy_weights import LazyArray
 from .model_config import check_config
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -358,12 +361,28 @@ def _tensors(file: Path) -> Iterator[tuple[str, np.ndarray, str]]:
     offsets = None
     with safe_open(file, framework="numpy") as f:
         for name in f.keys():
-            dtype = f.get_slice(name).get_dtype()
+            view = f.get_slice(name)
+            dtype, shape = view.get_dtype(), tuple(view.get_shape())
             if dtype == "BF16":
                 offsets = offsets or _header(file)
-                yield name, _read_bf16(file, offsets, name), dtype
+                yield name, LazyArray(functools.partial(_read_bf16, file, offsets, name), shape,
+                                      np.float32), dtype
+            elif dtype in _NUMPY_DTYPES:  # (read when the compiler writes it: lazy_weights)
+                yield name, LazyArray(functools.partial(_read_tensor, file, name), shape,
+                                      _NUMPY_DTYPES[dtype]), dtype
             else:
                 yield name, np.array(f.get_tensor(name), copy=True), dtype
+
+
+# safetensors' dtype names -> numpy's, for the tensors read on demand
+_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
+                 "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+                 "BOOL": np.bool_}
+
+
+def _read_tensor(file: Path, name: str) -> np.ndarray:
+    with safe_open(file, framework="numpy") as f:
+        return np.array(f.get_tensor(name), copy=True)
 
 
 def _tensor_count(file: Path) -> int:

@@ -101,6 +101,22 @@ def quantize(weight: np.ndarray, quant: Quantization) -> tuple[np.ndarray, np.nd
     if in_features % GROUP_SIZE:
         raise ValueError(f"{quant.name} needs the input dimension divisible by {GROUP_SIZE}: "
                          f"{weight.shape}")
+    # Rows a block at a time: every group is one row's, so the blocks' results are the whole's,
+    # and the temporaries (about 6x the floats) stay a block's, not an LM head's (an 8 B
+    # model's head is 2 GB of floats).
+    rows = max(1, QUANTIZE_BLOCK_BYTES // (4 * in_features))
+    if out_features > rows:
+        parts = [_quantize_rows(weight[i:i + rows], quant) for i in range(0, out_features, rows)]
+        return tuple(np.concatenate(arrays) for arrays in zip(*parts))
+    return _quantize_rows(weight, quant)
+
+
+QUANTIZE_BLOCK_BYTES = 16 << 20  # the floats quantize takes at a time
+
+
+def _quantize_rows(weight: np.ndarray, quant: Quantization
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    out_features, in_features = weight.shape
     per_word, levels = quant.values_per_word, quant.levels
     w = weight.astype(np.float32).reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
     low = w.min(axis=2, keepdims=True)

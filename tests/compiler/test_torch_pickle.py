@@ -126,7 +126,7 @@ def test_an_hf_directory_of_bin_shards_loads_as_its_safetensors_twin(tmp_path):
                                          lambda stage, done, total: reads.append((done, total)))
     assert got.keys() == expected.keys() and set(dtypes.values()) == {"BF16"}
     for name, want in expected.items():
-        rounded = torch.from_numpy(want).to(torch.bfloat16).float().numpy()
+        rounded = torch.from_numpy(np.asarray(want)).to(torch.bfloat16).float().numpy()
         np.testing.assert_array_equal(got[name], rounded, err_msg=name)
     assert reads[-1] == (len(names), len(names))
     assert [p.name for p in hf_source.weight_files(old)] == [
