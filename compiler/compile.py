@@ -209,8 +209,10 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], packing: Packin
             yield name, packed
             yield base + "_scale", scale
             yield base + "_min", minimum
+            del packed, scale, minimum
         else:
             yield name, weight.astype(quant.dtype)
+        del weight  # (not held while the next module's floats are read)
 
 
 def _model_section(family: str, cfg, hf: dict, tok_cfg: dict, *, context_window: int,

@@ -81,6 +81,12 @@ class LazyArray(NDArrayOperatorsMixin):
         array = self.read()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def __float__(self) -> float:  # (a scalar weight: Apertus' xIELU parameters)
+        return float(self.read())
+
+    def __int__(self) -> int:
+        return int(self.read())
+
     def __getattr__(self, name: str):
         # (an ndarray attribute without a rule here: read the array for it)
         if name.startswith("__"):
