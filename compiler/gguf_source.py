@@ -38,6 +38,7 @@ from .tokenizer_build import BuiltTokenizer, build_from_gguf
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+DEQUANTIZE_BLOCK_BYTES = 16 << 20  # the floats dequantized at a time
 # YaRN's optional GGUF keys (rope.scaling.*) -> transformers' rope_scaling names (the first
 # one present wins: llama.cpp's OLMo 3 converter writes the attention factor as attn_factor)
 YARN_KEYS = {"yarn_attn_factor": "attention_factor", "attn_factor": "attention_factor",
@@ -238,9 +239,17 @@ class GGUFModel:
 
     def _hf_tensor(self, tensor, name: str, shape: tuple[int, ...],
                    config: dict[str, Any]) -> np.ndarray:
-        """One tensor as float32 in HF layout."""
-        data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
-        array = np.array(data, dtype=np.float32, copy=True).reshape(shape)  # own the memory
+        """One tensor as float32 in HF layout, dequantized a block of rows at a time into one
+        array (gguf's dequantize takes about twice its output in temporaries: an 8 B model's
+        head would have taken three times its 2 GB of floats)."""
+        kind = GGMLQuantizationType(tensor.tensor_type)
+        rows = tensor.data.reshape(-1, tensor.data.shape[-1])  # (a row: one output's blocks)
+        width = shape[-1]
+        array = np.empty((rows.shape[0], width), np.float32)
+        step = max(1, DEQUANTIZE_BLOCK_BYTES // (4 * width))
+        for start in range(0, rows.shape[0], step):
+            array[start:start + step] = dequantize(rows[start:start + step], kind).reshape(-1, width)
+        array = array.reshape(shape)
         array = getattr(self.family, "gguf_tensor", lambda n, a: a)(name, array)
         if self.family.GGUF_PERMUTED_QK and ".self_attn.q_proj." in name:
             array = pairs_to_halves(array, config["num_attention_heads"])

@@ -118,3 +118,19 @@ def test_quantize_by_blocks_of_rows_gives_the_whole_matrix_bits(monkeypatch, nam
     blocks = quantize(weight, get_quantization(name))
     for a, b in zip(whole, blocks):
         assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_gguf_tensors_dequantized_by_blocks_of_rows_equal_the_whole(tmp_path, monkeypatch):
+    from wick.compiler import gguf_source
+
+    hf = make_tiny_model(tmp_path / "hf", "llama", layers=2, merges=[("\u0120", "\u0120")])
+    path = write_gguf(hf, tmp_path / "m.gguf", types={"attn_q.weight": "Q8_0",
+                                                       "ffn_down.weight": "Q4_0",
+                                                       "token_embd.weight": "Q8_0"})
+    source = resolve_source(str(path))
+    loaded = source.load()
+    whole = {name: np.asarray(a) for name, a in loaded.weights.items()}  # (one block each)
+    monkeypatch.setattr(gguf_source, "DEQUANTIZE_BLOCK_BYTES", 3 * 4 * 64)  # 3 rows a block
+    assert {"Q8_0", "Q4_0"} <= set(loaded.source_dtypes.values())
+    for name, lazy in loaded.weights.items():
+        assert np.array_equal(np.asarray(lazy), whole[name]), name
