@@ -53,6 +53,11 @@ FAMILY_CONFIGS = {
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
         "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    # (q/k norms after RoPE; RoPE's base stretched by a fixed NTK alpha, as the checkpoints say)
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {
+        "head_dim": 16, "pad_token_id": 0,
+        "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                            "rope_theta": 10000.0}}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "query_pre_attn_scalar": 24,
                                                      "pad_token_id": 0}),

@@ -16,7 +16,7 @@ Scalar kernel arguments (causal, rope mode, theta, softmax scale) are baked in w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from tvm import tirx
 from tvm.relax.frontend import nn
@@ -194,14 +194,19 @@ class PagedAttention:
             ],
         )
 
-    def __call__(self, qkv: Tensor, pages: Tensor, step: dict[str, Tensor]) -> Tensor:
-        """qkv (n, hq + 2*hkv, d) -> attention output (n, hq * d); appends k, v to ``pages``."""
+    def __call__(self, qkv: Tensor, pages: Tensor, step: dict[str, Tensor],
+                 after_rope: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+                 ) -> Tensor:
+        """qkv (n, hq + 2*hkv, d) -> attention output (n, hq * d); appends k, v to ``pages``.
+        ``after_rope``: (q, k) -> (q, k) between RoPE and attention (Hunyuan's q/k norms)."""
         s = self.shape
         n = qkv.shape[0]
         if self.rope is None:  # (no RoPE: q, k, v as they are)
             q, k, v = op.split(qkv, [s.num_q_heads, s.num_q_heads + s.num_kv_heads], axis=1)
         else:
             q, k, v = self._rotate(qkv, step["q_positions"])
+        if after_rope is not None:
+            q, k = after_rope(q, k)
         pages = op.tensor_ir_inplace_op(
             self.append,
             "tir_kv_cache_transpose_append",

@@ -32,6 +32,8 @@ FAMILIES = {
              "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.0, 4.5],
                               "long_factor": [1.5, 3.0, 7.0, 20.0]}},
     "mistral": {"tie": True, "sliding_window": 24},
+    # Hunyuan dense: per-head q/k RMSNorms after RoPE, RoPE's base stretched by NTK alpha
+    "hunyuan_v1_dense": {"tie": True},
     # alternating windowed/global layers, attention and final soft-capping (small caps, so
     # that they bite on these logits)
     "gemma2": {"tie": True, "layers": 3, "sliding_window": 20, "attn_logit_softcapping": 6.0,
