@@ -53,6 +53,9 @@ FAMILY_CONFIGS = {
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
         "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "internlm3": ("InternLM3Config", "LlamaForCausalLM", {
+        "pad_token_id": 0, "head_dim": 16, "qkv_bias": True, "bias": True,
+        "rope_parameters": {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 10000.0}}),
     # (q/k norms after RoPE; RoPE's base stretched by a fixed NTK alpha, as the checkpoints say)
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {
         "head_dim": 16, "pad_token_id": 0,

@@ -66,6 +66,14 @@ class DecoderConfig:
                         or (hf.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
         # (truncated, as transformers' attention does; a GGUF's config says it outright)
         rotary_dim = int(hf.get("gguf_rotary_dim") or head_dim * partial)
+        context = int(hf.get("max_position_embeddings", 2048))
+        if scaling and scaling.get("rope_type") == "dynamic" and not scaling.get("alpha"):
+            # dynamic NTK (InternLM3, Llama 2 fine-tunes): transformers stretches RoPE's base
+            # only for sequences past the pretrained length, so up to it this is plain RoPE,
+            # exactly; the context window stops there
+            context = min(context, int(scaling.get("original_max_position_embeddings")
+                                       or context))
+            scaling = None
         scaling = kernel_rope_scaling(scaling, hf, rotary_dim, theta)
         values = dict(
             vocab_size=int(hf["vocab_size"]),
@@ -77,7 +85,7 @@ class DecoderConfig:
             head_dim=head_dim,
             rms_norm_eps=config_value(hf, "rms_norm_eps", 1e-6),
             rope_theta=theta,
-            context_window=int(hf.get("max_position_embeddings", 2048)),
+            context_window=context,
             tie_word_embeddings=config_value(hf, "tie_word_embeddings", False, bool),
             rope_scaling=scaling,
             rotary_dim=rotary_dim if rotary_dim != head_dim else None,

@@ -1,4 +1,4 @@
-"""Llama family: Llama 2/3.x, TinyLlama, SmolLM2, and Llama-shaped checkpoints.
+"""Llama family: Llama 2/3.x, TinyLlama, SmolLM2, InternLM3, and Llama-shaped checkpoints.
 
 Semantics: HF transformers ``models/llama/modeling_llama.py``. ``attention_bias`` puts biases on
 q, k, v and o; ``mlp_bias`` on the MLP; ``rope_type: "llama3"`` scales RoPE frequencies by band
@@ -14,7 +14,7 @@ import numpy as np
 from .decoder import DecoderConfig, DecoderForCausalLM, fuse_layer_weights
 
 NAME = "llama"
-HF_MODEL_TYPES = ("llama", "smollm")
+HF_MODEL_TYPES = ("llama", "smollm", "internlm3")  # (InternLM3: transformers runs it as Llama)
 GGUF_ARCHITECTURES = ("llama",)
 # llama.cpp's converter interleaves each head's q/k rows for Llama (gguf_source undoes it)
 GGUF_PERMUTED_QK = True
@@ -26,9 +26,10 @@ GGUF_WITH_EXPERTS = "mixtral"
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        bias = bool(hf.get("attention_bias", False))
+        # (InternLM3's checkpoints name them qkv_bias and bias)
+        bias = bool(hf.get("attention_bias", hf.get("qkv_bias", False)))
         return super().from_hf(hf, qkv_bias=bias, o_bias=bias,
-                               mlp_bias=bool(hf.get("mlp_bias", False)))
+                               mlp_bias=bool(hf.get("mlp_bias", hf.get("bias", False))))
 
 
 Model = DecoderForCausalLM

@@ -346,3 +346,24 @@ def test_falcon_layer_shapes_are_transformers_decoder_layers(layout, shape):
     assert falcon.layer_shape({"model_type": "falcon", **layout}) == shape
     assert norms == {"one_norm": {"input_layernorm"}, "two_norms": {"ln_attn", "ln_mlp"},
                      "sequential": {"input_layernorm", "post_attention_layernorm"}}[shape]
+
+
+def test_internlm3_config_keys_and_dynamic_rope():
+    """InternLM3's own config.json (qkv_bias and bias, dynamic NTK RoPE) as wick reads it:
+    the biases on, plain RoPE, the context window the pretrained length (transformers stretches
+    the base only past it); a shorter original length caps the window there."""
+    from wick.compiler.models import llama
+    from wick.compiler.model_config import UnsupportedConfig
+
+    hf = {"model_type": "internlm3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 8, "max_position_embeddings": 32768, "qkv_bias": True, "bias": True,
+          "rope_theta": 50000000, "rope_scaling": {"factor": 6.0, "rope_type": "dynamic"}}
+    c = llama.Config.from_hf(hf)
+    assert (c.qkv_bias, c.o_bias, c.mlp_bias) == (True, True, True)
+    assert (c.rope_scaling, c.rope_theta, c.context_window) == (None, 50000000.0, 32768)
+    capped = llama.Config.from_hf({**hf, "rope_scaling": {
+        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4096}})
+    assert capped.context_window == 4096
+    with pytest.raises(UnsupportedConfig, match="dynamic"):  # (alpha: Hunyuan's, its family's)
+        llama.Config.from_hf({**hf, "rope_scaling": {"rope_type": "dynamic", "alpha": 1000.0}})

@@ -32,6 +32,9 @@ FAMILIES = {
              "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.0, 4.5],
                               "long_factor": [1.5, 3.0, 7.0, 20.0]}},
     "mistral": {"tie": True, "sliding_window": 24},
+    # InternLM3 (transformers runs it as Llama): biases under its own names (qkv_bias, bias),
+    # dynamic NTK RoPE, plain up to the pretrained length
+    "internlm3": {"tie": False},
     # Hunyuan dense: per-head q/k RMSNorms after RoPE, RoPE's base stretched by NTK alpha
     "hunyuan_v1_dense": {"tie": True},
     # alternating windowed/global layers, attention and final soft-capping (small caps, so
@@ -145,7 +148,11 @@ MULTIMODAL = {"gemma3_multimodal": "gemma3", "mistral3": "mistral3",  # variant 
 FAMILY_OF = {"llama3": "llama", "falcon_40b": "falcon", "stablelm_parallel": "stablelm",
              "gpt_neox_sequential": "gpt_neox", "gpt_bigcode_mha": "gpt_bigcode",
              "gemma3_multimodal": "gemma3", "mistral3": "mistral", "qwen2_5_vl": "qwen2",
-             "qwen3_vl": "qwen3"}
+             "qwen3_vl": "qwen3", "internlm3": "llama"}
+
+
+# tiny models whose transformers config is another family's than wick's (tiny_models.FAMILY_CONFIGS)
+CONFIG_OF = {"internlm3": "internlm3"}
 
 
 def family_of(name: str) -> str:
@@ -227,7 +234,7 @@ def family_model(root: Path, name: str) -> Path:
     from tests.tiny_models import (make_tiny_model, to_bfloat16, to_bpe_files, to_exaone_names,
                                    to_multimodal, to_torch_bin)
 
-    family_name = family_of(name)
+    family_name = CONFIG_OF.get(name, family_of(name))
     path = make_tiny_model(root, family_name, seed=7, **FAMILIES[name])
     if name == "opt":
         return to_torch_bin(to_bpe_files(path))
