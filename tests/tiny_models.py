@@ -52,6 +52,10 @@ FAMILY_CONFIGS = {
                                                   "intermediate_size": 32}),
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
         "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}),
+    # ERNIE 4.5 MoE: 8 experts of 32, two a token, chosen by probability + a bias; one shared
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
+        "pad_token_id": 0, "head_dim": 32, "moe_num_experts": 8, "moe_k": 2,
+        "moe_intermediate_size": 32, "moe_num_shared_experts": 1, "moe_layer_start_index": 1}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "internlm3": ("InternLM3Config", "LlamaForCausalLM", {
         "pad_token_id": 0, "head_dim": 16, "qkv_bias": True, "bias": True,

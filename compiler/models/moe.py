@@ -1,7 +1,8 @@
-"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE): a router scores
-each token against ``num_experts`` gated MLPs, the ``top_k`` best run on it, and their outputs
-are summed weighted by the router's softmax probabilities (renormalized over the chosen ones
-where the family does: Mixtral and Granite MoE always, Qwen and OLMoE by ``norm_topk_prob``).
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE, ERNIE 4.5 MoE): a
+router scores each token against ``num_experts`` gated MLPs, the ``top_k`` best run on it (ERNIE:
+best by probability plus a per-expert bias), and their outputs are summed weighted by the
+router's softmax probabilities (renormalized over the chosen ones where the family does: Mixtral,
+Granite MoE and ERNIE always, Qwen and OLMoE by ``norm_topk_prob``).
 
 Every step runs the same kernels whatever the router chooses (the engine's plans are data, with
 no branches): the top-k is computed as each expert's rank among the token's scores (how many
@@ -42,6 +43,10 @@ class MoeSettings:
     normalize: bool  # renormalize the chosen experts' probabilities to sum to one
     sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP
     shared_expert_size: int = 0  # Qwen2-MoE: a gated MLP every token also runs (0: none)
+    shared_gated: bool = True  # the shared expert scaled by sigmoid(its gate) (ERNIE's: not)
+    # ERNIE 4.5: a per-expert bias added to the probabilities to choose the experts (not to
+    # weight them)
+    selection_bias: bool = False
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], *, expert_size_key: str, expert_size_default: int,
@@ -87,14 +92,18 @@ class Router(nn.Module):
         return op.matmul(x, op.permute_dims(self.weight), out_dtype="float32")
 
 
-def _expert_ranks(scores: te.Tensor) -> te.Tensor:
+def _expert_ranks(scores: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:
     """(n, E) int32: how many of the token's experts score higher (on ties: the lower index
-    first). A token's top-k are its experts of rank < k, in order."""
+    first); with ``bias`` (E,), scores + bias (added here, in the one kernel). A token's top-k
+    are its experts of rank < k, in order."""
     other = te.reduce_axis((0, scores.shape[1]), name="other")
 
+    def score(r, e):
+        return scores[r, e] if bias is None else scores[r, e] + bias[e].astype("float32")
+
     def rank(r, e):
-        ahead = tirx.any(scores[r, other] > scores[r, e],
-                         tirx.all(scores[r, other] == scores[r, e], other < e))
+        ahead = tirx.any(score(r, other) > score(r, e),
+                         tirx.all(score(r, other) == score(r, e), other < e))
         return te.sum(tirx.Select(ahead, tirx.const(1, "int32"), tirx.const(0, "int32")),
                       axis=other)
 
@@ -119,12 +128,17 @@ def _slot_weights(ranks: te.Tensor, probs: te.Tensor, top_k: int) -> te.Tensor:
         name="slot_weight")
 
 
-def route(scores: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor]:
+def route(scores: Tensor, top_k: int, normalize: bool,
+          bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Router scores (n, E) float32 -> each token's top-k experts (n, top_k) int32 and their
     weights (n, top_k) float32: softmax probabilities, renormalized over the chosen ones with
-    ``normalize``."""
+    ``normalize``. ``bias`` (E,), any float type: the experts are the top-k of probability + bias
+    (ERNIE 4.5's ``e_score_correction_bias``), weighted by their probabilities alone."""
     probs = op.softmax(scores, axis=-1)
-    ranks = op.tensor_expr_op(_expert_ranks, "expert_rank", [scores])
+    if bias is None:
+        ranks = op.tensor_expr_op(_expert_ranks, "expert_rank", [scores])
+    else:
+        ranks = op.tensor_expr_op(_expert_ranks, "expert_rank", [probs, bias])
     experts = op.tensor_expr_op(lambda r: _slot_experts(r, top_k), "slot_expert", [ranks])
     weights = op.tensor_expr_op(lambda r, p: _slot_weights(r, p, top_k), "slot_weight",
                                 [ranks, probs])
@@ -152,7 +166,8 @@ class Experts(nn.Module):
 
 class SparseMoE(nn.Module):
     """The MLP of a mixture-of-experts layer: ``gate`` (the router), ``experts``, and
-    Qwen2-MoE's ``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))``."""
+    Qwen2-MoE's ``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))`` (ERNIE's
+    unscaled), ERNIE's ``expert_bias`` for choosing the experts."""
 
     def __init__(self, c: DecoderConfig, s: MoeSettings, quant: Quantization,
                  act: Callable[[Tensor], Tensor] = op.silu,
@@ -163,17 +178,23 @@ class SparseMoE(nn.Module):
         if s.shared_expert_size:
             self.shared_expert = GatedMLP(replace(c, intermediate_size=s.shared_expert_size),
                                           quant, act)
-            self.shared_expert_gate = Router(c.hidden_size, 1, quant.dtype)
+            if s.shared_gated:
+                self.shared_expert_gate = Router(c.hidden_size, 1, quant.dtype)
+        if s.selection_bias:
+            self.expert_bias = nn.Parameter((s.num_experts,), quant.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         s = self.settings
-        experts, weights = route(self.gate(x), s.top_k, s.normalize)
+        bias = self.expert_bias if s.selection_bias else None  # (cast in the rank kernel)
+        experts, weights = route(self.gate(x), s.top_k, s.normalize, bias)
         y = self.experts(x, experts, self.act)  # (n, k, hidden)
         weights = op.reshape(op.astype(weights, self.dtype), (x.shape[0], s.top_k, 1))
         out = op.sum(y * weights, axis=1)
-        if s.shared_expert_size:
+        if s.shared_expert_size and s.shared_gated:
             gate = op.astype(op.sigmoid(self.shared_expert_gate(x)), self.dtype)
             out = out + gate * self.shared_expert(x)
+        elif s.shared_expert_size:
+            out = out + self.shared_expert(x)
         return out
 
 
@@ -273,11 +294,21 @@ def moe_weights(c: DecoderConfig, s: MoeSettings, weights: dict[str, np.ndarray]
             out[ex + "down_proj.weight"] = np.stack(
                 [weights[f"{ex}{e}.down_proj.weight"] for e in range(s.num_experts)])
         if s.shared_expert_size:
-            shared = mlp + "shared_expert."
-            out[shared + "gate_up_proj.weight"] = np.concatenate(
-                [weights[shared + "gate_proj.weight"], weights[shared + "up_proj.weight"]])
-            out[shared + "down_proj.weight"] = weights[shared + "down_proj.weight"]
-            # ((1, hidden); a GGUF's is one row, (hidden,))
-            out[mlp + "shared_expert_gate.weight"] = weights[
-                mlp + "shared_expert_gate.weight"].reshape(1, -1)
+            # (ERNIE's checkpoints: shared_experts, with biases where use_bias)
+            theirs = mlp + ("shared_experts." if mlp + "shared_experts.down_proj.weight"
+                            in weights else "shared_expert.")
+            ours = mlp + "shared_expert."
+            for kind in ("weight", "bias"):
+                if theirs + "down_proj." + kind in weights:
+                    out[ours + "gate_up_proj." + kind] = np.concatenate(
+                        [weights[theirs + "gate_proj." + kind],
+                         weights[theirs + "up_proj." + kind]])
+                    out[ours + "down_proj." + kind] = weights[theirs + "down_proj." + kind]
+            if s.shared_gated:  # ((1, hidden); a GGUF's is one row, (hidden,))
+                out[mlp + "shared_expert_gate.weight"] = weights[
+                    mlp + "shared_expert_gate.weight"].reshape(1, -1)
+        if s.selection_bias:  # ((1, E): transformers 5's name, or the checkpoint's own)
+            name = mlp + "gate.moe_statics.e_score_correction_bias"
+            name = name if name in weights else mlp + "moe_statics.e_score_correction_bias"
+            out[mlp + "expert_bias"] = weights[name].reshape(-1)
     return out

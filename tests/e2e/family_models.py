@@ -32,6 +32,9 @@ FAMILIES = {
              "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.0, 4.5],
                               "long_factor": [1.5, 3.0, 7.0, 20.0]}},
     "mistral": {"tie": True, "sliding_window": 24},
+    # ERNIE 4.5 MoE: a dense first layer, then experts chosen by probability + bias, a shared
+    # expert unscaled, RoPE on adjacent pairs, biases on the projections
+    "ernie4_5_moe": {"tie": True, "layers": 3, "use_bias": True},
     # InternLM3 (transformers runs it as Llama): biases under its own names (qkv_bias, bias),
     # dynamic NTK RoPE, plain up to the pretrained length
     "internlm3": {"tie": False},

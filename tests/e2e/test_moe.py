@@ -103,3 +103,46 @@ def test_expert_layers_and_routing_read_as_transformers_does():
         default = config_class()
         assert s.expert_size == default.moe_intermediate_size, family.NAME
         assert s.shared_expert_size == getattr(default, "shared_expert_intermediate_size", 0)
+
+
+def test_ernie_experts_chosen_by_probability_plus_bias_on_the_cpu(tmp_path_factory, compiled):
+    """ERNIE 4.5 MoE on the CPU kernel set (the rank kernel reading probabilities + the
+    correction bias): transformers' logits; and the bias matters (without it, transformers'
+    logits are other ones)."""
+    import torch
+
+    from wick.native.cpu_backend import CpuBackend
+
+    path = family_model(tmp_path_factory.mktemp("tiny-ernie-moe-cpu"), "ernie4_5_moe")
+    art_dir = compiled(path, "q0f32", kernel_sets=("cpu",), **TINY_OPTIONS)
+    ours = prefill_logits(make_core(art_dir, CpuBackend.create()).runner, PROMPTS)
+    hf = load_hf(path)
+    refs = [hf_logits(hf, prompt)[-1] for prompt in PROMPTS]
+    for logits, ref in zip(ours, refs):
+        assert np.abs(logits - ref).max() < 1e-3 and logits.argmax() == ref.argmax()
+    with torch.no_grad():
+        for layer in hf.model.layers[1:]:
+            layer.mlp.gate.moe_statics.e_score_correction_bias.zero_()
+    unbiased = [hf_logits(hf, prompt)[-1] for prompt in PROMPTS]
+    assert max(np.abs(logits - ref).max() for logits, ref in zip(ours, unbiased)) > 1e-2
+
+
+def test_ernie_expert_layers_read_as_transformers_does():
+    import transformers
+
+    from wick.compiler.hf_source import raw_config
+    from wick.compiler.models import ernie4_5_moe
+
+    cfg = transformers.Ernie4_5_MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=1, num_hidden_layers=7, moe_layer_start_index=2,
+        moe_layer_end_index=5, moe_layer_interval=2, moe_num_experts=4, moe_k=2,
+        moe_intermediate_size=16, moe_num_shared_experts=2)
+    model = transformers.Ernie4_5_MoeForCausalLM(cfg)
+    want = tuple(type(layer.mlp).__name__ == "Ernie4_5_MoeSparseMoeBlock"
+                 for layer in model.model.layers)
+    assert want == (False, False, False, True, False, True, False)
+    s = ernie4_5_moe.Config.from_hf(raw_config(cfg.to_dict())).extra["moe"]
+    assert s.sparse_layers == want
+    assert (s.num_experts, s.top_k, s.expert_size, s.shared_expert_size, s.normalize,
+            s.shared_gated, s.selection_bias) == (4, 2, 16, 32, True, False, True)
