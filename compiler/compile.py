@@ -190,9 +190,12 @@ class _ReadOnDemand:
 
 
 def _convert(names: list[str], converted: dict[str, np.ndarray], packing: Packing,
-             max_bytes: int, source: Path) -> Iterator[tuple[str, np.ndarray]]:
+             max_bytes: int, source: Path, dtypes: dict[str, str] | None = None
+             ) -> Iterator[tuple[str, np.ndarray]]:
     """Yield the compiled model's parameters in order, quantizing packed weights on the way;
-    each source weight is read here (lazy_weights), when its parameter is written."""
+    each source weight is read here (lazy_weights), when its parameter is written. ``dtypes``:
+    each parameter's own (a float32 one in an f16 variant, ERNIE's expert bias), else the
+    variant's activation type."""
     converted = _ReadOnDemand(converted, source)
     for name in names:
         if name.endswith((".weight_scale", ".weight_min")):
@@ -211,7 +214,7 @@ def _convert(names: list[str], converted: dict[str, np.ndarray], packing: Packin
             yield base + "_min", minimum
             del packed, scale, minimum
         else:
-            yield name, weight.astype(quant.dtype)
+            yield name, weight.astype((dtypes or {}).get(name, quant.dtype))
         del weight  # (not held while the next module's floats are read)
 
 
@@ -622,6 +625,7 @@ def compile_model(
                                  sampling=_sampling_section(entry_name or model, hf)),
             source={"model": origin, "sha256": source_hash}, options=options)
         return write_artifact(out, header=header, lowered=lowered, params=_convert(names, converted, packing, max_param_bytes,
-                                                                   source.path),
+                                                                   source.path,
+                                                                   {n: str(p.dtype) for n, p in named}),
                               num_params=len(names), tokenizer_json=loaded.tokenizer_json, progress=progress,
                               shard_max_bytes=shard_max_bytes, kernel_sets=built_sets)

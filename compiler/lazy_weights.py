@@ -81,6 +81,9 @@ class LazyArray(NDArrayOperatorsMixin):
         array = self.read()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def __bool__(self) -> bool:
+        return bool(self.read())
+
     def __float__(self) -> float:  # (a scalar weight: Apertus' xIELU parameters)
         return float(self.read())
 
@@ -129,7 +132,11 @@ class LazyArray(NDArrayOperatorsMixin):
 
     # -- numpy's protocols ---------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        if method != "__call__" or "out" in kwargs or ufunc.nout != 1:
+        if any(isinstance(o, LazyArray) for o in kwargs.get("out") or ()):
+            raise TypeError("a weight read on demand cannot be a ufunc's out= (it is not changed "
+                            "in place); assign the result instead")
+        if (method != "__call__" or "out" in kwargs or ufunc.nout != 1
+                or ufunc.signature is not None):  # (matmul's shape is no broadcast: read now)
             return getattr(ufunc, method)(*_read_all(inputs), **_read_all(kwargs))
         shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
         # the result's dtype from the ufunc on one element of each input
@@ -144,23 +151,42 @@ class LazyArray(NDArrayOperatorsMixin):
             axis = kwargs.get("axis", args[1] if len(args) > 1 else 0)
             dtype = np.result_type(*(a.dtype for a in arrays))
             shapes = [tuple(a.shape) for a in arrays]
+            if axis is None:  # (flattened first: numpy's own rule on stand-ins)
+                return _deferred(func, args, kwargs)
             if func is np.stack:
                 axis = axis % (len(shapes[0]) + 1)
                 shape = shapes[0][:axis] + (len(arrays),) + shapes[0][axis:]
+                agree = all(s == shapes[0] for s in shapes)
             else:
                 axis = axis % len(shapes[0])
                 shape = shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
+                agree = all(len(s) == len(shapes[0]) and s[:axis] + s[axis + 1:]
+                            == shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes)
+            if not agree:  # (as numpy would say it, now rather than when the weight is read)
+                raise ValueError(f"{func.__name__}: the arrays' shapes {shapes} do not agree")
             if kwargs.get("dtype") is not None:
                 dtype = np.dtype(kwargs["dtype"])
             return LazyArray(lambda: func(*_read_all(args), **_read_all(kwargs)), shape, dtype)
         if func in (np.shape, np.ndim, np.size):
             return func(_stand_in(args[0]), *args[1:], **kwargs)
-        # any other function: its result's shape and dtype from stand-ins holding no data
-        result = func(*_stand_ins(args), **_stand_ins(kwargs))
-        if not isinstance(result, np.ndarray):  # (a scalar, a tuple: it needs the data)
-            return func(*_read_all(args), **_read_all(kwargs))
-        return LazyArray(lambda: func(*_read_all(args), **_read_all(kwargs)), result.shape,
-                         result.dtype)
+        return _deferred(func, args, kwargs)
+
+
+def _deferred(func, args, kwargs):
+    """``func`` on the arguments, deferred: its result's shape and dtype from stand-ins holding
+    no data; a function whose result's shape depends on the data (np.unique, np.nonzero) or
+    that is not an array runs now, on the data."""
+    if func in _DATA_SHAPED:
+        return func(*_read_all(args), **_read_all(kwargs))
+    result = func(*_stand_ins(args), **_stand_ins(kwargs))
+    if not isinstance(result, np.ndarray):  # (a scalar, a tuple: it needs the data)
+        return func(*_read_all(args), **_read_all(kwargs))
+    return LazyArray(lambda: func(*_read_all(args), **_read_all(kwargs)), result.shape,
+                     result.dtype)
+
+
+_DATA_SHAPED = {np.unique, np.nonzero, np.flatnonzero, np.argwhere, np.extract, np.compress,
+                np.trim_zeros}
 
 
 def read(array) -> np.ndarray:

@@ -69,10 +69,8 @@ class DecoderConfig:
         context = int(hf.get("max_position_embeddings", 2048))
         if scaling and scaling.get("rope_type") == "dynamic" and not scaling.get("alpha"):
             # dynamic NTK (InternLM3, Llama 2 fine-tunes): transformers stretches RoPE's base
-            # only for sequences past the pretrained length, so up to it this is plain RoPE,
-            # exactly; the context window stops there
-            context = min(context, int(scaling.get("original_max_position_embeddings")
-                                       or context))
+            # only for sequences past max_position_embeddings (which stays the context window),
+            # so within it this is plain RoPE, exactly
             scaling = None
         scaling = kernel_rope_scaling(scaling, hf, rotary_dim, theta)
         values = dict(

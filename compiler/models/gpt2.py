@@ -97,7 +97,7 @@ def convert_weights(c: Config, weights: dict[str, np.ndarray], conv1d: bool = Tr
     for name, w in weights.items():
         name = name.removeprefix("transformer.")
         if conv1d and name.endswith(CONV1D):
-            w = np.ascontiguousarray(w.T)
+            w = w.T.copy()  # (a copy, not np.ascontiguousarray: that reads a lazy weight now)
         if name.startswith("h."):
             name = "model.layers." + name[2:]
         hf[GLOBAL_RENAMED.get(name, name)] = w

@@ -89,8 +89,8 @@ class Model(DecoderForCausalLM):
 
 def regroup_qkv(w: np.ndarray, heads: int) -> np.ndarray:
     """Per-head interleaved q|k|v rows (heads, 3, head_dim, ...) -> all q, all k, all v."""
-    return np.ascontiguousarray(w.reshape(heads, 3, -1, *w.shape[1:]).swapaxes(0, 1)
-                                ).reshape(w.shape)
+    # (.copy(), C order: np.ascontiguousarray would read a lazy weight now)
+    return w.reshape(heads, 3, -1, *w.shape[1:]).swapaxes(0, 1).copy().reshape(w.shape)
 
 
 def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -44,8 +44,8 @@ class Config(DecoderConfig):
         if hf.get("use_cla"):
             raise UnsupportedConfig("Hunyuan's cross-layer attention (use_cla) is not supported")
         bias = bool(hf.get("attention_bias", False))
-        return super().from_hf(ntk_alpha_theta(hf), qkv_bias=bias, o_bias=bias,
-                               mlp_bias=bool(hf.get("mlp_bias", False)))
+        # (transformers' Hunyuan MLP has no biases, whatever mlp_bias says)
+        return super().from_hf(ntk_alpha_theta(hf), qkv_bias=bias, o_bias=bias, mlp_bias=False)
 
 
 class HunyuanAttention(Attention):

@@ -26,10 +26,12 @@ GGUF_WITH_EXPERTS = "mixtral"
 class Config(DecoderConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "Config":
-        # (InternLM3's checkpoints name them qkv_bias and bias)
-        bias = bool(hf.get("attention_bias", hf.get("qkv_bias", False)))
+        if hf.get("model_type") == "internlm3":  # (its checkpoints name them qkv_bias, bias)
+            hf = {"attention_bias": hf.get("qkv_bias", False), "mlp_bias": hf.get("bias", False),
+                  **hf}
+        bias = bool(hf.get("attention_bias", False))
         return super().from_hf(hf, qkv_bias=bias, o_bias=bias,
-                               mlp_bias=bool(hf.get("mlp_bias", hf.get("bias", False))))
+                               mlp_bias=bool(hf.get("mlp_bias", False)))
 
 
 Model = DecoderForCausalLM

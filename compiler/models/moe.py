@@ -181,7 +181,9 @@ class SparseMoE(nn.Module):
             if s.shared_gated:
                 self.shared_expert_gate = Router(c.hidden_size, 1, quant.dtype)
         if s.selection_bias:
-            self.expert_bias = nn.Parameter((s.num_experts,), quant.dtype)
+            # (float32 whatever the variant, as transformers keeps it: added to probabilities
+            # of about 1/E, a rounded bias could change which experts are chosen)
+            self.expert_bias = nn.Parameter((s.num_experts,), "float32")
 
     def forward(self, x: Tensor) -> Tensor:
         s = self.settings

@@ -61,6 +61,12 @@ def test_numpy_operations_are_deferred_and_equal_numpy():
     assert float(la[2, 3]) == float(a[2, 3])  # (a scalar, as Apertus reads its xIELU ones)
     with pytest.raises(TypeError, match="in place"):
         la[0] = 1.0
+    with pytest.raises(TypeError, match="out="):
+        np.add(la, 1, out=la)
+    with pytest.raises(ValueError, match="do not agree"):  # (now, not when written)
+        np.concatenate([la, lb.T])
+    np.testing.assert_array_equal(np.unique(la), np.unique(a))  # (a data-shaped result)
+    assert bool(LazyArray(lambda: np.zeros(1), (1,), np.float64)) is False
 
 
 @pytest.mark.parametrize("kind", ["safetensors", "gguf"])

@@ -63,7 +63,7 @@ def test_wrong_factor_count_and_unknown_rope_types_are_refused():
     with pytest.raises(UnsupportedConfig, match="long_factor must list 48"):
         phi3.Config.from_hf(raw)
     raw = phi3_config(*SHAPES[0])
-    raw["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
+    raw["rope_scaling"] = {"rope_type": "dynamic", "alpha": 4.0}  # (plain dynamic is read)
     with pytest.raises(UnsupportedConfig, match="'dynamic' is not supported") as err:
         phi3.Config.from_hf(raw)
     assert err.value.status == 400 and err.value.code == "unsupported_model"
