@@ -199,21 +199,21 @@ def _stand_in(array: LazyArray) -> np.ndarray:
     return np.broadcast_to(np.zeros((), array.dtype), array.shape)
 
 
-def _stand_ins(value):
+def _each_lazy(value, fn: Callable[[LazyArray], Any]):
+    """``value`` (an argument: an array, a list, tuple or dict of them, anything else) with
+    ``fn`` applied to each LazyArray in it."""
     if isinstance(value, LazyArray):
-        return _stand_in(value)
+        return fn(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(_stand_ins(v) for v in value)
+        return type(value)(_each_lazy(v, fn) for v in value)
     if isinstance(value, dict):
-        return {k: _stand_ins(v) for k, v in value.items()}
+        return {k: _each_lazy(v, fn) for k, v in value.items()}
     return value
+
+
+def _stand_ins(value):
+    return _each_lazy(value, _stand_in)
 
 
 def _read_all(value):
-    if isinstance(value, LazyArray):
-        return value.read()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_read_all(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _read_all(v) for k, v in value.items()}
-    return value
+    return _each_lazy(value, LazyArray.read)
