@@ -56,6 +56,10 @@ FAMILY_CONFIGS = {
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
         "pad_token_id": 0, "head_dim": 32, "moe_num_experts": 8, "moe_k": 2,
         "moe_intermediate_size": 32, "moe_num_shared_experts": 1, "moe_layer_start_index": 1}),
+    # GPT-OSS: 4 experts of 32 with biases and a clamped gate, two a token; attention sinks
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
+        "head_dim": 16, "pad_token_id": 0, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "intermediate_size": 32, "swiglu_limit": 1.0}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "internlm3": ("InternLM3Config", "LlamaForCausalLM", {
         "pad_token_id": 0, "head_dim": 16, "qkv_bias": True, "bias": True,
@@ -152,6 +156,8 @@ def make_tiny_model(out: Path, family: str = "llama", *, seed: int = 0, layers: 
                 p.normal_(0.0, 0.1)
             elif "norm" in name:  # not all ones: a wrong norm weight must show
                 p.uniform_(0.5, 1.5)
+            elif name.endswith(".sinks"):  # (GPT-OSS: large enough to take a share)
+                p.normal_(0.0, 1.0)
             elif name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):  # Apertus' xIELU
                 p.uniform_(-0.5, 1.0)  # (a value a layer, none the initial one)
     model.save_pretrained(out, safe_serialization=True)

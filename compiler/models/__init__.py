@@ -25,7 +25,7 @@ sentence-transformers pooling files) returns pooled vectors (compiler/models/poo
 from types import ModuleType
 
 from . import (apertus, arcee, bert, cohere, cohere2, ernie4_5, ernie4_5_moe, exaone, exaone4, falcon, gemma,
-               gemma2, gemma3, glm, glm4, gpt2, gpt_bigcode, gpt_neox, gptj, granite, granitemoe,
+               gemma2, gemma3, glm, glm4, gpt2, gpt_oss, gpt_bigcode, gpt_neox, gptj, granite, granitemoe,
                helium, hunyuan,
                jais2, llama, ministral, mistral, mixtral, nemotron, olmo, olmo2, olmo3, olmoe,
                opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3, stablelm, starcoder2)
@@ -34,7 +34,7 @@ FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (
     llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3, granite, smollm3, olmo2, olmo3,
     ernie4_5, exaone4, stablelm, phi, gpt_neox, gpt2, gpt_bigcode, starcoder2, cohere, cohere2,
     opt, nemotron, glm, glm4, seed_oss, arcee, helium, exaone, ministral, olmo, gptj, falcon,
-    apertus, jais2, mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe, ernie4_5_moe, hunyuan, bert)}
+    apertus, jais2, mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe, ernie4_5_moe, gpt_oss, hunyuan, bert)}
 HF_MODEL_TYPES = {t: m for m in FAMILIES.values() for t in m.HF_MODEL_TYPES}
 GGUF_ARCHITECTURES = {a: m for m in FAMILIES.values() for a in m.GGUF_ARCHITECTURES}
 

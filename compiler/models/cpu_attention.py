@@ -37,15 +37,17 @@ page ``g`` and kv head ``h`` is ``pages[g, 0, h, t, :]``, V is ``pages[g, 1, h, 
 ``"window"`` (window_attention.py's ``window_attention_prim_func``)::
 
     (q: (n, HQ, D), pages: (num_pages, 2, HKV, P, D), qo_indptr: (b1,), page_indptr: (b1,),
-     page_values: (p,), last_page_len: (b,), first_key: (b,), q_positions: (n,),
-     out: (n, HQ, D))
+     page_values: (p,), last_page_len: (b,), first_key: (b,), q_positions: (n,)
+     [, sinks: (HQ,) dtype], out: (n, HQ, D))
 
   Keys are indexed by absolute position: the query at ``pos = q_positions[row]`` sees keys
   ``c`` with ``max(pos - window + 1, 0) <= c <= pos`` (``0 <= c <= pos`` without a window),
   key ``c`` being slot ``c % P`` of page ``page_values[page_indptr[s] - first_key[s] // P +
   c // P]`` (``first_key`` = ``k_rope_pos_offset``: the position of the first listed key,
   past the pages the cache freed behind the window). Scores ``scale * q.k`` become
-  ``softcap * tanh(score / softcap)`` when a softcap is given, before the softmax.
+  ``softcap * tanh(score / softcap)`` when a softcap is given, before the softmax. With
+  ``sinks`` (GPT-OSS), head ``h``'s sink logit ``sinks[h]`` joins the softmax's sum and no
+  value: the output is ``sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sinks[h]))``.
   ``last_page_len`` is unused, as on the GPU.
 
 Both: sequence ``s`` of a row is the last ``s < b1 - 1`` with ``qo_indptr[s] <= row``; q head
@@ -76,7 +78,7 @@ from tvm.tirx import PrimFunc
 
 from ..kernel_memo import built_once
 from .kv_layout import PAGE_SIZE
-from .window_attention import kernel_name
+from .window_attention import SINKS_PARAM, kernel_name, without_param
 
 PAGED_NAME = "batch_prefill_paged_kv"
 NEG_BIG = -3.0e38  # running max before the first key
@@ -96,7 +98,8 @@ def _lanes(d: int) -> int:
 def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                             scale: float, window: int | None = None,
                             softcap: float | None = None,
-                            signature: str | None = None, causal: bool = True) -> PrimFunc:
+                            signature: str | None = None, causal: bool = True,
+                            sinks: bool = False) -> PrimFunc:
     """A CPU PrimFunc with the parameters of the GPU attention kernel named by ``signature``.
 
     ``signature``: ``"paged"`` (TVM's ``batch_prefill_paged_kv``, causal, no window or
@@ -105,7 +108,8 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     multiplies q.k; ``window``: a key is visible at most ``window - 1`` positions back;
     ``softcap``: scores -> ``softcap * tanh(scores / softcap)``. The function's
     ``causal=False`` (``"paged"`` only: TVM's kernel specialized with causal=0, an encoder's):
-    every query of a sequence sees all of its keys. The function's
+    every query of a sequence sees all of its keys. ``sinks`` (``"window"`` only): each
+    head's sink logit joins its softmax (a parameter before the output). The function's
     ``global_symbol`` is the GPU kernel's name without a tag (``batch_prefill_paged_kv`` or
     ``window_kernel.kernel_name(window, softcap)``).
     """
@@ -113,9 +117,9 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     if HQ % HKV:
         raise ValueError(f"num_q_heads {HQ} is not a multiple of num_kv_heads {HKV}")
     if signature is None:
-        signature = "window" if (window or softcap) else "paged"
-    if signature == "paged" and (window or softcap):
-        raise ValueError("the paged signature (TVM's kernel) has no window or softcap")
+        signature = "window" if (window or softcap or sinks) else "paged"
+    if signature == "paged" and (window or softcap or sinks):
+        raise ValueError("the paged signature (TVM's kernel) has no window, softcap or sinks")
     if signature not in ("paged", "window"):
         raise ValueError(f"signature must be 'paged' or 'window', not {signature!r}")
     GROUP = HQ // HKV
@@ -126,6 +130,7 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     CAP = float(softcap) if softcap else 0.0
     CAP_DIV = CAP or 1.0  # (TVMScript evaluates no Python conditional expressions inline)
     SCALE = float(scale)
+    SINKS = bool(sinks)
     if not causal and signature != "paged":
         raise ValueError("only the paged signature has a non-causal form")
     CAUSAL = 1 if causal else 0  # (read inside the kernel: a constant there)
@@ -137,9 +142,10 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
             part[dl] = part[dl] + part[dl + w]
 
     @T.macro
-    def attend(q, pages, page_values, row, head, lo, hi, base, out, st):
+    def attend(q, pages, page_values, row, head, lo, hi, base, out, st, sink):
         """Attention of q[row, head] over keys lo..hi (key c: slot c % PS of page
-        page_values[base + c // PS]) into out[row, head, :]; st[0], st[1] = running max, sum."""
+        page_values[base + c // PS]) into out[row, head, :]; st[0], st[1] = running max, sum;
+        ``sink``: the heads' sink logits (with ``SINKS``)."""
         kvh: T.let[T.int32] = head // GROUP
         qf = T.alloc_buffer((D,), "float32")
         acc = T.alloc_buffer((D,), "float32")
@@ -195,6 +201,10 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
             st[0] = st[2]
         # no visible key: output 0 (what TVM's kernel writes for a sequence without keys)
         st[3] = T.if_then_else(st[1] > T.float32(0), T.float32(1) / st[1], T.float32(0))
+        if SINKS:  # (a Python constant) the sink joins the sum, not the values
+            st[2] = T.max(st[0], T.Cast("float32", sink[head]))
+            st[3] = T.exp(st[0] - st[2]) / (st[1] * T.exp(st[0] - st[2])
+                                             + T.exp(T.Cast("float32", sink[head]) - st[2]))
         for dv in T.serial(DV):
             for dl in T.vectorized(VL):
                 out[row, head, dv * VL + dl] = T.Cast(dtype, acc[dv * VL + dl] * st[3])
@@ -261,7 +271,8 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
                 hi: T.let[T.int32] = T.min(
                     T.if_then_else(CAUSAL == 1, kv_len - qo_len + (row - q_indptr[s]),
                                    kv_len - 1), npages * PS - 1)
-                attend(q, pages, page_values, row, head, 0, hi, page_indptr[s], output, st)
+                attend(q, pages, page_values, row, head, 0, hi, page_indptr[s], output, st,
+                       None)
                 lse[row, head] = T.if_then_else(
                     st[1] > T.float32(0), (st[0] + T.log(st[1])) * T.float32(LOG2E),
                     T.float32(LSE_EMPTY))
@@ -272,7 +283,7 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     def window_attention(var_q: T.handle, var_pages: T.handle, var_qo_indptr: T.handle,
                          var_page_indptr: T.handle, var_page_values: T.handle,
                          var_last_page_len: T.handle, var_first_key: T.handle,
-                         var_q_positions: T.handle, var_out: T.handle):
+                         var_q_positions: T.handle, var_sinks: T.handle, var_out: T.handle):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         n = T.int32()
         b = T.int32()
@@ -287,6 +298,7 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
         last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")  # noqa: F841
         first_key = T.match_buffer(var_first_key, (b,), "int32")
         q_positions = T.match_buffer(var_q_positions, (n,), "int32")
+        sink = T.match_buffer(var_sinks, (HQ,), dtype)
         out = T.match_buffer(var_out, (n, HQ, D), dtype)
         for fused in T.parallel(n * HQ):
             row: T.let[T.int32] = fused // HQ
@@ -302,6 +314,7 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
             lo: T.let[T.int32] = T.max(T.if_then_else(W > 0, pos - W + 1, 0), page0 * PS)
             hi: T.let[T.int32] = T.min(
                 pos, (page0 + page_indptr[s + 1] - page_indptr[s]) * PS - 1)
-            attend(q, pages, page_values, row, head, lo, hi, base, out, st)
+            attend(q, pages, page_values, row, head, lo, hi, base, out, st, sink)
 
-    return window_attention.with_attr("global_symbol", kernel_name(window, softcap))
+    func = window_attention if SINKS else without_param(window_attention, SINKS_PARAM)
+    return func.with_attr("global_symbol", kernel_name(window, softcap, SINKS))

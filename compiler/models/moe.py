@@ -1,4 +1,5 @@
-"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE, ERNIE 4.5 MoE): a
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE, ERNIE 4.5 MoE,
+GPT-OSS): a
 router scores each token against ``num_experts`` gated MLPs, the ``top_k`` best run on it (ERNIE:
 best by probability plus a per-expert bias), and their outputs are summed weighted by the
 router's softmax probabilities (renormalized over the chosen ones where the family does: Mixtral,
@@ -47,6 +48,12 @@ class MoeSettings:
     # ERNIE 4.5: a per-expert bias added to the probabilities to choose the experts (not to
     # weight them)
     selection_bias: bool = False
+    # GPT-OSS: a bias on the router's scores and on each expert's projections, and its
+    # clamped gate, (alpha, limit): (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g)
+    # with g = min(gate, limit)
+    router_bias: bool = False
+    expert_biases: bool = False
+    clamped_swiglu: tuple[float, float] | None = None
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], *, expert_size_key: str, expert_size_default: int,
@@ -79,17 +86,22 @@ class Router(nn.Module):
     """Scores (n, out) in float32 of x (n, in) against an unquantized weight (out, in) in the
     variant's float type, whatever the experts are packed in: a router's choice is discrete
     (llama.cpp's converter keeps ``ffn_gate_inp`` in F32 for the same reason). Also Qwen2-MoE's
-    one-row shared expert gate."""
+    one-row shared expert gate. ``bias``: a bias (out,) of the same type, added in float32
+    (GPT-OSS's router)."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: str) -> None:
+    def __init__(self, in_features: int, out_features: int, dtype: str,
+                 bias: bool = False) -> None:
         self.weight = nn.Parameter((out_features, in_features), dtype)
+        self.bias = nn.Parameter((out_features,), dtype) if bias else None
         self.out_features = out_features
 
     def forward(self, x: Tensor) -> Tensor:
         if self.out_features == 1:  # (a sum of products: dlight's GEMV rule fails on one column)
-            return op.sum(op.astype(x, "float32") * op.astype(self.weight, "float32"), axis=-1,
-                          keepdims=True)
-        return op.matmul(x, op.permute_dims(self.weight), out_dtype="float32")
+            scores = op.sum(op.astype(x, "float32") * op.astype(self.weight, "float32"),
+                            axis=-1, keepdims=True)
+        else:
+            scores = op.matmul(x, op.permute_dims(self.weight), out_dtype="float32")
+        return scores if self.bias is None else scores + op.astype(self.bias, "float32")
 
 
 def _expert_ranks(scores: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:
@@ -147,21 +159,51 @@ def route(scores: Tensor, top_k: int, normalize: bool,
     return experts, weights
 
 
+def clamped_swiglu(gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tensor:
+    """GPT-OSS's gated activation: ``(clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``,
+    ``g = min(gate, limit)``."""
+    dtype = gate.dtype
+    g = op.minimum(gate, Tensor.from_scalar(limit, dtype))
+    up = op.maximum(op.minimum(up, Tensor.from_scalar(limit, dtype)),
+                    Tensor.from_scalar(-limit, dtype))
+    return (up + Tensor.from_scalar(1.0, dtype)) * (g * op.sigmoid(g * alpha))
+
+
 class Experts(nn.Module):
     """``num_experts`` gated MLPs, each ``down(act(gate(x)) * up(x))``, gate and up fused per
-    expert as the decoder fuses them (``gate_up_proj``: gate rows, then up rows)."""
+    expert as the decoder fuses them (``gate_up_proj``: gate rows, then up rows). With
+    ``expert_biases`` (GPT-OSS) each expert's projections add its own bias (``*_bias``, (E,
+    out)) and the gate is ``clamped_swiglu``'s."""
 
     def __init__(self, hidden_size: int, s: MoeSettings, quant: Quantization,
                  max_bytes: int = MAX_BINDING_BYTES) -> None:
+        self.settings = s
         self.gate_up_proj = ExpertLinears(s.num_experts, hidden_size, 2 * s.expert_size, quant,
                                           max_bytes)
         self.down_proj = ExpertLinears(s.num_experts, s.expert_size, hidden_size, quant,
                                        max_bytes)
+        if s.expert_biases:
+            self.gate_up_bias = nn.Parameter((s.num_experts, 2 * s.expert_size), quant.dtype)
+            self.down_bias = nn.Parameter((s.num_experts, hidden_size), quant.dtype)
 
     def forward(self, x: Tensor, experts: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
         """x (n, hidden), experts (n, k) -> each slot's expert output (n, k, hidden)."""
-        gate, up = op.split(self.gate_up_proj(x, experts), 2, axis=-1)
-        return self.down_proj(act(gate) * up, experts)
+        s = self.settings
+        gate_up = self.gate_up_proj(x, experts)
+        if s.expert_biases:
+            # each slot's expert's row of the biases (the index clamped as ExpertLinears
+            # clamps it: a NaN score can make it a sum of experts' numbers)
+            rows = op.minimum(experts, Tensor.from_scalar(s.num_experts - 1, "int32"))
+            gate_up = gate_up + op.take(self.gate_up_bias, rows, axis=0)
+        gate, up = op.split(gate_up, 2, axis=-1)
+        if s.clamped_swiglu is None:
+            hidden = act(gate) * up
+        else:
+            hidden = clamped_swiglu(gate, up, *s.clamped_swiglu)
+        out = self.down_proj(hidden, experts)
+        if s.expert_biases:
+            out = out + op.take(self.down_bias, rows, axis=0)
+        return out
 
 
 class SparseMoE(nn.Module):
@@ -173,7 +215,7 @@ class SparseMoE(nn.Module):
                  act: Callable[[Tensor], Tensor] = op.silu,
                  max_bytes: int = MAX_BINDING_BYTES) -> None:
         self.settings, self.act, self.dtype = s, act, quant.dtype
-        self.gate = Router(c.hidden_size, s.num_experts, quant.dtype)
+        self.gate = Router(c.hidden_size, s.num_experts, quant.dtype, bias=s.router_bias)
         self.experts = Experts(c.hidden_size, s, quant, max_bytes)
         if s.shared_expert_size:
             self.shared_expert = GatedMLP(replace(c, intermediate_size=s.shared_expert_size),

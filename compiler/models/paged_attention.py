@@ -38,7 +38,8 @@ class AttentionSpec:
 
     ``scale`` multiplies q.k (HF: ``head_dim ** -0.5``, Gemma ``query_pre_attn_scalar ** -0.5``).
     ``window``: a key is visible to a query at most ``window - 1`` positions back (HF's
-    sliding window); None for global attention. Windowed or soft-capped layers run
+    sliding window); None for global attention. ``sinks``: each head has a sink logit in its
+    softmax (GPT-OSS; the layer passes the weights). Windowed, soft-capped or sunk layers run
     window_attention.py's kernel, the others TVM's paged prefill kernel.
     """
 
@@ -57,6 +58,7 @@ class AttentionSpec:
     # positions are added to the embeddings instead)
     causal: bool = True
     rope: bool = True
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         # hashable (equal specs share kernels): the scaling dict as sorted (key, value) pairs
@@ -79,14 +81,14 @@ class PagedAttention:
         self.tag = tag
         s = spec
         shared = {} if shared is None else shared
-        self.windowed = s.window is not None or s.softcap is not None
+        self.windowed = s.window is not None or s.softcap is not None or s.sinks
         if self.windowed:
             from .window_attention import kernel_name, window_attention_prim_func
 
-            self.window_name = kernel_name(s.window, s.softcap) + tag
+            self.window_name = kernel_name(s.window, s.softcap, s.sinks) + tag
             self.window_kernel = window_attention_prim_func(
                 s.num_q_heads, s.num_kv_heads, s.head_dim, s.dtype, s.softmax_scale, s.window,
-                s.softcap).with_attr("global_symbol", self.window_name)
+                s.softcap, sinks=s.sinks).with_attr("global_symbol", self.window_name)
         scaling = dict(s.rope_scaling or {})
         rotary_dim = s.rotary_dim or s.head_dim
         if not s.rope:
@@ -164,7 +166,8 @@ class PagedAttention:
                 s.softcap)
         name, signature = ((self.window_name, "window") if self.windowed
                            else ("batch_prefill_paged_kv" + self.tag, "paged"))
-        twins = {name: cpu_attention_prim_func(*args, signature=signature, causal=s.causal)
+        twins = {name: cpu_attention_prim_func(*args, signature=signature, causal=s.causal,
+                                               sinks=s.sinks)
                  .with_attr("global_symbol", name)}
         if self._rope_args is not None:  # (compiler/models/cpu_rope.py: each cosine once)
             from .cpu_rope import cpu_rope_prim_func
@@ -195,10 +198,13 @@ class PagedAttention:
         )
 
     def __call__(self, qkv: Tensor, pages: Tensor, step: dict[str, Tensor],
-                 after_rope: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
-                 ) -> Tensor:
+                 after_rope: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+                 sinks: Tensor | None = None) -> Tensor:
         """qkv (n, hq + 2*hkv, d) -> attention output (n, hq * d); appends k, v to ``pages``.
-        ``after_rope``: (q, k) -> (q, k) between RoPE and attention (Hunyuan's q/k norms)."""
+        ``after_rope``: (q, k) -> (q, k) between RoPE and attention (Hunyuan's q/k norms);
+        ``sinks`` (hq,): the heads' sink logits, where the spec has them."""
+        if (sinks is not None) != self.shape.sinks:
+            raise ValueError("attention sinks are given exactly when the spec has them")
         s = self.shape
         n = qkv.shape[0]
         if self.rope is None:  # (no RoPE: q, k, v as they are)
@@ -218,7 +224,8 @@ class PagedAttention:
             out = op.tensor_ir_op(
                 self.window_kernel, self.window_name,
                 [q, pages, step["qo_indptr"], step["page_indptr"], step["page_values"],
-                 step["last_page_len"], step["k_rope_pos_offset"], step["q_positions"]],
+                 step["last_page_len"], step["k_rope_pos_offset"], step["q_positions"],
+                 *([sinks] if s.sinks else [])],
                 Tensor.placeholder((n, s.num_q_heads, s.head_dim), s.dtype))
             return op.reshape(out, (n, s.num_q_heads * s.head_dim))
         out, _lse = op.tensor_ir_op(

@@ -4,11 +4,14 @@ TVM's paged prefill kernel (paged_attention.py) masks causally only: its "slidin
 drops the causal bound instead of adding a lower one, and it has no soft-capping. Gemma 2
 caps every layer's scores (``cap * tanh(s / cap)``) and Mistral, Phi-3, Gemma 2 and Gemma 3
 have windowed layers, where a query at position ``i`` sees keys ``j`` with ``i - W < j <= i``
-(transformers' sliding-window mask). Those layers use this kernel instead:
+(transformers' sliding-window mask). GPT-OSS gives each head an attention sink: a learned
+logit that joins every query's softmax (its weight goes to no value), so the weights of the
+keys sum to less than one. Those layers use this kernel instead:
 
     window_attention(q: (n, HQ, D), pages: (P, 2, HKV, 16, D), qo_indptr: (b+1,),
                      page_indptr: (b+1,), page_values: (p,), last_page_len: (b,),
-                     k_rope_pos_offset: (b,), q_positions: (n,)) -> out: (n, HQ, D)
+                     k_rope_pos_offset: (b,), q_positions: (n,)[, sinks: (HQ,)])
+        -> out: (n, HQ, D)
 
 It reads the same page tables as TVM's kernel: key ``c`` (absolute position) of a sequence is
 slot ``c % 16`` of its listed page ``(c - first) // 16``, where ``first`` =
@@ -42,9 +45,13 @@ NEG_BIG = -3.0e38
 @built_once
 def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
                                scale: float, window: int | None,
-                               softcap: float | None, paged_signature: bool = False) -> PrimFunc:
+                               softcap: float | None, paged_signature: bool = False,
+                               sinks: bool = False) -> PrimFunc:
     """The kernel; ``paged_signature``: with the parameters of TVM's paged prefill kernel
-    instead (paged_decode_prim_func)."""
+    instead (paged_decode_prim_func); ``sinks``: with each head's sink logit (a parameter
+    before the output, in the model's dtype), as GPT-OSS's softmax has it."""
+    if sinks and paged_signature:
+        raise ValueError("the paged signature (TVM's kernel) has no attention sinks")
     HQ, HKV, D = int(num_q_heads), int(num_kv_heads), int(head_dim)
     GROUP = HQ // HKV
     PS = PAGE_SIZE
@@ -53,10 +60,11 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
     CAP = float(softcap) if softcap else 0.0
     CAP_DIV = CAP or 1.0  # (a Python value: TVMScript evaluates no Python conditionals inline)
     SCALE = float(scale)
+    SINKS = bool(sinks)
 
     @T.macro
     def attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out,
-               b1):
+               b1, sink):
         q_sh = T.sblock_alloc_buffer((D,), "float32", scope="shared")
         # the tile's scores, then their weights exp(score - max), 0 past the last key
         p_sh = T.sblock_alloc_buffer((NT,), "float32", scope="shared")
@@ -127,15 +135,49 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
                                                              dd * NT + tx])
                         st[0] = st[2]
                         T.tvm_storage_sync("shared")
+                    st[3] = T.float32(1)
+                    if SINKS:  # (a Python constant) the sink joins the sum, not the values
+                        st[2] = T.max(st[0], T.Cast("float32", sink[head]))
+                        st[3] = T.exp(st[0] - st[2])
+                        st[1] = st[1] * st[3] + T.exp(T.Cast("float32", sink[head]) - st[2])
                     for dd in T.serial(DPT):
                         if dd * NT + tx < D:
-                            out[row, head, dd * NT + tx] = T.Cast(dtype, acc[dd] / st[1])
+                            out[row, head, dd * NT + tx] = T.Cast(dtype,
+                                                                  acc[dd] * st[3] / st[1])
+
+    if paged_signature:  # (only the function asked for is parsed)
+
+        @T.prim_func(s_tir=True)
+        def paged_decode(var_q: T.handle, var_qo_indptr: T.handle, var_pages: T.handle,
+                         var_page_indptr: T.handle, var_page_values: T.handle,
+                         var_last_page_len: T.handle, var_first_key: T.handle,
+                         var_q_positions: T.handle, var_out: T.handle, var_lse: T.handle):
+            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+            n = T.int32()
+            b = T.int32()
+            b1 = T.int32()
+            p = T.int32()
+            num_pages = T.int32()
+            q = T.match_buffer(var_q, (n, HQ, D), dtype)
+            pages = T.match_buffer(var_pages, (num_pages, 2, HKV, PS, D), dtype)
+            qo_indptr = T.match_buffer(var_qo_indptr, (b1,), "int32")
+            page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32")
+            page_values = T.match_buffer(var_page_values, (p,), "int32")
+            last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
+            first_key = T.match_buffer(var_first_key, (b,), "int32")
+            q_positions = T.match_buffer(var_q_positions, (n,), "int32")
+            out = T.match_buffer(var_out, (n, HQ, D), dtype)
+            _lse = T.match_buffer(var_lse, (n, HQ), "float32")  # (not written: no caller reads it)
+            attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out, b1,
+                   None)
+
+        return paged_decode
 
     @T.prim_func(s_tir=True)
     def window_attention(var_q: T.handle, var_pages: T.handle, var_qo_indptr: T.handle,
                          var_page_indptr: T.handle, var_page_values: T.handle,
                          var_last_page_len: T.handle, var_first_key: T.handle,
-                         var_q_positions: T.handle, var_out: T.handle):
+                         var_q_positions: T.handle, var_sinks: T.handle, var_out: T.handle):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         n = T.int32()
         b = T.int32()
@@ -150,35 +192,13 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
         last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
         first_key = T.match_buffer(var_first_key, (b,), "int32")
         q_positions = T.match_buffer(var_q_positions, (n,), "int32")
+        sink = T.match_buffer(var_sinks, (HQ,), dtype)
         out = T.match_buffer(var_out, (n, HQ, D), dtype)
-        attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out, b1)
+        attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out, b1,
+               sink)
 
-    @T.prim_func(s_tir=True)
-    def paged_decode(var_q: T.handle, var_qo_indptr: T.handle, var_pages: T.handle,
-                     var_page_indptr: T.handle, var_page_values: T.handle,
-                     var_last_page_len: T.handle, var_first_key: T.handle,
-                     var_q_positions: T.handle, var_out: T.handle, var_lse: T.handle):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        n = T.int32()
-        b = T.int32()
-        b1 = T.int32()
-        p = T.int32()
-        num_pages = T.int32()
-        q = T.match_buffer(var_q, (n, HQ, D), dtype)
-        pages = T.match_buffer(var_pages, (num_pages, 2, HKV, PS, D), dtype)
-        qo_indptr = T.match_buffer(var_qo_indptr, (b1,), "int32")
-        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32")
-        page_values = T.match_buffer(var_page_values, (p,), "int32")
-        last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
-        first_key = T.match_buffer(var_first_key, (b,), "int32")
-        q_positions = T.match_buffer(var_q_positions, (n,), "int32")
-        out = T.match_buffer(var_out, (n, HQ, D), dtype)
-        _lse = T.match_buffer(var_lse, (n, HQ), "float32")  # (not written: no caller reads it)
-        attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out, b1)
-
-    if paged_signature:
-        return paged_decode
-    return window_attention.with_attr("global_symbol", kernel_name(window, softcap))
+    func = window_attention if SINKS else without_param(window_attention, SINKS_PARAM)
+    return func.with_attr("global_symbol", kernel_name(window, softcap, SINKS))
 
 
 @built_once
@@ -194,7 +214,20 @@ def paged_decode_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, d
                                       None, paged_signature=True)
 
 
-def kernel_name(window: int | None, softcap: float | None) -> str:
+def kernel_name(window: int | None, softcap: float | None, sinks: bool = False) -> str:
     """Distinct kernels in one module need distinct names."""
     return "window_attention" + (f"_w{int(window)}" if window else "") + (
-        f"_cap{float(softcap):g}".replace(".", "p") if softcap else "")
+        f"_cap{float(softcap):g}".replace(".", "p") if softcap else "") + (
+        "_sinks" if sinks else "")
+
+
+# the window signature's sinks parameter: its place (just before the output), which the
+# kernels without sinks drop
+SINKS_PARAM = 8
+
+
+def without_param(func: PrimFunc, index: int) -> PrimFunc:
+    """``func`` without parameter ``index``, which its body does not read (one source for a
+    kernel with and without an optional input)."""
+    params = list(func.params)
+    return PrimFunc(params[:index] + params[index + 1:], func.body, func.ret_type, func.attrs)

@@ -35,6 +35,12 @@ FAMILIES = {
     # ERNIE 4.5 MoE: a dense first layer, then experts chosen by probability + bias, a shared
     # expert unscaled, RoPE on adjacent pairs, biases on the projections
     "ernie4_5_moe": {"tie": True, "layers": 3, "use_bias": True},
+    # GPT-OSS: windowed and global layers, each head's attention sink, YaRN, a router and
+    # experts with biases, the clamped gate (a limit the random weights reach)
+    "gpt_oss": {"tie": False, "layers": 3, "sliding_window": 20,
+                "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                    "beta_slow": 1.0, "truncate": False, "rope_theta": 10000.0,
+                                    "original_max_position_embeddings": 32}},
     # InternLM3 (transformers runs it as Llama): biases under its own names (qkv_bias, bias),
     # dynamic NTK RoPE, plain up to the pretrained length
     "internlm3": {"tie": False},

@@ -146,3 +146,66 @@ def test_ernie_expert_layers_read_as_transformers_does():
     assert s.sparse_layers == want
     assert (s.num_experts, s.top_k, s.expert_size, s.shared_expert_size, s.normalize,
             s.shared_gated, s.selection_bias) == (4, 2, 16, 32, True, False, True)
+
+
+def _mxfp4_checkpoint(path, seed: int = 0):
+    """The tiny GPT-OSS at ``path`` with its experts rewritten as OpenAI's checkpoints store
+    them: random MXFP4 blocks and scales (``*_blocks``, ``*_scales``) in place of the float
+    stacks; returns transformers' model with the stacks transformers' own MXFP4 reader
+    (``convert_moe_packed_tensors``) makes of them."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    rng = np.random.default_rng(seed)
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    hf = load_hf(path)
+    for i, layer in enumerate(hf.model.layers):
+        for name in ("gate_up_proj", "down_proj"):
+            stack = tensors.pop(f"model.layers.{i}.mlp.experts.{name}")  # (E, in, out)
+            experts, rows, cols = stack.shape[0], stack.shape[2], stack.shape[1]
+            blocks = rng.integers(0, 256, (experts, rows, cols // 32, 16), dtype=np.uint8)
+            scales = rng.integers(122, 126, (experts, rows, cols // 32), dtype=np.uint8)
+            tensors[f"model.layers.{i}.mlp.experts.{name}_blocks"] = blocks
+            tensors[f"model.layers.{i}.mlp.experts.{name}_scales"] = scales
+            floats = convert_moe_packed_tensors(torch.from_numpy(blocks),
+                                                torch.from_numpy(scales), dtype=torch.float32)
+            with torch.no_grad():
+                getattr(layer.mlp.experts, name).copy_(floats)
+    save_file(tensors, str(file))
+    return hf
+
+
+def test_gpt_oss_from_mxfp4_experts_with_sinks_on_the_cpu(tmp_path_factory, compiled):
+    """GPT-OSS as OpenAI ships it (experts in MXFP4) on the CPU kernel set: its window
+    kernel with attention sinks, the router's and experts' biases, the clamped gate; the
+    logits equal transformers' on the floats transformers reads from the same MXFP4 bytes.
+    And the sinks matter (without them transformers gives other logits)."""
+    import torch
+
+    from wick.compiler.models.gpt_oss import mxfp4_floats
+    from wick.native.cpu_backend import CpuBackend
+
+    # (the reader itself: the same floats as transformers', codes and exponents of every kind)
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, (2, 3, 4, 16), dtype=np.uint8)
+    scales = rng.integers(100, 150, (2, 3, 4), dtype=np.uint8)
+    theirs = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                        dtype=torch.float32).numpy()
+    assert np.array_equal(mxfp4_floats(blocks, scales), theirs.transpose(0, 2, 1))
+
+    path = family_model(tmp_path_factory.mktemp("tiny-gpt-oss-mxfp4"), "gpt_oss")
+    hf = _mxfp4_checkpoint(path)
+    art_dir = compiled(path, "q0f32", kernel_sets=("cpu",), **TINY_OPTIONS)
+    prompts = PROMPTS + [list(range(60, 100))]  # (40 tokens: past the window of 20)
+    ours = prefill_logits(make_core(art_dir, CpuBackend.create()).runner, prompts)
+    refs = [hf_logits(hf, prompt)[-1] for prompt in prompts]
+    for logits, ref in zip(ours, refs):
+        assert np.abs(logits - ref).max() < 1e-3 and logits.argmax() == ref.argmax()
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)
+    unsunk = [hf_logits(hf, prompt)[-1] for prompt in prompts]
+    assert max(np.abs(logits - ref).max() for logits, ref in zip(ours, unsunk)) > 1e-2
