@@ -298,7 +298,7 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
         last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")  # noqa: F841
         first_key = T.match_buffer(var_first_key, (b,), "int32")
         q_positions = T.match_buffer(var_q_positions, (n,), "int32")
-        sink = T.match_buffer(var_sinks, (HQ,), dtype)
+        sinks = T.match_buffer(var_sinks, (HQ,), dtype)
         out = T.match_buffer(var_out, (n, HQ, D), dtype)
         for fused in T.parallel(n * HQ):
             row: T.let[T.int32] = fused // HQ
@@ -314,7 +314,7 @@ def cpu_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: int, 
             lo: T.let[T.int32] = T.max(T.if_then_else(W > 0, pos - W + 1, 0), page0 * PS)
             hi: T.let[T.int32] = T.min(
                 pos, (page0 + page_indptr[s + 1] - page_indptr[s]) * PS - 1)
-            attend(q, pages, page_values, row, head, lo, hi, base, out, st, sink)
+            attend(q, pages, page_values, row, head, lo, hi, base, out, st, sinks)
 
     func = window_attention if SINKS else without_param(window_attention, SINKS_PARAM)
     return func.with_attr("global_symbol", kernel_name(window, softcap, SINKS))

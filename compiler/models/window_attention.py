@@ -192,10 +192,10 @@ def window_attention_prim_func(num_q_heads: int, num_kv_heads: int, head_dim: in
         last_page_len = T.match_buffer(var_last_page_len, (b,), "int32")
         first_key = T.match_buffer(var_first_key, (b,), "int32")
         q_positions = T.match_buffer(var_q_positions, (n,), "int32")
-        sink = T.match_buffer(var_sinks, (HQ,), dtype)
+        sinks = T.match_buffer(var_sinks, (HQ,), dtype)
         out = T.match_buffer(var_out, (n, HQ, D), dtype)
         attend(n, q, pages, qo_indptr, page_indptr, page_values, first_key, q_positions, out, b1,
-               sink)
+               sinks)
 
     func = window_attention if SINKS else without_param(window_attention, SINKS_PARAM)
     return func.with_attr("global_symbol", kernel_name(window, softcap, SINKS))

@@ -36,6 +36,7 @@ PAGED_ARGS = ["q", "q_indptr", "pages", "page_indptr", "page_values", "length_in
               "k_rope_pos_offset", "q_rope_position", "output", "lse"]
 WINDOW_ARGS = ["q", "pages", "qo_indptr", "page_indptr", "page_values", "last_page_len",
                "first_key", "q_positions", "out"]
+SINK_ARGS = WINDOW_ARGS[:-1] + ["sinks", "out"]  # (GPT-OSS's: each head's sink logit)
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,8 +87,9 @@ def make_batch(seqs, hq, hkv, d, dtype, seed=0, q_gain=1.0):
             "first_key": first, "q_positions": q_positions}
 
 
-def args_for(sig, b, hq, d, dtype):
-    """The kernel's argument arrays in parameter order (outputs preallocated)."""
+def args_for(sig, b, hq, d, dtype, sinks=None):
+    """The kernel's argument arrays in parameter order (outputs preallocated); ``sinks``
+    (hq,): the window signature's sink logits."""
     n = b["q"].shape[0]
     out = np.zeros((n, hq, d), dtype)
     if sig == "paged":
@@ -95,17 +97,19 @@ def args_for(sig, b, hq, d, dtype):
                 b["last_page_len"], b["first_key"], b["q_positions"], out,
                 np.zeros((n, hq), np.float32)]
     return [b["q"], b["pages"], b["qo_indptr"], b["page_indptr"], b["page_values"],
-            b["last_page_len"], b["first_key"], b["q_positions"], out]
+            b["last_page_len"], b["first_key"], b["q_positions"],
+            *([] if sinks is None else [sinks]), out]
 
 
 # --------------------------------------------------------------------------------------------
 # float64 reference from the page layout
 # --------------------------------------------------------------------------------------------
-def reference(b, sig, hq, hkv, scale, window=None, softcap=None, causal=True):
+def reference(b, sig, hq, hkv, scale, window=None, softcap=None, causal=True, sinks=None):
     """(out (n, hq, d) f64, lse (n, hq) f64 in base 2). "paged": query r of a sequence with qo
     new tokens and kv listed keys sees listed keys 0 .. kv - qo + r; "window": the query at
     position pos sees absolute positions max(pos - window + 1, 0) .. pos, listed key i being
-    position first_key + i."""
+    position first_key + i. ``sinks`` (hq,): a logit per head in the softmax's sum that
+    weighs no value (transformers' GPT-OSS: a column appended to the scores, then dropped)."""
     q = b["q"].astype(np.float64)
     pages = b["pages"].astype(np.float64)
     n, _, d = q.shape
@@ -133,9 +137,13 @@ def reference(b, sig, hq, hkv, scale, window=None, softcap=None, causal=True):
             sc = np.einsum("khd,hd->hk", keys[vis], q[row]) * scale  # (hq, visible keys)
             if softcap:
                 sc = softcap * np.tanh(sc / softcap)
+            if sinks is not None:
+                sc = np.concatenate([sc, sinks.astype(np.float64)[:, None]], axis=1)
             m = sc.max(axis=1, keepdims=True)
             p = np.exp(sc - m)
-            out[row] = np.einsum("hk,khd->hd", p, vals[vis]) / p.sum(axis=1, keepdims=True)
+            total = p.sum(axis=1, keepdims=True)
+            p = p if sinks is None else p[:, :-1]
+            out[row] = np.einsum("hk,khd->hd", p, vals[vis]) / total
             lse[row] = (m[:, 0] + np.log(p.sum(axis=1))) / math.log(2)
     return out, lse
 
@@ -158,7 +166,7 @@ class CpuKernel:
         """Runs on copies of ``arrays``; returns the outputs (output [, lse]) as numpy."""
         ts = [tvm.runtime.tensor(np.ascontiguousarray(a), self.dev) for a in arrays]
         self.f(*ts)
-        n_out = 2 if len(arrays) == len(PAGED_ARGS) else 1
+        n_out = 2 if self.name.startswith(PAGED_NAME) else 1
         return [t.numpy() for t in ts[-n_out:]]
 
 
@@ -166,12 +174,13 @@ class CpuKernel:
 def cpu_kernel():
     cache = {}
 
-    def get(sig, hq, hkv, d, dtype, scale, window=None, softcap=None, causal=True):
-        key = (sig, hq, hkv, d, dtype, scale, window, softcap, causal)
+    def get(sig, hq, hkv, d, dtype, scale, window=None, softcap=None, causal=True,
+            sinks=False):
+        key = (sig, hq, hkv, d, dtype, scale, window, softcap, causal, sinks)
         if key not in cache:
             cache[key] = CpuKernel(cpu_attention_prim_func(hq, hkv, d, dtype, scale, window,
                                                            softcap, signature=sig,
-                                                           causal=causal))
+                                                           causal=causal, sinks=sinks))
         return cache[key]
 
     return get
@@ -224,8 +233,18 @@ def test_signatures_match_gpu_kernels(hq, hkv, d, dtype):
         assert [p.name for p in cpu.params] == WINDOW_ARGS
         assert signature(cpu) == signature(gpu)
         assert str(cpu.attrs["global_symbol"]) == str(gpu.attrs["global_symbol"])
+    for window in (20, None):  # GPT-OSS's: the sinks before the output
+        gpu = window_attention_prim_func(hq, hkv, d, dtype, 0.125, window, None, sinks=True)
+        cpu = cpu_attention_prim_func(hq, hkv, d, dtype, 0.125, window, None, sinks=True)
+        assert [p.name for p in cpu.params] == SINK_ARGS
+        assert signature(cpu) == signature(gpu)
+        assert str(cpu.attrs["global_symbol"]) == str(gpu.attrs["global_symbol"])
+        assert str(gpu.attrs["global_symbol"]).endswith("_sinks")
     with pytest.raises(ValueError):
         cpu_attention_prim_func(hq, hkv, d, dtype, 0.125, 20, None, signature="paged")
+    with pytest.raises(ValueError):
+        cpu_attention_prim_func(hq, hkv, d, dtype, 0.125, None, None, signature="paged",
+                                sinks=True)
 
 
 def test_kernels_for_spec_use_the_gpu_names():
@@ -299,6 +318,27 @@ def test_window_matches_reference(cpu_kernel, hq, hkv, d, window, softcap, dtype
         full, _ = reference(unwindowed, "window", hq, hkv, scale, None, softcap)
         rows = b["q_positions"] >= window
         assert np.abs(full[rows] - ref[rows]).max() > 0.05
+
+
+# per head: below the scores, among them, and far above every one (its weight ~1: the
+# kernels must not overflow exp(sink - max score))
+SINKS = [-1.0, 0.5, 2.0, 60.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("window", [20, None])
+def test_window_with_sinks_matches_reference(cpu_kernel, window, dtype):
+    hq, hkv, d = 4, 2, 32
+    scale = d**-0.5
+    k = cpu_kernel("window", hq, hkv, d, dtype, scale, window, None, sinks=True)
+    b = make_batch(WINDOWED if window else MIXED, hq, hkv, d, dtype, seed=5)
+    sinks = np.array(SINKS, dtype)
+    (out,) = k(args_for("window", b, hq, d, dtype, sinks))
+    ref, _ = reference(b, "window", hq, hkv, scale, window, sinks=sinks)
+    assert np.abs(out.astype(np.float64) - ref).max() < tolerance(dtype)
+    plain, _ = reference(b, "window", hq, hkv, scale, window)  # the sinks matter
+    assert np.abs(plain - ref)[:, :3].max() > 0.05
+    assert np.abs(ref[:, 3]).max() < 1e-6  # (the last head's weight all went to its sink)
 
 
 def test_head_dim_256_workspace_scratch(cpu_kernel):
@@ -504,18 +544,20 @@ def test_paged_decode_kernel_matches_reference_on_lavapipe(seqs, d, dtype):
     assert np.abs(out - res["out"].astype(np.float64)).max() < tolerance(dtype)
 
 
-@pytest.mark.parametrize("window,softcap", [(20, 30.0), (None, 30.0)])
-def test_window_matches_gpu_kernel_on_lavapipe(cpu_kernel, window, softcap):
+@pytest.mark.parametrize("window,softcap,sinks", [(20, 30.0, False), (None, 30.0, False),
+                                                  (20, None, True)])
+def test_window_matches_gpu_kernel_on_lavapipe(cpu_kernel, window, softcap, sinks):
     hq, hkv, d, dtype = 4, 2, 32, "float32"
     scale = d**-0.5
-    gpu = compile_gpu(window_attention_prim_func(hq, hkv, d, dtype, scale, window, softcap))
+    gpu = compile_gpu(window_attention_prim_func(hq, hkv, d, dtype, scale, window, softcap,
+                                                 sinks=sinks))
     seqs = WINDOWED if window else MIXED
     b = make_batch(seqs, hq, hkv, d, dtype, seed=9, q_gain=12.0)
-    args = args_for("window", b, hq, d, dtype)
-    arrays = dict(zip(WINDOW_ARGS, args))
+    args = args_for("window", b, hq, d, dtype, np.array(SINKS, dtype) if sinks else None)
+    arrays = dict(zip(SINK_ARGS if sinks else WINDOW_ARGS, args))
     n = args[0].shape[0]
     res = run_gpu(gpu, arrays, {"n": n, "b1": len(seqs) + 1})
-    (out,) = cpu_kernel("window", hq, hkv, d, dtype, scale, window, softcap)(args)
+    (out,) = cpu_kernel("window", hq, hkv, d, dtype, scale, window, softcap, sinks=sinks)(args)
     assert np.abs(out - res["out"]).max() < 1e-4
 
 
