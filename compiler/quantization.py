@@ -278,9 +278,9 @@ def dequantize(packed: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np
 
 def ggml_bits(type_name: str) -> int | None:
     """Bits per weight of a GGML tensor type by its name (Q4_K -> 4, Q6_K -> 6, IQ4_XS -> 4,
-    Q8_0 -> 8); None for a float type (F32, F16, BF16) or an unknown name."""
-    m = re.fullmatch(r"I?Q(\d)_.*", type_name)
-    return int(m.group(1)) if m else None
+    Q8_0 -> 8, MXFP4 -> 4); None for a float type (F32, F16, BF16) or an unknown name."""
+    m = re.fullmatch(r"I?Q(\d)_.*|MXFP(\d)", type_name)
+    return int(m.group(1) or m.group(2)) if m else None
 
 
 # a fused wick linear and the checkpoint's linears it is made of (decoder.fuse_layer_weights)

@@ -323,6 +323,26 @@ def to_bfloat16(hf_dir: Path) -> Path:
     return hf_dir
 
 
+def to_mxfp4_grid(hf_dir: Path) -> Path:
+    """A GPT-OSS directory's expert stacks rounded to MXFP4 (gguf-py's quantizer there and
+    back, in blocks of 32 along each stack's input dimension, as a GGUF stores them), in place:
+    a GGUF of them in MXFP4 holds the same values."""
+    import gguf
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    file = hf_dir / "model.safetensors"
+    tensors = load_file(str(file))
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    for name, w in tensors.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # (E, in, out)
+            rows = w.transpose(1, 2).contiguous().numpy()
+            exact = gguf.quants.dequantize(gguf.quants.quantize(rows, mxfp4), mxfp4)
+            tensors[name] = torch.from_numpy(exact.reshape(rows.shape)).transpose(1, 2).contiguous()
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    return hf_dir
+
+
 # llama.cpp's tensor names (gguf-py tensor_mapping.py) for each family's HF modules
 GGUF_LAYER_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -359,6 +379,8 @@ EXAONE_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q
                       "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
                       "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"}
 SEED_OSS_LAYER_NAMES = {"post_attention_layernorm": "post_attention_norm"}  # (gguf-py's)
+GPT_OSS_LAYER_NAMES = {"post_attention_layernorm": "post_attention_norm",
+                       "mlp.router": "ffn_gate_inp"}
 GLM4_LAYER_NAMES = {"post_self_attn_layernorm": "post_attention_norm",
                     "post_mlp_layernorm": "post_ffw_norm"}
 GPTNEOX_LAYER_NAMES = {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
@@ -439,6 +461,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     if experts:  # TextModel.set_gguf_parameters; Qwen2MoeModel's (Qwen3's) expert widths
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters
+            writer.add_expert_feed_forward_length(cfg["intermediate_size"])
         if arch in ("qwen2moe", "qwen3moe"):
             writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
             if cfg.get("shared_expert_intermediate_size"):
@@ -526,6 +550,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     GPT2_LAYER_NAMES if arch in ("gpt2", "starcoder") else
                                     STARCODER2_LAYER_NAMES if arch == "starcoder2" else
                                     GLM4_LAYER_NAMES if arch == "glm4" else
+                                    GPT_OSS_LAYER_NAMES if arch == "gpt-oss" else
                                     EXAONE_LAYER_NAMES if arch == "exaone" else
                                     SEED_OSS_LAYER_NAMES if arch == "seed_oss" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
@@ -540,6 +565,22 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             i = name.split(".")[2]
             add(f"blk.{i}.ffn_gate_exps.weight", w[:, :cfg["intermediate_size"]])
             add(f"blk.{i}.ffn_up_exps.weight", w[:, cfg["intermediate_size"]:])
+            continue
+        if arch == "gpt-oss" and (".mlp.experts." in name or name.endswith(".sinks")):
+            # GptOssModel.modify_tensors: the sinks as a weight; each stack (E, in, out) as
+            # (E, out, in), gate|up's interleaved outputs (and biases) split: gate the even ones
+            i, kind = name.split(".")[2], name.rsplit(".", 1)[1]
+            if kind == "sinks":
+                add(f"blk.{i}.attn_sinks.weight", w)
+            elif kind in ("gate_up_proj", "gate_up_proj_bias"):
+                w = w.swapaxes(1, 2) if kind == "gate_up_proj" else w
+                suffix = "weight" if kind == "gate_up_proj" else "bias"
+                add(f"blk.{i}.ffn_gate_exps.{suffix}", w[:, 0::2])
+                add(f"blk.{i}.ffn_up_exps.{suffix}", w[:, 1::2])
+            elif kind == "down_proj":
+                add(f"blk.{i}.ffn_down_exps.weight", w.swapaxes(1, 2))
+            else:
+                add(f"blk.{i}.ffn_down_exps.bias", w)
             continue
         if ".experts." in name:  # stacked per layer and projection
             _, _, i, _, _, e, proj, _ = name.split(".")

@@ -15,7 +15,13 @@ Checkpoints: OpenAI's store the experts in MXFP4 (``*_blocks``: two 4-bit E2M1 c
 32 a block; ``*_scales``: one power-of-two exponent a block, biased by 127), read here into
 floats (``mxfp4_floats``, the same values as transformers' ``convert_moe_packed_tensors``);
 transformers' own saves hold them as float matrices ``(E, in, out)``. Semantics: HF transformers
-``models/gpt_oss/modeling_gpt_oss.py``. Not read: a GGUF (llama.cpp's ``gpt-oss``).
+``models/gpt_oss/modeling_gpt_oss.py``.
+
+GGUF: llama.cpp's ``gpt-oss`` (its converter's names: the sinks ``attn_sinks``, the router
+``ffn_gate_inp`` with a bias, gate and up split into ``ffn_gate_exps`` / ``ffn_up_exps`` with
+their biases, or fused gate-then-up as ``ffn_gate_up_exps``; MXFP4 experts dequantized by
+gguf-py). Windowed layers are the even ones, as llama.cpp takes them; YaRN without truncation,
+as the model's own config has it (a GGUF cannot say).
 """
 
 from __future__ import annotations
@@ -34,9 +40,25 @@ from .moe import MoeModel, MoeSettings
 
 NAME = "gpt_oss"
 HF_MODEL_TYPES = ("gpt_oss",)
-GGUF_ARCHITECTURES: tuple[str, ...] = ()
+GGUF_ARCHITECTURES = ("gpt-oss",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES: dict[str, str] = {}
+GGUF_LAYER_NAMES = {  # (biases: named after their weights' modules)
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",  # (E, out, in), as wick stacks
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
+    "ffn_gate_up_exps.weight": "mlp.experts.gate_up_proj.weight",  # gate rows, then up
+}
+
+
+def gguf_config(key, tensors: set[str]) -> dict[str, Any]:
+    return {"sliding_window": key("attention.sliding_window", None),
+            "num_local_experts": key("expert_count"),
+            "num_experts_per_tok": key("expert_used_count"),
+            "intermediate_size": key("expert_feed_forward_length", None)
+            or key("feed_forward_length")}
 
 # E2M1's sixteen codes (sign bit, two exponent bits, one mantissa bit) as numbers
 MXFP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -50,6 +72,10 @@ class Config(LayerwiseConfig):
         # (OpenAI's configs name the experts a token takes ``experts_per_token`` too)
         hf = with_default_theta({"num_experts_per_tok": hf.get("experts_per_token"), **hf},
                                 150000.0)
+        for name in ("rope_scaling", "rope_parameters"):  # (YaRN untruncated: GPT-OSS's own)
+            scaling = hf.get(name)
+            if isinstance(scaling, dict) and scaling.get("rope_type") == "yarn":
+                hf = {**hf, name: {"truncate": False, **scaling}}
         bias = config_value(hf, "attention_bias", True, bool)
         c = super().from_hf({**hf, "rms_norm_eps": config_value(hf, "rms_norm_eps", 1e-5)},
                             qkv_bias=bias, o_bias=bias,
@@ -115,6 +141,19 @@ def convert_weights(c: Config, weights: dict[str, np.ndarray]) -> dict[str, np.n
         ex = mlp + "experts."
         out[mlp + "gate.weight"] = weights[mlp + "router.weight"]
         out[mlp + "gate.bias"] = weights[mlp + "router.bias"]
+        if ex + "gate_proj.weight" in weights:  # a GGUF's stacks, gate and up apart
+            for kind, ours in (("weight", "gate_up_proj.weight"), ("bias", "gate_up_bias")):
+                out[ex + ours] = np.concatenate([weights[f"{ex}gate_proj.{kind}"],
+                                                 weights[f"{ex}up_proj.{kind}"]], axis=1)
+            out[ex + "down_proj.weight"] = weights[ex + "down_proj.weight"]
+            out[ex + "down_bias"] = weights[ex + "down_proj.bias"]
+            continue
+        if ex + "gate_up_proj.weight" in weights:  # a GGUF's fused stack: gate, then up
+            out[ex + "gate_up_proj.weight"] = weights[ex + "gate_up_proj.weight"]
+            out[ex + "gate_up_bias"] = weights[ex + "gate_up_proj.bias"]
+            out[ex + "down_proj.weight"] = weights[ex + "down_proj.weight"]
+            out[ex + "down_bias"] = weights[ex + "down_proj.bias"]
+            continue
         out[ex + "gate_up_proj.weight"] = _gate_then_up(_expert_matrix(weights, ex + "gate_up_proj"))
         out[ex + "gate_up_bias"] = _gate_then_up(weights[ex + "gate_up_proj_bias"])
         out[ex + "down_proj.weight"] = _expert_matrix(weights, ex + "down_proj")

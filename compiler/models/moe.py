@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
-from tvm import te, tirx
+from tvm import relax, te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
@@ -169,6 +169,14 @@ def clamped_swiglu(gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tens
     return (up + Tensor.from_scalar(1.0, dtype)) * (g * op.sigmoid(g * alpha))
 
 
+def _expert_rows(table: Tensor, experts: Tensor) -> Tensor:
+    """Each slot's expert's row of a per-expert table (E, d) -> (n, k, d); the index clamped
+    into the table, as ExpertLinears clamps it (a NaN score can make it a sum of experts'
+    numbers)."""
+    return op.wrap_nested(relax.op.take(table._expr, experts._expr, axis=0, mode="clip"),
+                          name="expert_rows")
+
+
 class Experts(nn.Module):
     """``num_experts`` gated MLPs, each ``down(act(gate(x)) * up(x))``, gate and up fused per
     expert as the decoder fuses them (``gate_up_proj``: gate rows, then up rows). With
@@ -191,10 +199,7 @@ class Experts(nn.Module):
         s = self.settings
         gate_up = self.gate_up_proj(x, experts)
         if s.expert_biases:
-            # each slot's expert's row of the biases (the index clamped as ExpertLinears
-            # clamps it: a NaN score can make it a sum of experts' numbers)
-            rows = op.minimum(experts, Tensor.from_scalar(s.num_experts - 1, "int32"))
-            gate_up = gate_up + op.take(self.gate_up_bias, rows, axis=0)
+            gate_up = gate_up + _expert_rows(self.gate_up_bias, experts)
         gate, up = op.split(gate_up, 2, axis=-1)
         if s.clamped_swiglu is None:
             hidden = act(gate) * up
@@ -202,7 +207,7 @@ class Experts(nn.Module):
             hidden = clamped_swiglu(gate, up, *s.clamped_swiglu)
         out = self.down_proj(hidden, experts)
         if s.expert_biases:
-            out = out + op.take(self.down_bias, rows, axis=0)
+            out = out + _expert_rows(self.down_bias, experts)
         return out
 
 

@@ -191,5 +191,5 @@ def test_mixed_names_and_twins():
     from wick.compiler.quantization import f32_twin, ggml_bits
 
     assert f32_twin("q4f16_m") == "q4f32_m" and f32_twin("q4f16_1") == "q4f32_1"
-    assert [ggml_bits(t) for t in ("Q4_K", "IQ4_XS", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16")] == \
-        [4, 4, 5, 6, 8, None, None]
+    assert [ggml_bits(t) for t in ("Q4_K", "IQ4_XS", "Q5_0", "Q6_K", "Q8_0", "MXFP4", "F16",
+                                   "BF16")] == [4, 4, 5, 6, 8, 4, None, None]

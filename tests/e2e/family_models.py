@@ -230,6 +230,9 @@ GGUF_CASES = {
     "llama+mixtral": ("mixtral", {"sliding_window": None}),
     # Granite MoE: its stacked input_linear split into gate and up stacks, the multipliers
     "granitemoe": ("granitemoe", {}),
+    # GPT-OSS: the sinks as attn_sinks, gate|up split into two stacks with their biases, the
+    # router's bias; the experts in MXFP4 (the tiny model's rounded to its grid: gguf_case)
+    "gpt-oss": ("gpt_oss", {"swiglu_limit": 7.0}),  # (llama.cpp hard-codes 7: no key for it)
     # ... and as llama.cpp wrote it before April 2024: one tensor an expert (ffn_up.E)
     "llama+mixtral_legacy": ("mixtral", {"sliding_window": None}),
     "starcoder": ("gpt_bigcode", {"n_inner": None, "intermediate_size": 256}),  # multi-query  # q|k|v regrouped in attn_qkv, parallel blocks with two norms
@@ -256,14 +259,19 @@ def family_model(root: Path, name: str) -> Path:
 
 def gguf_case(root: Path, arch: str) -> tuple[Path, Path]:
     """(HF directory, GGUF file) of a GGUF architecture's tiny model."""
-    from tests.tiny_models import make_tiny_model, write_gguf
+    from tests.tiny_models import make_tiny_model, to_mxfp4_grid, write_gguf
 
     name, changes = GGUF_CASES[arch]
     family_name = family_of(name)
     hf_dir = make_tiny_model(root, family_name, seed=11, merges=[("\u0120", "\u0120")],
                              **{**FAMILIES[name], **changes})
     written = gguf_arch(arch)
-    return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{written}.gguf", written,
+    types = {}
+    if arch == "gpt-oss":  # (its experts in MXFP4, as OpenAI's and llama.cpp's files have them)
+        to_mxfp4_grid(hf_dir)
+        types = {f"{stack}.weight": "MXFP4"
+                 for stack in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
+    return hf_dir, write_gguf(hf_dir, hf_dir / f"tiny-{written}.gguf", written, types,
                               legacy_experts=arch.endswith("_legacy"))
 
 

@@ -273,6 +273,17 @@ CONVERTER_EXTRAS = re.compile(r"rope_freqs\.weight|rope_factors_(long|short)\.we
                               r"blk\.\d+\.attn_[qk]_norm\.weight")
 
 
+# llama.cpp's GPT-OSS expert tensors and the checkpoint tensor each is made of (gate|up's
+# interleaved outputs split in two)
+GPT_OSS_EXPERT_TENSORS = [
+    ("ffn_gate_exps", "weight", "experts.gate_up_proj"),
+    ("ffn_up_exps", "weight", "experts.gate_up_proj"),
+    ("ffn_gate_exps", "bias", "experts.gate_up_proj_bias"),
+    ("ffn_up_exps", "bias", "experts.gate_up_proj_bias"),
+    ("ffn_down_exps", "weight", "experts.down_proj"),
+    ("ffn_down_exps", "bias", "experts.down_proj_bias")]
+
+
 def test_gguf_files_name_their_tensors_as_gguf_py_does(tmp_path):
     """The tiny GGUF writer's tensor names are gguf-py's own for each architecture (its
     TensorNameMap: what llama.cpp's converter writes), so that the GGUF tests above read the
@@ -297,6 +308,14 @@ def test_gguf_files_name_their_tensors_as_gguf_py_does(tmp_path):
             expected |= {f"blk.{n.split('.')[2]}.{stack}.weight" for n in f.keys()
                          if n.endswith("block_sparse_moe.input_linear.weight")
                          for stack in ("ffn_gate_exps", "ffn_up_exps")}
+            if case == "gpt-oss":  # GptOssModel.modify_tensors: what it names by hand
+                expected -= {names.get_name(n) for n in f.keys()}  # (no suffixes: below)
+                expected |= {names.get_name(n + ".weight", try_suffixes=(".weight",))
+                             for n in f.keys()
+                             if n.endswith(".sinks")}  # (written as a weight)
+                expected |= {f"blk.{n.split('.')[2]}.{stack}.{kind}" for n in f.keys()
+                             for stack, kind, source in GPT_OSS_EXPERT_TENSORS
+                             if n.endswith(source)}
         expected.discard(None)
         assert {n for n in written if not CONVERTER_EXTRAS.fullmatch(n)} == {
             n for n in expected if not CONVERTER_EXTRAS.fullmatch(n)}, case
