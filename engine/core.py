@@ -343,7 +343,8 @@ class EngineCore:
                 prompt_ids=prompt,
                 params=params,
                 max_output_tokens=max_output,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt,
+                                                   params.skip_special_tokens),
                 matcher=self._matcher(grammar) if grammar is not None else None,
                 drafter=self._drafter(predicted),
             )

@@ -27,10 +27,12 @@ PROMPT_CONTEXT_TOKENS = 5
 class IncrementalDetokenizer:
     """Decodes one sequence's output tokens incrementally."""
 
-    __slots__ = ("_tokenizer", "_ids", "_prefix_offset", "_read_offset")
+    __slots__ = ("_tokenizer", "_ids", "_prefix_offset", "_read_offset", "_skip_special")
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (),
+                 skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
         context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_ids else []
         self._ids: list[int] = context
         self._prefix_offset = 0
@@ -47,9 +49,11 @@ class IncrementalDetokenizer:
         return self._advance(final=True).rstrip(REPLACEMENT_CHAR)
 
     def _advance(self, final: bool) -> str:
-        decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset])
-        new_text = decode(self._ids[self._prefix_offset:])
+        skip, decode = self._skip_special, self._tokenizer.decode
+        window = self._ids[self._prefix_offset:]
+        prefix_text = decode(window[:self._read_offset - self._prefix_offset],
+                             skip_special_tokens=skip)
+        new_text = decode(window, skip_special_tokens=skip)
         if len(new_text) <= len(prefix_text) or (new_text.endswith(REPLACEMENT_CHAR) and not final):
             return ""
         delta = new_text[len(prefix_text):]

@@ -28,7 +28,6 @@ _DEFAULT_ONLY_CHAT: dict[str, tuple[Any, ...]] = {
     "function_call": (None, "none"),
     "audio": (None,),
     "modalities": (None, ["text"]),
-    "reasoning_effort": (None,),
     "web_search_options": (None,),
 }
 _DEFAULT_ONLY_COMPLETION: dict[str, tuple[Any, ...]] = {
@@ -539,6 +538,10 @@ def _content_text(content: Any, where: str) -> str:
 # Requests
 
 
+# OpenAI's reasoning efforts; a chat template that reads ``reasoning_effort`` (gpt-oss's: low,
+# medium, high) gets the request's, as vLLM passes it; other templates ignore it
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
 # what the engine itself passes to a chat template; a request may not set these
 TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 
@@ -564,9 +567,15 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = True
     # extra variables for the chat template, e.g. {"enable_thinking": false} (vLLM's field)
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # the template's variable of that name
 
     def __post_init__(self) -> None:
         SamplingFields.__post_init__(self)
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            raise InvalidRequestError(
+                f"Invalid value for 'reasoning_effort': {self.reasoning_effort!r}; expected one "
+                f"of {', '.join(REASONING_EFFORTS)}.", param="reasoning_effort",
+                code="invalid_value")
         if not isinstance(self.messages, list):
             raise _type_error("messages", "an array", self.messages)
         if not self.messages:
@@ -598,7 +607,8 @@ class ChatCompletionRequest(SamplingFields):
     @classmethod
     def from_dict(cls, d: Any) -> ChatCompletionRequest:
         kwargs = _split_fields(d, ("messages", "max_completion_tokens", "top_logprobs", "tools",
-                                   "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
+                                   "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                                   "reasoning_effort"),
                                _DEFAULT_ONLY_CHAT)
         if "messages" not in kwargs:
             raise InvalidRequestError(

@@ -44,6 +44,8 @@ class SamplingParams:
     # -1: none; k >= 0: each prompt token's logprob (after the first) and the k most likely
     # tokens' at its position (the completions API's echo; max_tokens may then be 0)
     prompt_logprobs: int = -1
+    # False: special tokens are text too (a harmony reply's markers, split off by the chat API)
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature:

@@ -26,6 +26,7 @@ from .protocol import (
     ChunkChoice,
     CompletionUsage,
 )
+from .harmony import is_harmony
 from .reasoning import reasoning_tags
 from .sampling_defaults import fill
 from .serve_generate import GenerationEndpoint, Prepared
@@ -62,7 +63,8 @@ class ChatEndpoint(GenerationEndpoint):
         calls = req.tools if req.tools and req.tool_choice != "none" else []
         self.core.grammar_limits.check_request(req.response_format, calls)  # before the template
         ids, tools, reasoning = self.prompt(req)
-        return self.prepared(req, ids, tools=tools, reasoning=reasoning)
+        return self.prepared(req, ids, tools=tools, reasoning=reasoning,
+                             harmony=is_harmony(self.core.info.chat_template))
 
     def prompt(self, req: ChatCompletionRequest
                ) -> tuple[list[int], bool, tuple[str, str, bool] | None]:
@@ -70,9 +72,12 @@ class ChatEndpoint(GenerationEndpoint):
         model's thinking off. A template that knows tools gets them (and the history's calls)
         as the model was trained; any other gets wick's system prompt and the history's calls
         and results as text (engine/tools.py)."""
-        messages = [_template_message(m) for m in req.messages]
+        harmony = is_harmony(self.core.info.chat_template)
+        messages = [_template_message(m, harmony) for m in req.messages]
         tools = bool(req.tools) and req.tool_choice != "none"
         extra = dict(req.chat_template_kwargs or {})
+        if req.reasoning_effort is not None:  # (chat_template_kwargs' own is more specific)
+            extra.setdefault("reasoning_effort", req.reasoning_effort)
         if template_knows_tools(self.core.info.chat_template):
             if tools:
                 extra["tools"] = [t.to_openai() for t in req.tools]
@@ -105,22 +110,28 @@ class ChatEndpoint(GenerationEndpoint):
         # a token's logprobs go out with the step that sampled it, even when its text is
         # held back (a possible stop string, an unfinished UTF-8 character)
         lp = out.logprobs if gen.prep.params.logprobs else []
-        text, calls, finish, reasoning = out.text, [], out.finish_reason, ""
-        if choice.thinking is not None:
-            reasoning, text = choice.thinking.push(text)
+        text, finish, reasoning = out.text, out.finish_reason, ""
+        made = len(choice.calls.calls)  # calls sent before this output
+        if choice.harmony is not None:  # channels and calls are messages of their own
+            reasoning, text, new = choice.harmony.push(text)
             if finish is not None:
-                r2, c2 = choice.thinking.finish()
-                reasoning, text = reasoning + r2, text + c2
-        if gen.prep.tools:  # calls leave the text; each goes out whole once its block closes
-            parser = choice.calls
-            before = len(parser.calls)
-            text, _ = parser.push(text)
-            if finish is not None:
-                text += parser.finish()[0]
-                if parser.calls and finish == "stop":
-                    finish = "tool_calls"
-            calls = [{"index": before + j, **c.to_dict()}
-                     for j, c in enumerate(parser.calls[before:])]
+                r2, c2, new2 = choice.harmony.finish()
+                reasoning, text, new = reasoning + r2, text + c2, new + new2
+            choice.calls.calls += new
+        else:
+            if choice.thinking is not None:
+                reasoning, text = choice.thinking.push(text)
+                if finish is not None:
+                    r2, c2 = choice.thinking.finish()
+                    reasoning, text = reasoning + r2, text + c2
+            if gen.prep.tools:  # calls leave the text; each goes out whole once its block closes
+                text, _ = choice.calls.push(text)
+                if finish is not None:
+                    text += choice.calls.finish()[0]
+        if choice.calls.calls and finish == "stop":
+            finish = "tool_calls"
+        calls = [{"index": made + j, **c.to_dict()}
+                 for j, c in enumerate(choice.calls.calls[made:])]
         chunks = []
         if text or lp or calls or reasoning:
             content = (text or None) if calls or reasoning else text
@@ -164,10 +175,15 @@ class ChatEndpoint(GenerationEndpoint):
                               model=self.model, choices=choices, usage=usage)
 
 
-def _template_message(m: ChatMessage) -> dict[str, Any]:
+def _template_message(m: ChatMessage, harmony: bool = False) -> dict[str, Any]:
     # Templates know "system", not OpenAI's newer "developer" (same meaning).
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                            "content": m.content}
+    if harmony:  # gpt-oss's template reads earlier thinking as "thinking", tests text with "in"
+        if m.content is None:
+            del out["content"]
+        if m.reasoning_content is not None:
+            out["thinking"] = m.reasoning_content
     if m.name is not None:
         out["name"] = m.name
     if m.tool_calls:  # templates (as transformers passes them) want the arguments as objects

@@ -9,7 +9,7 @@ which no prompt that fits the window can exceed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .batch import SampledToken
@@ -22,6 +22,7 @@ from .errors import (
     WickError,
 )
 from .grammar import CompiledGrammar, GrammarSpec, response_format_spec
+from .harmony import HARMONY_TOOL_CHOICE, HarmonyParser, harmony_stop_ids
 from .protocol import (
     CompletionTokensDetails,
     CompletionUsage,
@@ -49,6 +50,7 @@ class Prepared:
     tools: bool = False  # the output may hold tool calls (chat with tools, tool_choice != none)
     # a reasoning model's tags, and whether the prompt opened the think block (None: no split)
     reasoning: tuple[str, str, bool] | None = None
+    harmony: bool = False  # a harmony reply (gpt-oss): channels split by engine/harmony.py
     prediction: list[int] | None = None  # the tokens of the request's predicted output
     echo: str | None = None  # a completion's prompt text, echoed before its output
 
@@ -59,6 +61,7 @@ class Choice:
 
     calls: ToolCallParser = field(default_factory=ToolCallParser)
     thinking: ReasoningParser | None = None
+    harmony: HarmonyParser | None = None
     finish: str | None = None
     completion_tokens: int = 0
     accepted_drafts: int = 0  # running counts
@@ -78,8 +81,10 @@ class Generation:
 
     @classmethod
     def of(cls, prep: Prepared) -> Generation:
-        return cls(prep, [Choice(thinking=ReasoningParser(*prep.reasoning) if prep.reasoning
-                                 else None) for _ in range(prep.n)])
+        return cls(prep, [Choice(
+            thinking=ReasoningParser(*prep.reasoning) if prep.reasoning else None,
+            harmony=HarmonyParser(tools=prep.tools) if prep.harmony else None)
+            for _ in range(prep.n)])
 
     def add(self, out: SequenceOutput) -> Choice:
         c = self.choices[out.index]
@@ -143,12 +148,22 @@ class GenerationEndpoint(Endpoint):
 
     def prepared(self, req: SamplingFields, ids: list[int], *, tools: bool = False,
                  reasoning: tuple[str, str, bool] | None = None,
-                 echo: str | None = None) -> Prepared:
+                 echo: str | None = None, harmony: bool = False) -> Prepared:
         text = prediction_text(req.prediction)
         prediction = self.core.tokenizer.encode(text) if text else None
-        return Prepared(ids, self.params(req), req.n, self.prompt_param, req.include_usage,
-                        req.stream, grammar_spec=self.grammar_spec(req, tools), tools=tools,
-                        reasoning=reasoning, prediction=prediction, echo=echo)
+        spec = self.grammar_spec(req, tools, harmony)
+        params = self.params(req)
+        # a harmony reply is split by its markers (special tokens), which a grammar's output
+        # (a response format) does not have: that one is plain text
+        harmony = harmony and spec is None
+        if harmony:
+            stops = () if req.ignore_eos else harmony_stop_ids(self.core.tokenizer)
+            params = replace(params, skip_special_tokens=False, stop_token_ids=tuple(
+                dict.fromkeys(params.stop_token_ids + stops)))
+        return Prepared(ids, params, req.n, self.prompt_param, req.include_usage,
+                        req.stream, grammar_spec=spec, tools=tools,
+                        reasoning=None if harmony else reasoning, harmony=harmony,
+                        prediction=prediction, echo=echo)
 
     def params(self, req: SamplingFields) -> SamplingParams:
         return SamplingParams(
@@ -172,12 +187,17 @@ class GenerationEndpoint(Endpoint):
                 req.num_logprobs >= 0 or req.max_tokens == 0) else -1),
         )
 
-    def grammar_spec(self, req: SamplingFields, tools: bool) -> GrammarSpec | None:
+    def grammar_spec(self, req: SamplingFields, tools: bool,
+                     harmony: bool = False) -> GrammarSpec | None:
         """The grammar a request's output must follow (response format or tool calls), once
         its inputs are within the engine's ``grammar_limits``; compiled later, by the facade
-        (the async one off its event loop)."""
+        (the async one off its event loop). A harmony model's calls are not constrained:
+        they are messages to ``functions.NAME`` (engine/harmony.py), which only "auto" lets
+        it write."""
         spec = response_format_spec(req.response_format)
-        if tools and (req.tool_choice != "auto" or self.core.grammar is not None):
+        if tools and harmony and req.tool_choice != "auto":
+            raise UnsupportedParameterError("tool_choice", HARMONY_TOOL_CHOICE)
+        if tools and not harmony and (req.tool_choice != "auto" or self.core.grammar is not None):
             # ("auto" without a grammar backend: the reply is parsed, not constrained)
             spec = GrammarSpec("tool_calls", tools_spec_source(
                 req.tools, req.tool_choice, req.parallel_tool_calls), param="tools")

@@ -25,6 +25,7 @@ from ..engine.protocol import (
     MAX_N,
     MAX_STOP_SEQUENCES,
     MAX_TOP_LOGPROBS,
+    REASONING_EFFORTS,
     ROLES,
     TEMPLATE_RESERVED,
 )
@@ -218,6 +219,8 @@ def chat_request(served: Served) -> dict[str, Any]:
                              "properties": {"name": {"type": "string"}}}}}]},
         "parallel_tool_calls": {"type": "boolean"},
         "chat_template_kwargs": TEMPLATE_KWARGS,
+        "reasoning_effort": {"enum": list(REASONING_EFFORTS),
+                             "description": "passed to a chat template that reads it (gpt-oss)"},
     }
     return _request(props, "messages", _DEFAULT_ONLY_CHAT, [
         STREAM_OPTIONS_NEED_STREAM,

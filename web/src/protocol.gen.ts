@@ -95,11 +95,11 @@ export interface ChatCompletionRequest {
   } | null;
   parallel_tool_calls?: boolean | null;
   chat_template_kwargs?: Record<string, unknown> | null;
+  reasoning_effort?: "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | null;
   functions?: null | [];
   function_call?: null | "none";
   audio?: null;
   modalities?: null | ["text"];
-  reasoning_effort?: null;
   web_search_options?: null;
   user?: unknown;
   metadata?: unknown;
