@@ -379,6 +379,11 @@ EXAONE_LAYER_NAMES = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q
                       "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
                       "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"}
 SEED_OSS_LAYER_NAMES = {"post_attention_layernorm": "post_attention_norm"}  # (gguf-py's)
+HUNYUAN_LAYER_NAMES = {"self_attn.query_layernorm": "attn_q_norm",
+                       "self_attn.key_layernorm": "attn_k_norm"}
+ERNIE_MOE_LAYER_NAMES = {"mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+                         "mlp.shared_experts.up_proj": "ffn_up_shexp",
+                         "mlp.shared_experts.down_proj": "ffn_down_shexp"}
 GPT_OSS_LAYER_NAMES = {"post_attention_layernorm": "post_attention_norm",
                        "mlp.router": "ffn_gate_inp"}
 GLM4_LAYER_NAMES = {"post_self_attn_layernorm": "post_attention_norm",
@@ -468,6 +473,16 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
             if cfg.get("shared_expert_intermediate_size"):
                 writer.add_expert_shared_feed_forward_length(
                     cfg["shared_expert_intermediate_size"])
+    if arch == "ernie4_5-moe":  # Ernie4_5MoeModel.set_gguf_parameters (no end layer key)
+        writer.add_expert_count(cfg["moe_num_experts"])
+        writer.add_expert_used_count(cfg["moe_k"])
+        writer.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
+        writer.add_leading_dense_block_count(cfg["moe_layer_start_index"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg["moe_num_shared_experts"]:
+            writer.add_expert_shared_count(cfg["moe_num_shared_experts"])
+            # (its converter's formula, whatever the shared experts' width)
+            writer.add_expert_shared_feed_forward_length(cfg["intermediate_size"] // kv_heads)
     if arch == "jais2":  # Jais2Model: the whole head
         writer.add_rope_dimension_count(head_dim)
     if arch == "glm4":  # Glm4Model: RoPE on the first half of each head
@@ -484,6 +499,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' base
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if arch == "hunyuan-dense" and rope.get("rope_type") == "dynamic":
+        # HunYuanModel.set_gguf_parameters: the NTK alpha folded into the base, no scaling
+        theta *= rope.get("alpha", 50) ** (head_dim / (head_dim - 2))
     writer.add_rope_freq_base(theta)
     if cfg.get("sliding_window"):
         writer.add_sliding_window(cfg["sliding_window"])
@@ -552,7 +570,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                                     GLM4_LAYER_NAMES if arch == "glm4" else
                                     GPT_OSS_LAYER_NAMES if arch == "gpt-oss" else
                                     EXAONE_LAYER_NAMES if arch == "exaone" else
-                                    SEED_OSS_LAYER_NAMES if arch == "seed_oss" else {})}
+                                    SEED_OSS_LAYER_NAMES if arch == "seed_oss" else
+                                    HUNYUAN_LAYER_NAMES if arch == "hunyuan-dense" else
+                                    ERNIE_MOE_LAYER_NAMES if arch == "ernie4_5-moe" else {})}
     head_norms: dict[str, list[np.ndarray]] = {}  # StableLM 12B's per-head q/k LayerNorms
     stacks: dict[str, dict[int, np.ndarray]] = {}  # each layer's experts of one projection
     xielu: dict[str, dict[int, float]] = {}  # Apertus' activation scalars, by layer
@@ -589,6 +609,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str = "llama", types: dict[str, st
                 add(f"blk.{i}.{stacked.removesuffix('_exps')}.{e}.weight", w)
             else:
                 stacks.setdefault(f"blk.{i}.{stacked}.weight", {})[int(e)] = w
+            continue
+        if name.endswith(".moe_statics.e_score_correction_bias"):  # (1, E) as exp_probs_b
+            add(f"blk.{name.split('.')[2]}.exp_probs_b.bias", w.reshape(-1))
             continue
         if ".norms." in name:  # StableLMModel._stack_qk_norm: one (heads, head_dim) tensor
             module = name.split(".norms.")[0]

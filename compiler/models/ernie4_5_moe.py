@@ -7,12 +7,17 @@ probabilities alone, renormalized; ``moe_num_shared_experts`` shared experts (on
 many experts' width) run on every token, unscaled. ``use_bias`` puts a bias on the LM head too
 (the dense ERNIE's has none), the head tied to the embedding or not.
 
-Semantics: HF transformers ``models/ernie4_5_moe/modular_ernie4_5_moe.py``. Not read: a GGUF
-(llama.cpp's ``ernie4_5-moe``), the multi-token-prediction layers (unused, as in transformers).
+GGUF: llama.cpp's ``ernie4_5-moe``: the experts stacked, the correction bias as ``exp_probs_b``,
+the sparse layers by ``leading_dense_block_count`` and ``interleave_moe_layer_step`` (to the
+last layer: no end key, as llama.cpp's graph), the shared experts as one ``*_shexp`` MLP.
+
+Semantics: HF transformers ``models/ernie4_5_moe/modular_ernie4_5_moe.py``. Not read: the
+multi-token-prediction layers (unused, as in transformers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -23,13 +28,26 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from . import ernie4_5
 from .decoder import config_value
-from .moe import MoeModel, MoeSettings, moe_weights
+from .moe import GGUF_EXPERT_NAMES, MoeModel, MoeSettings, moe_weights
 
 NAME = "ernie4_5_moe"
 HF_MODEL_TYPES = ("ernie4_5_moe",)
-GGUF_ARCHITECTURES: tuple[str, ...] = ()
+GGUF_ARCHITECTURES = ("ernie4_5-moe",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES: dict[str, str] = {}
+GGUF_LAYER_NAMES = {**GGUF_EXPERT_NAMES,
+                    "exp_probs_b.bias": "mlp.moe_statics.e_score_correction_bias"}
+
+
+def gguf_config(key: Callable[..., Any], tensors: set[str]) -> dict[str, Any]:
+    """ERNIE's config from llama.cpp's keys (Ernie4_5MoeModel.set_gguf_parameters; the expert
+    counts under the common names, which Config reads too)."""
+    config = {"num_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+              "moe_layer_start_index": key("leading_dense_block_count", 0),
+              "moe_layer_interval": key("interleave_moe_layer_step", 1),
+              "moe_num_shared_experts": key("expert_shared_count", 0)}
+    if (width := key("expert_feed_forward_length", None)) is not None:
+        config["moe_intermediate_size"] = width
+    return config
 
 
 class Config(ernie4_5.Config):

@@ -4,8 +4,12 @@ before it), and RoPE's base stretched by a fixed NTK ``alpha``: the checkpoints 
 ``rope_scaling: {"type": "dynamic", "alpha": A}``, which transformers reads as the static base
 ``rope_theta * A ** (head_dim / (head_dim - 2))`` (its ``ntk_alpha``), plain RoPE at that base.
 
+GGUF: llama.cpp's ``hunyuan-dense``, whose converter writes the stretched base itself as
+``rope.freq_base`` (no alpha key): plain RoPE at that base, the q/k norms as ``attn_q_norm`` /
+``attn_k_norm``, the rows as the checkpoint has them (NEOX RoPE, no permutation).
+
 Semantics: HF transformers ``models/hunyuan_v1_dense/modular_hunyuan_v1_dense.py``. Not read:
-a GGUF (llama.cpp's ``hunyuan-dense``), and cross-layer attention (``use_cla``, refused).
+cross-layer attention (``use_cla``, refused).
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from .decoder import (Attention, DecoderConfig, DecoderForCausalLM, GatedMLP, Se
 
 NAME = "hunyuan_v1_dense"
 HF_MODEL_TYPES = ("hunyuan_v1_dense",)
-GGUF_ARCHITECTURES: tuple[str, ...] = ()
+GGUF_ARCHITECTURES = ("hunyuan-dense",)
 GGUF_PERMUTED_QK = False
-GGUF_LAYER_NAMES: dict[str, str] = {}
-QK_NORMS = ("self_attn.query_layernorm.weight", "self_attn.key_layernorm.weight")
+GGUF_LAYER_NAMES = {
+    "attn_q_norm.weight": "self_attn.query_layernorm.weight",
+    "attn_k_norm.weight": "self_attn.key_layernorm.weight",
+}
+QK_NORMS = tuple(GGUF_LAYER_NAMES.values())
 
 
 def ntk_alpha_theta(hf: dict[str, Any]) -> dict[str, Any]:

@@ -198,6 +198,8 @@ GGUF_CASES = {
         "rope_type": "yarn", "factor": 4.0, "attention_factor": 1.3,
         "original_max_position_embeddings": 32}}),
     "ernie4_5": ("ernie4_5", {"use_bias": False}),  # q/k rows in the checkpoint's order
+    # q/k norms after RoPE under llama.cpp's names, the NTK alpha folded into rope.freq_base
+    "hunyuan-dense": ("hunyuan_v1_dense", {}),
     "gemma": ("gemma", {}),  # norms stored as 1 + w under the common names, no output tensor
     # LayerNorm biases and epsilon, rotary dimensions, per-head q/k norms stacked, parallel
     "stablelm": ("stablelm_parallel", {"use_qkv_bias": True}),
@@ -230,6 +232,9 @@ GGUF_CASES = {
     "llama+mixtral": ("mixtral", {"sliding_window": None}),
     # Granite MoE: its stacked input_linear split into gate and up stacks, the multipliers
     "granitemoe": ("granitemoe", {}),
+    # ERNIE 4.5 MoE: the correction bias as exp_probs_b, dense layers before
+    # leading_dense_block_count, the shared experts as *_shexp (no biases: llama.cpp reads none)
+    "ernie4_5-moe": ("ernie4_5_moe", {"use_bias": False}),
     # GPT-OSS: the sinks as attn_sinks, gate|up split into two stacks with their biases, the
     # router's bias; the experts in MXFP4 (the tiny model's rounded to its grid: gguf_case)
     "gpt-oss": ("gpt_oss", {"swiglu_limit": 7.0}),  # (llama.cpp hard-codes 7: no key for it)

@@ -303,8 +303,10 @@ def test_gguf_files_name_their_tensors_as_gguf_py_does(tmp_path):
         with safe_open(str(hf_dir / "model.safetensors"), "np") as f:
             # (a layer's experts: one stacked tensor a projection, named without the expert;
             # Granite MoE's gate|up stack: two, split by GraniteMoeModel.modify_tensors)
-            expected = {names.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", n),
-                                       try_suffixes=(".weight", ".bias")) for n in f.keys()}
+            # (ERNIE's correction bias renamed first, as ModelBase.filter_tensors does)
+            expected = {names.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", n).replace(
+                "e_score_correction_bias", "e_score_correction.bias"),
+                try_suffixes=(".weight", ".bias")) for n in f.keys()}
             expected |= {f"blk.{n.split('.')[2]}.{stack}.weight" for n in f.keys()
                          if n.endswith("block_sparse_moe.input_linear.weight")
                          for stack in ("ffn_gate_exps", "ffn_up_exps")}
