@@ -297,18 +297,28 @@ def mixed_plan(quant: Quantization, source_types: dict[str, str]
     cost most: SmolLM2 loses 6 % perplexity there alone); and, where the checkpoint itself
     mixes widths (a GGUF Q4_K_M keeps some tensors in Q5_0/Q6_K/Q8_0), 8 bits for a linear any
     of whose source tensors has more than 4 bits: llama.cpp's own judgement of which tensors
-    need them. Everything else 4 bits (a 4-bit source block is kept exactly, see
-    ``quantize``). ``source_types``: checkpoint weight name -> GGML type or safetensors dtype."""
+    need them. MXFP4 (gpt-oss's experts, in a GGUF or OpenAI's ``*_blocks``/``*_scales``):
+    8 bits, always, since its values (multiples of half a block's power of two, at most 6 of
+    them) lie on an 8-bit group's grid and are kept exactly, where 4 affine bits cannot hold
+    them (zero is not on that grid: 6.7 % RMS error on Gaussian-like blocks). Everything else
+    4 bits (a 4-bit source block is kept exactly, see ``quantize``). ``source_types``:
+    checkpoint weight name -> GGML type or safetensors dtype."""
     narrow, wide = plain(4, quant.dtype), plain(8, quant.dtype)
     widths = {ggml_bits(t) for t in source_types.values()} - {None}
     mixed_source = any(b <= 4 for b in widths) and any(b > 4 for b in widths)
+
+    def source_type(weight: str) -> str | None:
+        if f"{weight}_blocks" in source_types:  # OpenAI's MXFP4 layout (bytes of codes)
+            return "MXFP4"
+        return source_types.get(f"{weight}.weight")
 
     def quant_of(linear: str) -> Quantization:
         if linear in WIDE_LINEARS:
             return wide
         parent, _, leaf = linear.rpartition(".")
-        sources = [source_types.get(f"{parent}.{name}.weight")
-                   for name in FUSED_FROM.get(leaf, (leaf,))]
+        sources = [source_type(f"{parent}.{name}") for name in FUSED_FROM.get(leaf, (leaf,))]
+        if "MXFP4" in sources:
+            return wide
         bits = [ggml_bits(t) for t in sources if t is not None]
         return wide if mixed_source and any(b is not None and b > 4 for b in bits) else narrow
 

@@ -193,3 +193,42 @@ def test_mixed_names_and_twins():
     assert f32_twin("q4f16_m") == "q4f32_m" and f32_twin("q4f16_1") == "q4f32_1"
     assert [ggml_bits(t) for t in ("Q4_K", "IQ4_XS", "Q5_0", "Q6_K", "Q8_0", "MXFP4", "F16",
                                    "BF16")] == [4, 4, 5, 6, 8, 4, None, None]
+
+
+@pytest.mark.parametrize("bits, exact", [(8, True), (4, False)])
+def test_mxfp4_values_lie_on_an_8_bit_grid_only(bits, exact):
+    """gpt-oss's expert values (e2m1 codes times a block's power of two): an 8-bit group
+    keeps them exactly, 4 affine bits do not (zero is off their grid)."""
+    from wick.compiler.models.gpt_oss import MXFP4_VALUES, mxfp4_floats
+    from wick.compiler.quantization import dequantize, plain, quantize
+
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, 256, (64, 90, 16), dtype=np.uint8)
+    scales = rng.integers(118, 130, (64, 90), dtype=np.uint8)
+    w = mxfp4_floats(blocks, scales)
+    assert set(np.unique(np.abs(w[0, :32]) / 2.0 ** (int(scales[0, 0]) - 127))) <= set(
+        np.abs(MXFP4_VALUES))
+    back = dequantize(*quantize(w, plain(bits, "float32")))
+    assert np.array_equal(back, w) == exact
+    if not exact:
+        assert np.sqrt(((back - w) ** 2).mean() / (w ** 2).mean()) > 0.02
+
+
+def test_a_mixed_scheme_keeps_mxfp4_experts_in_8_bits():
+    """gpt-oss's MXFP4 expert stacks, as a GGUF names them (gate and up apart) and as OpenAI's
+    checkpoint does (blocks and scales), go to 8 bits; its bf16 layers to 4."""
+    from wick.compiler.quantization import QUANTIZATIONS, mixed_plan
+
+    ex = "model.layers.0.mlp.experts."
+    attention = {"model.layers.0.self_attn.q_proj.weight": "BF16",
+                 "model.layers.0.self_attn.o_proj.weight": "BF16"}
+    gguf = {ex + "gate_proj.weight": "MXFP4", ex + "up_proj.weight": "MXFP4",
+            ex + "down_proj.weight": "MXFP4", **attention}
+    openai = {ex + "gate_up_proj_blocks": "U8", ex + "gate_up_proj_scales": "U8",
+              ex + "down_proj_blocks": "U8", ex + "down_proj_scales": "U8", **attention}
+    for types in (gguf, openai):
+        plan = mixed_plan(QUANTIZATIONS["q4f16_m"], types)
+        assert [plan(ex + "gate_up_proj").name, plan(ex + "down_proj").name,
+                plan("model.layers.0.self_attn.qkv_proj").name,
+                plan("model.layers.0.self_attn.o_proj").name] == [
+            "q8f16_1", "q8f16_1", "q4f16_1", "q4f16_1"]
