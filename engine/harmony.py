@@ -31,7 +31,8 @@ from .tools import ToolCall
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
-STOP_MARKERS = (RETURN, CALL)  # the reply ends at these (the model's stop tokens)
+# the reply ends at these (gpt-oss's stop tokens: its generation_config's end ids)
+STOP_MARKERS = (RETURN, CALL, "<|endoftext|>")
 _BODY_ENDS = (END, CALL, RETURN)
 # what a reply's (or a message's) header may start with; anything else is plain text
 _HEADER_STARTS = (CHANNEL, START, "to=", CONSTRAIN)
@@ -45,8 +46,8 @@ HARMONY_TOOL_CHOICE = (
 
 
 def harmony_stop_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
-    """The ids of ``<|return|>`` and ``<|call|>`` where the vocabulary has them as single
-    tokens (a GGUF may name only one of them its end of text)."""
+    """The ids of ``<|return|>``, ``<|call|>`` and ``<|endoftext|>`` where the vocabulary has
+    them as single tokens (a GGUF may name only one of them its end of text)."""
     ids = (tokenizer.encode(marker) for marker in STOP_MARKERS)
     return tuple(i[0] for i in ids if len(i) == 1)
 
@@ -106,12 +107,13 @@ class HarmonyParser:
             text = text[at + len(marker):]
         return "".join(out["reasoning"]), "".join(out["content"]), out["calls"]
 
-    def finish(self) -> tuple[str, str, list[ToolCall]]:
-        """What is left when the reply ends (a stop token closes its last message)."""
+    def finish(self, stopped: bool = True) -> tuple[str, str, list[ToolCall]]:
+        """What is left when the reply ends: a stop token (``stopped``) closes its last
+        message; a reply cut off (max_tokens) leaves a call unfinished, which is content."""
         out = {"reasoning": [], "content": [], "calls": []}
         if self._phase == "body":
             self._body(self._held, out)
-            self._close(out)
+            self._close(out, complete=stopped)
         elif self._phase == "header" and not self._header.lstrip().startswith(_HEADER_STARTS):
             out["content"].append(self._header)  # a reply that never opened a message
         self._held = self._header = ""
@@ -154,12 +156,15 @@ class HarmonyParser:
         else:
             out[self._kind].append(text)
 
-    def _close(self, out: dict[str, list]) -> None:
+    def _close(self, out: dict[str, list], complete: bool = True) -> None:
         if self._kind == "call":
-            body = "".join(self._call_body).strip()
+            body = "".join(self._call_body)
             try:  # arguments as OpenAI sends them: JSON text
-                body = json.dumps(json.loads(body), ensure_ascii=False)
+                arguments = json.dumps(json.loads(body), ensure_ascii=False) if complete else None
             except ValueError:
-                pass  # kept as the model wrote it
-            out["calls"].append(ToolCall(self._call_name, body))
+                arguments = None
+            if arguments is None:  # not a call after all (cut off, or not JSON): its text
+                out["content"].append(body)
+            else:
+                out["calls"].append(ToolCall(self._call_name, arguments))
         self._phase, self._kind, self._call_body = "header", "content", []

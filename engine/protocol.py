@@ -538,9 +538,9 @@ def _content_text(content: Any, where: str) -> str:
 # Requests
 
 
-# OpenAI's reasoning efforts; a chat template that reads ``reasoning_effort`` (gpt-oss's: low,
-# medium, high) gets the request's, as vLLM passes it; other templates ignore it
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+# the reasoning efforts open models know (gpt-oss's; vLLM accepts these three): a chat template
+# that reads ``reasoning_effort`` gets the request's, as vLLM passes it; others ignore it
+REASONING_EFFORTS = ("low", "medium", "high")
 
 # what the engine itself passes to a chat template; a request may not set these
 TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")

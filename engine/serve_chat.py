@@ -115,7 +115,7 @@ class ChatEndpoint(GenerationEndpoint):
         if choice.harmony is not None:  # channels and calls are messages of their own
             reasoning, text, new = choice.harmony.push(text)
             if finish is not None:
-                r2, c2, new2 = choice.harmony.finish()
+                r2, c2, new2 = choice.harmony.finish(stopped=finish == "stop")
                 reasoning, text, new = reasoning + r2, text + c2, new + new2
             choice.calls.calls += new
         else:
@@ -180,10 +180,12 @@ def _template_message(m: ChatMessage, harmony: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                            "content": m.content}
     if harmony:  # gpt-oss's template reads earlier thinking as "thinking", tests text with "in"
-        if m.content is None:
-            del out["content"]
         if m.reasoning_content is not None:
             out["thinking"] = m.reasoning_content
+        # (and refuses a call's message with both: a preamble beside thinking is dropped, as
+        # the template drops that turn's other messages)
+        if m.content is None or (m.tool_calls and m.reasoning_content is not None):
+            del out["content"]
     if m.name is not None:
         out["name"] = m.name
     if m.tool_calls:  # templates (as transformers passes them) want the arguments as objects

@@ -165,6 +165,12 @@ def test_earlier_thinking_reaches_the_template_as_thinking():
             'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
             "<|call|>") in text
     assert text.endswith("sunny<|end|><|start|>assistant")
+    # gpt-oss's template refuses a call message with both content and thinking: a preamble
+    # beside thinking is left out
+    history[1] = {**history[1], "content": "Let me check."}
+    text = tok.decode(api.tokenize({"messages": history, "tools": [WEATHER]})["tokens"],
+                      skip_special_tokens=False)
+    assert "Ask it." in text and "Let me check." not in text
     assert api.chat.completions.create(messages=history, tools=[WEATHER]
                                        ).choices[0].message.content == "ok"
 
@@ -206,9 +212,22 @@ def test_plain_text_goes_out_as_it_comes():
     assert p.finish() == ("", "", [])
 
 
-def test_arguments_that_are_not_json_are_kept_as_written():
+def test_a_call_that_is_not_json_or_was_cut_off_is_content():
     assert _parse(["<|channel|>commentary to=functions.f<|message|>city=Oslo"]) == (
-        "", "", [("f", "city=Oslo")])
+        "", "city=Oslo", [])
+    p = HarmonyParser()
+    assert p.push('<|channel|>commentary to=functions.f<|message|>{"a": 1}') == ("", "", [])
+    assert p.finish(stopped=False) == ("", '{"a": 1}', [])  # max_tokens: not a whole call
+
+
+def test_a_call_cut_by_max_tokens_is_not_a_tool_call():
+    api, tok = _api(CALL, stop="<|call|>")
+    cut = len(tok.encode(CALL)) - 2  # inside the arguments
+    r = api.chat.completions.create(messages=ASK, tools=[WEATHER], max_tokens=cut)
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None
+    assert choice.message.content == '{"city":"Oslo'
+    assert choice.message.reasoning_content == "Need the tool."
 
 
 def test_reasoning_effort_reaches_the_template():
@@ -224,6 +243,6 @@ def test_reasoning_effort_reaches_the_template():
                                              chat_template_kwargs={"reasoning_effort": "low"})
     api, _ = _api("<|channel|>final<|message|>ok")
     with pytest.raises(InvalidRequestError) as e:
-        api.chat.completions.create(messages=ASK, reasoning_effort="extreme")
+        api.chat.completions.create(messages=ASK, reasoning_effort="xhigh")
     assert (e.value.param, e.value.code, e.value.status) == ("reasoning_effort",
                                                               "invalid_value", 400)

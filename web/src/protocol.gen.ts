@@ -95,7 +95,7 @@ export interface ChatCompletionRequest {
   } | null;
   parallel_tool_calls?: boolean | null;
   chat_template_kwargs?: Record<string, unknown> | null;
-  reasoning_effort?: "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | null;
+  reasoning_effort?: "low" | "medium" | "high" | null;
   functions?: null | [];
   function_call?: null | "none";
   audio?: null;
