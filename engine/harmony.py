@@ -27,7 +27,7 @@ import json
 import re
 
 from .tokenizer import Tokenizer
-from .tools import ToolCall
+from .tools import ToolCall, partial_suffix
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -56,14 +56,6 @@ def is_harmony(chat_template: str | None) -> bool:
     """Whether a chat template writes harmony (gpt-oss's: it opens messages with ``<|start|>``
     and names their channels)."""
     return bool(chat_template) and all(m in chat_template for m in (START, CHANNEL, MESSAGE))
-
-
-def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
-    for n in range(min(max(len(m) for m in markers) - 1, len(text)), 0, -1):
-        if any(m.startswith(text[-n:]) and len(m) > n for m in markers):
-            return n
-    return 0
 
 
 def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str]:
@@ -98,7 +90,7 @@ class HarmonyParser:
                 continue
             at, marker = _first(text, _BODY_ENDS)
             if at < 0:
-                keep = _partial_suffix(text, _BODY_ENDS)
+                keep = partial_suffix(text, *_BODY_ENDS)
                 self._body(text[:len(text) - keep], out)
                 self._held = text[len(text) - keep:]
                 break

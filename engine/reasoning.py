@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .tools import partial_suffix
+
 THINK_TAGS = ("<think>", "</think>")
 
 
@@ -28,14 +30,6 @@ def reasoning_tags(chat_template: str | None) -> tuple[str, str] | None:
     if chat_template and all(tag in chat_template for tag in THINK_TAGS):
         return THINK_TAGS
     return None
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 @dataclass
@@ -66,7 +60,7 @@ class ReasoningParser:
         if self._phase == "thinking":
             at = text.find(self.end)
             if at < 0:
-                keep = _partial_suffix(text, self.end)
+                keep = partial_suffix(text, self.end)
                 self._held = text[len(text) - keep:]
                 return text[:len(text) - keep], ""
             reasoning, text = text[:at], text[at + len(self.end):]

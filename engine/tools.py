@@ -236,7 +236,7 @@ class ToolCallParser:
         while True:
             start = self._buffer.find(CALL_BEGIN)
             if start < 0:
-                keep = _partial_suffix(self._buffer, CALL_BEGIN)
+                keep = partial_suffix(self._buffer, CALL_BEGIN)
                 content.append(self._buffer[:len(self._buffer) - keep])
                 self._buffer = self._buffer[len(self._buffer) - keep:]
                 break
@@ -264,10 +264,11 @@ class ToolCallParser:
         return rest, []
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
+def partial_suffix(text: str, *tags: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``tags``
+    (text a stream must hold back until it knows whether a tag comes)."""
+    for n in range(min(max(len(t) for t in tags) - 1, len(text)), 0, -1):
+        if any(len(t) > n and text.endswith(t[:n]) for t in tags):
             return n
     return 0
 
